@@ -1,0 +1,1 @@
+"""Data-parallel training recipes for PyTorch: one script per technique."""

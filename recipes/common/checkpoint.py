@@ -1,0 +1,90 @@
+"""Checkpoints: written atomically by rank 0, loaded safely onto every rank's device.
+
+A checkpoint holds the unwrapped model's state dict, so any recipe resumes or
+evaluates any other recipe's checkpoint.
+"""
+
+import os
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from recipes.common import RecipeError
+
+
+def _replace_atomically(path, write):
+    """write(file) into a temporary file beside path, then rename it over path.
+
+    A crash at any point leaves either the old file or the new one, never half.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save(state, out_dir, is_best):
+    """Call on rank 0 only. Writes checkpoint.pt, and best.pt when is_best."""
+    path = Path(out_dir) / "checkpoint.pt"
+    _replace_atomically(path, lambda f: torch.save(state, f))
+    if is_best:
+        with open(path, "rb") as src:
+            _replace_atomically(path.with_name("best.pt"), lambda f: shutil.copyfileobj(src, f))
+
+
+def load(path, device):
+    """torch.load with weights_only=True: tensors and plain containers, never code."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"checkpoint {path} does not exist")
+    try:
+        with warnings.catch_warnings():  # torch's warnings about odd files: our one line says it
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" in str(error):
+            raise RecipeError(f"refusing to load {path}: it holds Python objects other than tensors and "
+                              f"plain containers (possibly code), which weights_only loading blocks") from None
+        raise RecipeError(f"checkpoint {path} is corrupt or truncated ({_first_line(error)})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        raise RecipeError(f"checkpoint {path} is corrupt or truncated ({_first_line(error)})") from None
+    if not isinstance(state, dict) or "model" not in state or "arch" not in state:
+        raise RecipeError(f"{path} is not a checkpoint of these recipes (no 'model' and 'arch' entries)")
+    return state
+
+
+def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None):
+    """Load a checkpoint into the unwrapped model (and the training state, when given).
+
+    Returns (epochs already done, best validation top-1 so far).
+    """
+    state = load(path, device)
+    if state["arch"] != arch:
+        raise RecipeError(f"checkpoint {path} holds a {state['arch']} model, not --arch {arch}")
+    if state["num_classes"] != num_classes:
+        raise RecipeError(f"checkpoint {path} was trained on {state['num_classes']} classes, "
+                          f"but the data has {num_classes}")
+    try:
+        model.load_state_dict(state["model"])
+        if optimizer is not None and state.get("optimizer"):
+            optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and state.get("scheduler"):
+            scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler"):  # a full-precision run saved none
+            scaler.load_state_dict(state["scaler"])
+    except (RuntimeError, KeyError, ValueError) as error:
+        raise RecipeError(f"checkpoint {path} does not fit this model: {_first_line(error)}") from None
+    return state["epoch"], state["best_top1"]
+
+
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

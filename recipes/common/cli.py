@@ -1,0 +1,131 @@
+"""The command line shared by every recipe (flags follow pytorch/examples imagenet)."""
+
+import argparse
+import sys
+
+import torch
+
+from recipes.common import RecipeError
+
+EXIT_BAD_INPUT = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (no usage block) and exit code 2."""
+
+    def error(self, message):
+        raise RecipeError(message)
+
+
+def build_parser(recipe, description):
+    parser = Parser(prog=f"recipes/{recipe}/train.py", description=description)
+    parser.set_defaults(recipe=recipe)
+    parser.add_argument("data", metavar="DIR", nargs="?",
+                        help="ImageNet-style folder with train/ and val/ (one sub-folder per class)")
+    parser.add_argument("-a", "--arch", default="resnet18",
+                        help="torchvision model name, or 'lenet' (default: resnet18)")
+    parser.add_argument("-b", "--batch-size", type=int, default=256,
+                        help="images per process and step (default: 256)")
+    parser.add_argument("--lr", type=float, default=0.1,
+                        help="learning rate for a global batch of 256, scaled linearly "
+                             "to the real global batch (default: 0.1)")
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
+    parser.add_argument("--epochs", type=int, default=90)
+    parser.add_argument("-j", "--workers", type=int, default=4, help="data loader processes per training process")
+    parser.add_argument("--resume", metavar="PATH", help="checkpoint to resume from (or evaluate with -e)")
+    parser.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume's model on val/ and exit")
+    parser.add_argument("--seed", type=int, help="make data order, augmentation and initialisation repeatable")
+    parser.add_argument("-p", "--print-freq", type=int, default=10, help="steps between progress-bar updates")
+    parser.add_argument("--desired-acc", type=float,
+                        help="stop once validation top-1 reaches this fraction (0.75 means 75 %%)")
+    parser.add_argument("--out", help="run directory (default: runs/<recipe>)")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="random in-memory images instead of DIR, for benchmarking")
+    parser.add_argument("--image-size", type=int, default=224,
+                        help="training crop; validation resizes to size/0.875 and centre-crops (default: 224)")
+    parser.add_argument("--scale", type=float, nargs=2, default=(0.08, 1.0), metavar=("MIN", "MAX"),
+                        help="area range of RandomResizedCrop (default: 0.08 1.0)")
+    parser.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability (default: 0.5)")
+    return parser
+
+
+def add_distributed_args(parser):
+    group = parser.add_argument_group("distributed")
+    group.add_argument("--dist-url", help="tcp://HOST:PORT of rank 0, when not launched by torchrun")
+    group.add_argument("--world-size", type=int, default=-1,
+                       help="with --dist-url: number of nodes (with --multiprocessing-distributed) or processes")
+    group.add_argument("--rank", type=int, default=-1,
+                       help="with --dist-url: node rank (with --multiprocessing-distributed) or process rank")
+    group.add_argument("--multiprocessing-distributed", action="store_true",
+                       help="spawn one process per local device (per GPU; one on CPU)")
+    group.add_argument("--dist-backend", choices=["nccl", "gloo"], help="default: nccl on CUDA, gloo on CPU")
+    group.add_argument("--dist-timeout", type=float, default=300,
+                       help="seconds to wait for peers before failing (default: 300)")
+    group.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=-1,
+                       help=argparse.SUPPRESS)  # passed by python -m torch.distributed.launch
+    group.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA only)")
+
+
+def add_amp_args(parser):
+    group = parser.add_argument_group("mixed precision")
+    group.add_argument("--opt-level", choices=["O0", "O1", "O2", "O3"],
+                       help="apex names: O0 fp32, O1/O2 autocast (+GradScaler for fp16), O3 pure low "
+                            "precision (default: O1 on CUDA and on CPUs with native bf16, else O0)")
+    group.add_argument("--amp-dtype", choices=["fp16", "bf16"],
+                       help="low-precision type (default: fp16 on CUDA, bf16 on CPU)")
+    group.add_argument("--amp-backend", choices=["native", "apex"], default="native",
+                       help="native torch.amp, or NVIDIA apex.amp where it is still installed")
+    group.add_argument("--channels-last", action="store_true", help="NHWC memory format (faster tensor cores)")
+
+
+def parse_args(parser, argv=None):
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        raise RecipeError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.epochs < 1:
+        raise RecipeError(f"--epochs must be at least 1, got {args.epochs}")
+    if args.workers < 0:
+        raise RecipeError(f"--workers must be 0 or more, got {args.workers}")
+    if args.lr <= 0:
+        raise RecipeError(f"--lr must be positive, got {args.lr}")
+    if args.print_freq < 1:
+        raise RecipeError(f"--print-freq must be at least 1, got {args.print_freq}")
+    if args.image_size < 8:
+        raise RecipeError(f"--image-size must be at least 8 pixels, got {args.image_size}")
+    if not 0 < args.scale[0] <= args.scale[1] <= 1:
+        raise RecipeError(f"--scale needs 0 < MIN <= MAX <= 1, got {args.scale[0]} {args.scale[1]}")
+    if not 0 <= args.hflip <= 1:
+        raise RecipeError(f"--hflip is a probability in [0, 1], got {args.hflip}")
+    if args.desired_acc is not None and not 0 < args.desired_acc <= 1:
+        raise RecipeError(f"--desired-acc is a fraction in (0, 1] (0.75 means 75 %), got {args.desired_acc}")
+    if args.data is None and not args.synthetic:
+        raise RecipeError("no data: give DIR (a folder with train/ and val/) or --synthetic")
+    if args.evaluate and not args.resume:
+        raise RecipeError("--evaluate needs --resume CHECKPOINT (the model to evaluate)")
+    if getattr(args, "dist_timeout", 1) <= 0:
+        raise RecipeError(f"--dist-timeout must be positive, got {args.dist_timeout}")
+    if args.out is None:
+        args.out = f"runs/{args.recipe}-evaluate" if args.evaluate else f"runs/{args.recipe}"
+    return args
+
+
+def run(main, parse_args):
+    """main(parse_args()); bad input becomes one line on stderr and exit code 2."""
+    try:
+        main(parse_args())
+    except RecipeError as error:
+        fail(error)
+
+
+def fail(error, rank=0):
+    message = str(error).strip()
+    if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep our own line
+        message = message.splitlines()[-1].split(": ", 1)[-1]
+    prefix = f"[rank {rank}] " if rank else ""
+    print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def default_device():
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

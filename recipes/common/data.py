@@ -1,0 +1,116 @@
+"""Data sets and loaders: ImageNet-style folders or synthetic in-memory images."""
+
+import random
+from pathlib import Path
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torchvision import datasets, transforms
+
+from recipes.common import RecipeError
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SYNTHETIC_TRAIN_IMAGES, SYNTHETIC_VAL_IMAGES, SYNTHETIC_CLASSES = 12800, 1280, 1000
+
+
+def set_seed(seed, epoch=0, rank=0):
+    """Reseed per (epoch, rank): a resumed run then draws the same augmentations."""
+    torch.backends.cudnn.benchmark = seed is None  # fastest kernels, unless asked to repeat
+    torch.backends.cudnn.deterministic = seed is not None
+    if seed is not None:
+        random.seed(seed + 100_003 * rank + epoch)
+        torch.manual_seed(seed + 100_003 * rank + epoch)
+
+
+def load_image(path):
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except UnidentifiedImageError:
+        raise RecipeError(f"unreadable image {path}: not an image format PIL knows") from None
+    except OSError as error:  # truncated or damaged files
+        raise RecipeError(f"unreadable image {path}: {error}") from None
+
+
+def build_transforms(args):
+    train = transforms.Compose([
+        transforms.RandomResizedCrop(args.image_size, scale=tuple(args.scale)),
+        transforms.RandomHorizontalFlip(args.hflip),
+        transforms.ToTensor(),
+        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    val = transforms.Compose([
+        transforms.Resize(round(args.image_size / 0.875)),  # 256 for 224, as for ImageNet
+        transforms.CenterCrop(args.image_size),
+        transforms.ToTensor(),
+        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return train, val
+
+
+class SyntheticImages(Dataset):
+    """Normalised random images with labels, served from a small in-memory pool."""
+
+    def __init__(self, length, image_size, num_classes, pool_size=256):
+        generator = torch.Generator().manual_seed(length)
+        self.pool = torch.randn(pool_size, 3, image_size, image_size, generator=generator)
+        self.length, self.num_classes = length, num_classes
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, index):
+        return self.pool[index % len(self.pool)], index % self.num_classes
+
+
+def build_datasets(args):
+    """Return (train_set, val_set, num_classes); bad folders are one clear error."""
+    if args.synthetic:
+        return (SyntheticImages(SYNTHETIC_TRAIN_IMAGES, args.image_size, SYNTHETIC_CLASSES),
+                SyntheticImages(SYNTHETIC_VAL_IMAGES, args.image_size, SYNTHETIC_CLASSES),
+                SYNTHETIC_CLASSES)
+    root = Path(args.data)
+    if not root.is_dir():
+        raise RecipeError(f"data directory {root} does not exist")
+    train_transform, val_transform = build_transforms(args)
+    splits = {}
+    for split, transform in (("train", train_transform), ("val", val_transform)):
+        if not (root / split).is_dir():
+            raise RecipeError(f"{root} has no {split}/ folder (expected {root}/{split}/<class>/<image>)")
+        try:
+            splits[split] = datasets.ImageFolder(root / split, transform, loader=load_image)
+        except FileNotFoundError:
+            raise RecipeError(f"{root / split} has no images (expected <class>/<image> files)") from None
+    train_set, val_set = splits["train"], splits["val"]
+    if train_set.classes != val_set.classes:  # else val labels would silently mean other classes
+        raise RecipeError(f"train/ and val/ in {root} have different class folders: "
+                          f"{len(train_set.classes)} vs {len(val_set.classes)}")
+    return train_set, val_set, len(train_set.classes)
+
+
+def shuffle_sampler(dataset, seed):
+    """One process's sampler: DistributedSampler with a single replica.
+
+    It reshuffles per epoch with set_epoch, and draws the same permutation that a
+    DDP run splits between its ranks, so the two see the same data per step.
+    """
+    return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed or 0)
+
+
+def train_loader(dataset, args, sampler):
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+                        pin_memory=torch.cuda.is_available(), drop_last=True)
+    if len(loader) == 0:
+        raise RecipeError(f"train/ gives {len(sampler)} images per process, fewer than one "
+                          f"--batch-size of {args.batch_size}")
+    return loader
+
+
+def val_loader(dataset, args, rank=0, world_size=1):
+    """Every validation image exactly once: rank r takes images r, r+W, r+2W, ...
+
+    Shards differ by at most one image and nothing is padded or dropped; the
+    counts are summed across ranks afterwards (metrics.evaluate).
+    """
+    shard = Subset(dataset, range(rank, len(dataset), world_size))
+    return DataLoader(shard, batch_size=args.batch_size, shuffle=False, num_workers=args.workers,
+                      pin_memory=torch.cuda.is_available())

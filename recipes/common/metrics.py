@@ -1,0 +1,89 @@
+"""Top-k accuracy, per-epoch meters summed across ranks, and exact evaluation."""
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def correct_counts(output, target, topk=(1, 5)):
+    """How many samples have the target among the top k scores, for each k."""
+    maxk = min(max(topk), output.size(1))
+    top = output.topk(maxk, dim=1).indices
+    hits = top.eq(target.unsqueeze(1))
+    return [hits[:, :min(k, maxk)].any(dim=1).sum() for k in topk]
+
+
+class EpochMeter:
+    """Sums over one epoch: loss, top-1/top-5 hits, images, time waiting for data.
+
+    Sums stay on the device (no sync per step). summary() adds them up across
+    ranks, so every rank reports the metrics of the whole epoch, not its shard.
+    Throughput skips the first step, which pays for loader start-up.
+    """
+
+    def __init__(self, device):
+        self.device = device
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss*n, top1, top5, n
+        self.steps, self.data_s, self.timed_images = 0, 0.0, 0
+        self.start = self.last = time.perf_counter()
+        self.timed_start = None
+
+    def data_ready(self):
+        self.data_s += time.perf_counter() - self.last
+
+    def update(self, loss, output, target):
+        top1, top5 = correct_counts(output.detach(), target)
+        n = target.size(0)
+        self.sums += torch.stack([loss.detach().double() * n, top1.double(), top5.double(),
+                                  torch.tensor(n, dtype=torch.float64, device=self.device)])
+        self.steps += 1
+        if self.steps == 1:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.timed_start = time.perf_counter()
+        else:
+            self.timed_images += n
+        self.last = time.perf_counter()
+
+    def summary(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        end = time.perf_counter()
+        timed_s = end - self.timed_start if self.timed_start is not None else 0.0
+        totals = torch.cat([self.sums, torch.tensor([self.timed_images, self.data_s], dtype=torch.float64,
+                                                    device=self.device)])
+        longest = torch.tensor([end - self.start, timed_s], dtype=torch.float64, device=self.device)
+        world_size = 1
+        if dist.is_initialized():
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+            dist.all_reduce(longest, op=dist.ReduceOp.MAX)  # the epoch lasts as long as its slowest rank
+            world_size = dist.get_world_size()
+        loss_sum, top1, top5, images, timed_images, data_s = totals.tolist()
+        epoch_s, timed_s = longest.tolist()
+        images_per_s = timed_images / timed_s if timed_images else images / max(epoch_s, 1e-9)
+        n = max(images, 1)
+        return {"loss": loss_sum / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n,
+                "images": int(images), "top1_correct": int(top1), "images_per_s": images_per_s,
+                "data_s": data_s / world_size, "epoch_s": epoch_s}
+
+
+@torch.no_grad()
+def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcontext):
+    """Exact evaluation: each rank scores its shard, then the counts are summed.
+
+    Pass the unwrapped model: shards may differ by one batch, and a DDP
+    wrapper must not be called a different number of times on different ranks.
+    """
+    model.eval()
+    meter = EpochMeter(device)
+    for images, target in log.progress(loader, "validate"):
+        meter.data_ready()
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        with autocast():
+            output = model(images)
+            loss = criterion(output, target)
+        meter.update(loss.float(), output.float(), target)
+    return meter.summary()

@@ -1,0 +1,115 @@
+"""Rank-0 output of a run: console lines, tqdm bars, metrics.csv, TensorBoard, JSON."""
+
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from recipes.common import RecipeError
+
+CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr"]
+
+
+class RunLog:
+    """Writes the run directory; on ranks other than 0 every method does nothing."""
+
+    def __init__(self, args, enabled=True):
+        self.out, self.enabled = Path(args.out), enabled
+        if not args.evaluate and not args.resume and (self.out / "checkpoint.pt").exists():
+            # checked on every rank, so all of them stop, and the old checkpoint stays intact
+            raise RecipeError(f"{self.out} already holds a checkpoint: continue it with --resume "
+                              f"{self.out / 'checkpoint.pt'}, or choose another --out")
+        self.bar, self.writer, self.train_rates = None, None, []
+        self.start = time.perf_counter()
+        if not enabled:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.write_json("args.json", vars(args))
+
+    def start_metrics(self, start_epoch):
+        """metrics.csv anew, or on resume kept up to the checkpoint's epoch."""
+        if not self.enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter  # slow import: rank 0 only
+
+        self.writer = SummaryWriter(self.out)
+        path = self.out / "metrics.csv"
+        rows = []
+        if start_epoch > 0 and path.exists():
+            with open(path, newline="") as f:
+                rows = [row for row in csv.DictReader(f) if int(row["epoch"]) <= start_epoch]
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def print(self, message):
+        if self.enabled:
+            tqdm.write(message, file=sys.stdout)
+            sys.stdout.flush()
+
+    def progress(self, iterable, description):
+        # bars only on a terminal: in log files (SLURM, CI) the per-epoch lines say it all
+        self.bar = tqdm(iterable, desc=description, disable=not (self.enabled and sys.stderr.isatty()),
+                        leave=False, dynamic_ncols=True, file=sys.stderr)
+        return self.bar
+
+    def step(self, global_step, loss):
+        """Every --print-freq steps: the loss on the bar and in TensorBoard."""
+        if self.enabled:
+            loss = loss.item()
+            self.bar.set_postfix(loss=f"{loss:.4f}")
+            self.writer.add_scalar("train/step_loss", loss, global_step)
+
+    def epoch(self, epoch, split, stats, lr):
+        """One row of metrics.csv and one console line; epochs count from 1."""
+        if not self.enabled:
+            return
+        row = {"epoch": epoch, "split": split, "loss": f"{stats['loss']:.6f}", "top1": f"{stats['top1']:.4f}",
+               "top5": f"{stats['top5']:.4f}", "images_per_s": f"{stats['images_per_s']:.2f}",
+               "data_s": f"{stats['data_s']:.3f}", "epoch_s": f"{stats['epoch_s']:.3f}", "lr": f"{lr:.6g}"}
+        with open(self.out / "metrics.csv", "a", newline="") as f:
+            csv.DictWriter(f, CSV_FIELDS).writerow(row)
+        for key in ("loss", "top1", "top5", "images_per_s", "data_s"):
+            self.writer.add_scalar(f"{split}/{key}", stats[key], epoch)
+        if split == "train":
+            self.writer.add_scalar("train/lr", lr, epoch)
+            self.train_rates.append(stats["images_per_s"])
+        self.writer.flush()
+        self.print(f"epoch {epoch} {split:5s} loss {stats['loss']:.4f}  top1 {stats['top1']:6.2f} %  "
+                   f"top5 {stats['top5']:6.2f} %  {stats['images_per_s']:8.1f} images/s  "
+                   f"data wait {stats['data_s']:.1f} s  epoch {stats['epoch_s']:.1f} s")
+
+    def finish(self, args, val_stats, epochs, world_size, device, best_top1):
+        """Write summary.json and print it. images_per_s is the training throughput of
+        all ranks together, the median over epochs after the first (which warms up)."""
+        if not self.enabled:
+            return
+        rates = self.train_rates[1:] or self.train_rates
+        summary = {
+            "recipe": args.recipe, "arch": args.arch, "epochs": epochs, "world_size": world_size,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "top1": val_stats["top1"], "top5": val_stats["top5"], "loss": val_stats["loss"],
+            "val_images": val_stats["images"], "top1_correct": val_stats["top1_correct"],
+            "best_top1": best_top1, "images_per_s": statistics.median(rates) if rates else None,
+            "global_batch": args.batch_size * world_size, "wall_s": time.perf_counter() - self.start,
+            "torch": torch.__version__}
+        self.write_json("summary.json", summary)
+        throughput = f"{summary['images_per_s']:.1f} images/s" if rates else "evaluation only"
+        self.print(f"done: top1 {summary['top1']:.2f} %  top5 {summary['top5']:.2f} %  on "
+                   f"{summary['val_images']} val images  |  {throughput}  |  wall {summary['wall_s']:.1f} s")
+        self.print(f"run directory {self.out}  (tensorboard --logdir {self.out})")
+        self.close()
+
+    def write_json(self, name, obj):
+        if self.enabled:
+            (self.out / name).write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()

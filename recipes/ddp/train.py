@@ -1,0 +1,107 @@
+"""DistributedDataParallel: one process per device, gradients averaged by allreduce.
+
+    torchrun --nproc_per_node=2 recipes/ddp/train.py data/mnist5k -a resnet18 -b 64
+
+Compared with recipes/nd/train.py, DDP adds four things: a process group, a
+sampler that gives each rank its own shard, the DDP wrapper, and output from
+rank 0 only.
+"""
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from recipes.common import checkpoint, cli, data, distributed, metrics, models, runlog
+
+
+def parse_args(argv=None):
+    parser = cli.build_parser("ddp", __doc__)
+    cli.add_distributed_args(parser)
+    return cli.parse_args(parser, argv)
+
+
+def train_one_epoch(model, loader, criterion, optimizer, device, epoch, log, args):
+    model.train()
+    meter = metrics.EpochMeter(device)
+    for step, (images, target) in enumerate(log.progress(loader, f"epoch {epoch + 1}/{args.epochs}")):
+        meter.data_ready()
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        output = model(images)
+        loss = criterion(output, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP averages gradients across ranks here, overlapping with backward
+        optimizer.step()
+        meter.update(loss, output, target)
+        if step % args.print_freq == 0:
+            log.step(epoch * len(loader) + step, loss)
+    return meter.summary()
+
+
+def main(args):
+    ctx = distributed.init_distributed_mode(args)
+    device = ctx.device
+    log = runlog.RunLog(args, enabled=ctx.is_main)  # only rank 0 prints and writes files
+
+    train_set, val_set, num_classes = data.build_datasets(args)
+    train_sampler = DistributedSampler(train_set, seed=args.seed or 0)  # rank r gets every world_size-th image
+    train_loader = data.train_loader(train_set, args, train_sampler)
+    val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)
+
+    data.set_seed(args.seed)
+    model = models.build_model(args.arch, num_classes).to(device)
+    if args.sync_bn and device.type == "cuda":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    elif args.sync_bn:
+        log.print("warning: --sync-bn ignored: SyncBatchNorm runs only on CUDA; each process keeps its own "
+                  "BatchNorm statistics")
+    global_batch = args.batch_size * ctx.world_size
+    lr = args.lr * global_batch / 256  # linear scaling rule: --lr is for a global batch of 256
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+
+    start_epoch, best_top1 = 0, 0.0
+    if args.resume:  # every rank loads the checkpoint onto its own device
+        start_epoch, best_top1 = checkpoint.resume(args.resume, device, args.arch, num_classes,
+                                                   model, optimizer, scheduler)
+    if args.evaluate:
+        val_stats = metrics.evaluate(model, val_loader, criterion, device, log)
+        log.finish(args, val_stats, start_epoch, ctx.world_size, device, best_top1)
+        distributed.cleanup()
+        return
+    ddp_model = DDP(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
+
+    log.start_metrics(start_epoch)
+    log.print(f"ddp: {ctx.world_size} process(es) on {device} ({ctx.backend}), {args.arch}, "
+              f"{len(train_set)} train / {len(val_set)} val images, global batch {global_batch}, lr {lr:g}")
+    epoch, val_stats = start_epoch - 1, None
+    for epoch in range(start_epoch, args.epochs):
+        data.set_seed(args.seed, epoch, ctx.rank)
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        epoch_lr = optimizer.param_groups[0]["lr"]
+        train_stats = train_one_epoch(ddp_model, train_loader, criterion, optimizer, device, epoch, log, args)
+        scheduler.step()
+        val_stats = metrics.evaluate(model, val_loader, criterion, device, log)
+        log.epoch(epoch + 1, "train", train_stats, epoch_lr)
+        log.epoch(epoch + 1, "val", val_stats, epoch_lr)
+
+        is_best = val_stats["top1"] > best_top1
+        best_top1 = max(best_top1, val_stats["top1"])
+        state = {"recipe": args.recipe, "arch": args.arch, "num_classes": num_classes, "epoch": epoch + 1,
+                 "best_top1": best_top1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scheduler": scheduler.state_dict(), "scaler": None}
+        if ctx.is_main:
+            checkpoint.save(state, args.out, is_best)
+        if args.desired_acc is not None and val_stats["top1"] >= 100 * args.desired_acc:
+            log.print(f"reached --desired-acc {args.desired_acc:g}: top-1 {val_stats['top1']:.2f} %")
+            break
+    if val_stats is None:  # resumed a run that had already finished
+        val_stats = metrics.evaluate(model, val_loader, criterion, device, log)
+    log.finish(args, val_stats, epoch + 1, ctx.world_size, device, best_top1)
+    distributed.cleanup()
+
+
+if __name__ == "__main__":
+    distributed.launch(main, parse_args)

@@ -1,0 +1,137 @@
+"""Bad input: one clear line on stderr, exit code 2, no traceback, no harm to checkpoints."""
+
+import hashlib
+
+import pytest
+import torch
+from conftest import TINY, run_recipe, write_tiny_folder
+
+
+def assert_one_clear_line(result, *phrases):
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def good_checkpoint(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("good") / "run"
+    run_recipe("nd", [tiny_data, *TINY, "--epochs", "1", "--out", out])
+    return out / "checkpoint.pt"
+
+
+def test_missing_data_directory(tmp_path):
+    result = run_recipe("nd", [tmp_path / "nowhere", *TINY], expect_ok=False)
+    assert_one_clear_line(result, "data directory", "does not exist")
+
+
+def test_split_with_no_images(tmp_path):
+    root = write_tiny_folder(tmp_path / "data")
+    for image in (root / "val").rglob("*.png"):
+        image.unlink()
+    result = run_recipe("nd", [root, *TINY, "--out", tmp_path / "out"], expect_ok=False)
+    assert_one_clear_line(result, "val", "has no images")
+
+
+def test_unreadable_image(tmp_path):
+    root = write_tiny_folder(tmp_path / "data")
+    (root / "train" / "red" / "000.png").write_bytes(b"this is not a png")
+    result = run_recipe("nd", [root, *TINY, "-j", "1", "--out", tmp_path / "out"], expect_ok=False)
+    assert_one_clear_line(result, "unreadable image", "000.png")
+
+
+def test_unknown_arch(tiny_data, tmp_path):
+    result = run_recipe("nd", [tiny_data, *TINY, "-a", "resnet19", "--out", tmp_path / "out"], expect_ok=False)
+    assert_one_clear_line(result, "unknown --arch 'resnet19'")
+
+
+@pytest.mark.parametrize("flags, phrase", [
+    (["-b", "0"], "--batch-size must be at least 1"),
+    (["--desired-acc", "75"], "--desired-acc is a fraction"),
+    (["--epochs", "zero"], "--epochs"),
+])
+def test_impossible_flag_values(tiny_data, tmp_path, flags, phrase):
+    result = run_recipe("nd", [tiny_data, *TINY, *flags, "--out", tmp_path / "out"], expect_ok=False)
+    assert_one_clear_line(result, phrase)
+
+
+def test_batch_larger_than_the_shard(tiny_data, tmp_path):
+    result = run_recipe("nd", [tiny_data, *TINY, "-b", "64", "--out", tmp_path / "out"], expect_ok=False)
+    assert_one_clear_line(result, "fewer than one --batch-size of 64")
+
+
+def test_truncated_checkpoint_is_refused_and_left_alone(tiny_data, tmp_path, good_checkpoint):
+    broken = tmp_path / "checkpoint.pt"
+    broken.write_bytes(good_checkpoint.read_bytes()[:2000])
+    before = digest(broken)
+    result = run_recipe("nd", [tiny_data, *TINY, "--resume", broken, "--out", tmp_path], expect_ok=False)
+    assert_one_clear_line(result, "corrupt or truncated")
+    assert digest(broken) == before
+
+
+def test_checkpoint_with_other_class_count(tmp_path, good_checkpoint):
+    root = write_tiny_folder(tmp_path / "data")
+    (root / "train" / "blue").rename(root / "train" / "cyan")  # 3 classes, but val has blue:
+    result = run_recipe("nd", [root, *TINY, "--out", tmp_path / "o"], expect_ok=False)
+    assert_one_clear_line(result, "different class folders")
+    shutil_root = write_tiny_folder(tmp_path / "four")
+    for split in ("train", "val"):
+        (shutil_root / split / "yellow").mkdir()
+        for image in list((shutil_root / split / "red").glob("*.png"))[:8]:
+            (shutil_root / split / "yellow" / image.name).write_bytes(image.read_bytes())
+    before = digest(good_checkpoint)
+    result = run_recipe("nd", [shutil_root, *TINY, "--resume", good_checkpoint, "--out", tmp_path / "r"],
+                        expect_ok=False)
+    assert_one_clear_line(result, "trained on 3 classes, but the data has 4")
+    assert digest(good_checkpoint) == before
+
+
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))  # would create the marker file if unpickled
+
+
+def test_checkpoint_carrying_code_is_not_run(tiny_data, tmp_path):
+    marker = tmp_path / "code-ran"
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": RunsCode(marker), "arch": "lenet"}, evil)
+    result = run_recipe("nd", [tiny_data, *TINY, "-e", "--resume", evil, "--out", tmp_path / "o"],
+                        expect_ok=False)
+    assert_one_clear_line(result, "refusing to load")
+    assert not marker.exists()
+
+
+def test_foreign_checkpoint(tiny_data, tmp_path):
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    result = run_recipe("nd", [tiny_data, *TINY, "-e", "--resume", foreign, "--out", tmp_path / "o"],
+                        expect_ok=False)
+    assert_one_clear_line(result, "not a checkpoint of these recipes")
+
+
+def test_fresh_run_never_overwrites_an_existing_checkpoint(tiny_data, tmp_path, good_checkpoint):
+    before = digest(good_checkpoint)
+    result = run_recipe("nd", [tiny_data, *TINY, "--out", good_checkpoint.parent], expect_ok=False)
+    assert_one_clear_line(result, "already holds a checkpoint", "--resume")
+    assert digest(good_checkpoint) == before
+
+
+def test_apex_backend_without_apex_amp(tiny_data, tmp_path):
+    result = run_recipe("apex", [tiny_data, *TINY, "--amp-backend", "apex", "--out", tmp_path / "o"],
+                        expect_ok=False)
+    assert_one_clear_line(result, "apex.amp", "--amp-backend native")
+
+
+def test_evaluate_without_a_checkpoint(tiny_data, tmp_path):
+    result = run_recipe("nd", [tiny_data, *TINY, "-e", "--out", tmp_path / "o"], expect_ok=False)
+    assert_one_clear_line(result, "--evaluate needs --resume")

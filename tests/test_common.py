@@ -1,0 +1,101 @@
+"""Unit tests of recipes/common: accuracy, sharding, sampler order, atomic checkpoints."""
+
+import argparse
+import os
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from recipes.common import RecipeError, checkpoint, data, metrics
+
+
+def test_correct_counts_top1_top5():
+    output = torch.tensor([[0.1, 0.9, 0.0, 0.0, 0.0, 0.0],
+                           [0.9, 0.1, 0.5, 0.4, 0.3, 0.2],
+                           [0.2, 0.1, 0.9, 0.8, 0.7, 0.6]])
+    # row 0: class 1 is best; row 1: class 1 is 6th (misses top-5); row 2: class 0 is 5th
+    top1, top5 = metrics.correct_counts(output, torch.tensor([1, 1, 0]))
+    assert (top1.item(), top5.item()) == (1, 2)
+    top1, top5 = metrics.correct_counts(output, torch.tensor([1, 5, 0]))  # row 1: class 5 is 5th
+    assert (top1.item(), top5.item()) == (1, 3)
+    top1, top5 = metrics.correct_counts(output[:, :3], torch.tensor([1, 2, 0]))  # fewer than 5 classes
+    assert (top1.item(), top5.item()) == (1, 3)
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 23, 64])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_validation_shards_cover_every_image_exactly_once(size, world_size):
+    args = argparse.Namespace(batch_size=4, workers=0)
+    dataset = list(range(size))
+    seen = []
+    for rank in range(world_size):
+        for batch in data.val_loader(dataset, args, rank, world_size):
+            seen.extend(batch.tolist())
+    assert sorted(seen) == dataset
+
+
+def test_single_process_sampler_sees_what_ranks_see_together():
+    dataset, batch, world_size = list(range(48)), 8, 2
+    single = data.shuffle_sampler(dataset, seed=3)
+    ranks = [DistributedSampler(dataset, num_replicas=world_size, rank=r, seed=3) for r in range(world_size)]
+    for epoch in (0, 1):
+        single.set_epoch(epoch)
+        for sampler in ranks:
+            sampler.set_epoch(epoch)
+        order = list(single)
+        shards = [list(s) for s in ranks]
+        for step in range(len(dataset) // (batch * world_size)):
+            together = sorted(i for shard in shards for i in shard[step * batch:(step + 1) * batch])
+            assert together == sorted(order[step * batch * world_size:(step + 1) * batch * world_size])
+    single.set_epoch(0)
+    first = list(single)
+    single.set_epoch(1)
+    assert list(single) != first  # a new shuffle each epoch
+
+
+def fake_state(value):
+    return {"arch": "lenet", "num_classes": 3, "epoch": 1, "best_top1": 0.0, "model": {"w": torch.full((4,), value)}}
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    checkpoint.save(fake_state(1.0), tmp_path, is_best=True)
+
+    def crash(*args, **kwargs):
+        raise OSError("simulated crash between write and rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        checkpoint.save(fake_state(2.0), tmp_path, is_best=False)
+    monkeypatch.undo()
+    state = checkpoint.load(tmp_path / "checkpoint.pt", "cpu")
+    assert torch.equal(state["model"]["w"], torch.full((4,), 1.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "checkpoint.pt"]  # no temporary left
+
+    def half_write(obj, f):
+        f.write(b"PK\x03\x04 partial")
+        raise KeyboardInterrupt  # killed while writing
+
+    monkeypatch.setattr(torch, "save", half_write)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(fake_state(3.0), tmp_path, is_best=False)
+    monkeypatch.undo()
+    assert torch.equal(checkpoint.load(tmp_path / "checkpoint.pt", "cpu")["model"]["w"], torch.full((4,), 1.0))
+
+
+def test_best_is_a_copy_of_the_checkpoint(tmp_path):
+    checkpoint.save(fake_state(1.0), tmp_path, is_best=True)
+    checkpoint.save(fake_state(2.0), tmp_path, is_best=False)
+    assert checkpoint.load(tmp_path / "best.pt", "cpu")["model"]["w"][0] == 1.0
+    assert checkpoint.load(tmp_path / "checkpoint.pt", "cpu")["model"]["w"][0] == 2.0
+
+
+def test_resume_checks_arch_and_classes(tmp_path):
+    checkpoint.save(fake_state(1.0), tmp_path, is_best=False)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(RecipeError, match="holds a lenet model, not --arch resnet18"):
+        checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "resnet18", 3, model)
+    with pytest.raises(RecipeError, match="trained on 3 classes, but the data has 10"):
+        checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "lenet", 10, model)
+    with pytest.raises(RecipeError, match="does not fit this model"):
+        checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "lenet", 3, model)

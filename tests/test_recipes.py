@@ -1,0 +1,161 @@
+"""End-to-end runs of the four recipes on tiny data (gloo on CPU)."""
+
+import csv
+import shutil
+
+import pytest
+import torch
+from conftest import TINY, free_port, read_summary, recipe_command, run_recipe, child_env
+
+import subprocess
+from conftest import ROOT
+
+SUMMARY_KEYS = {"recipe", "arch", "epochs", "world_size", "device", "top1", "top5", "loss",
+                "images_per_s", "wall_s", "torch"}
+CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr"]
+
+
+def assert_complete_run_dir(out, recipe, world_size, epochs=1):
+    for name in ("args.json", "metrics.csv", "checkpoint.pt", "best.pt", "summary.json"):
+        assert (out / name).is_file(), f"{name} missing from {out}"
+    assert list(out.glob("events.out.tfevents.*")), "no TensorBoard event file"
+    with open(out / "metrics.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == CSV_FIELDS
+        rows = list(reader)
+    assert [(int(r["epoch"]), r["split"]) for r in rows] == [
+        (e, s) for e in range(1, epochs + 1) for s in ("train", "val")]
+    summary = read_summary(out)
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["recipe"] == recipe and summary["world_size"] == world_size
+    assert summary["epochs"] == epochs and summary["val_images"] == 23
+    assert summary["images_per_s"] > 0 and 0 <= summary["top1"] <= 100
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == epochs and state["num_classes"] == 3
+    return summary
+
+
+@pytest.mark.parametrize("recipe, nproc, arch", [
+    ("nd", None, "lenet"), ("dp", None, "resnet18"), ("ddp", 2, "lenet"), ("apex", 2, "lenet")])
+def test_recipe_writes_complete_run_directory(tiny_data, tmp_path, recipe, nproc, arch):
+    out = tmp_path / recipe
+    result = run_recipe(recipe, [tiny_data, *TINY, "-a", arch, "--epochs", "1", "--out", out], nproc=nproc)
+    assert_complete_run_dir(out, recipe, nproc or 1)
+    assert "done: top1" in result.stdout
+    if nproc:  # only rank 0 prints: one start line, not one per rank
+        assert result.stdout.count(f"{recipe}: {nproc} process(es)") == 1
+
+
+def test_dp_says_it_runs_on_one_device_without_cuda(tiny_data, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run_recipe("dp", [tiny_data, *TINY, "--epochs", "1", "--out", tmp_path / "dp"])
+    assert "it runs on one device (cpu)" in result.stdout
+
+
+def test_legacy_launcher_passes_local_rank(tiny_data, tmp_path):
+    out = tmp_path / "legacy"
+    command = [str(a) for a in (
+        "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
+        ROOT / "recipes/ddp/train.py", tiny_data, *TINY, "--epochs", "1", "--out", out)]
+    import sys
+    result = subprocess.run([sys.executable, *command], cwd=ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_complete_run_dir(out, "ddp", 2)
+
+
+def test_dist_url_with_multiprocessing_distributed(tiny_data, tmp_path):
+    """Two 'nodes' of one CPU process each, as pytorch/examples imagenet launches them."""
+    out, url = tmp_path / "dist-url", f"tcp://127.0.0.1:{free_port()}"
+    common = [tiny_data, *TINY, "--epochs", "1", "--out", out, "--dist-url", url, "--world-size", "2",
+              "--multiprocessing-distributed"]
+    nodes = [subprocess.Popen(recipe_command("ddp", [str(a) for a in common + ["--rank", str(r)]]), cwd=ROOT,
+                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert_complete_run_dir(out, "ddp", 2)
+    assert "done: top1" in outputs[0][0] and "done: top1" not in outputs[1][0]
+
+
+def test_ddp_two_processes_match_nd_with_double_batch(tiny_data, tmp_path):
+    """DDP 2 x batch 8 and nd with batch 16 see the same images per step: same weights."""
+    nd_out, ddp_out = tmp_path / "nd", tmp_path / "ddp"
+    run_recipe("nd", [tiny_data, *TINY, "-b", "16", "--epochs", "1", "--out", nd_out])
+    run_recipe("ddp", [tiny_data, *TINY, "-b", "8", "--epochs", "1", "--out", ddp_out], nproc=2)
+    nd_state = torch.load(nd_out / "checkpoint.pt", weights_only=True)["model"]
+    ddp_state = torch.load(ddp_out / "checkpoint.pt", weights_only=True)["model"]
+    initial = torch.load(nd_out / "checkpoint.pt", weights_only=True)  # a step was taken: weights moved
+    assert nd_state.keys() == ddp_state.keys()
+    for key in nd_state:
+        torch.testing.assert_close(ddp_state[key], nd_state[key], atol=1e-5, rtol=0, msg=key)
+    assert initial["epoch"] == 1 and read_summary(nd_out)["global_batch"] == read_summary(ddp_out)["global_batch"]
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained") / "nd"
+    run_recipe("nd", [tiny_data, *TINY, "--epochs", "2", "--out", out])
+    return out / "checkpoint.pt"
+
+
+def test_evaluation_counts_every_image_once_for_any_world_size(tiny_data, tmp_path, trained_checkpoint):
+    counts = {}
+    for nproc in (1, 2, 3):
+        out = tmp_path / f"eval{nproc}"
+        run_recipe("ddp", [tiny_data, *TINY, "-b", "4", "-e", "--resume", trained_checkpoint, "--out", out],
+                   nproc=nproc)
+        summary = read_summary(out)
+        assert summary["world_size"] == nproc and summary["val_images"] == 23
+        counts[nproc] = summary["top1_correct"]
+    out = tmp_path / "eval-nd"  # and the single-device recipe agrees
+    run_recipe("nd", [tiny_data, *TINY, "-e", "--resume", trained_checkpoint, "--out", out])
+    counts["nd"] = read_summary(out)["top1_correct"]
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_ddp_checkpoint_evaluates_in_nd_and_apex(tiny_data, tmp_path):
+    train = tmp_path / "ddp"
+    run_recipe("ddp", [tiny_data, *TINY, "--epochs", "1", "--out", train], nproc=2)
+    expected = read_summary(train)["top1_correct"]
+    for recipe in ("nd", "apex"):
+        out = tmp_path / f"eval-{recipe}"
+        run_recipe(recipe, [tiny_data, *TINY, "-e", "--resume", train / "checkpoint.pt", "--out", out])
+        assert read_summary(out)["top1_correct"] == expected
+
+
+def test_resume_matches_an_uninterrupted_run(tiny_data, tmp_path):
+    full, split = tmp_path / "full", tmp_path / "split"
+    flags = [tiny_data, *TINY, "--lr", "2"]  # a large lr so that top-1 moves between epochs
+    run_recipe("ddp", [*flags, "--epochs", "3", "--out", full], nproc=2)
+    run_recipe("ddp", [*flags, "--epochs", "2", "--out", split], nproc=2)
+    run_recipe("ddp", [*flags, "--epochs", "3", "--out", split, "--resume", split / "checkpoint.pt"], nproc=2)
+
+    a, b = read_summary(full), read_summary(split)
+    assert (a["top1"], a["top5"], a["loss"], a["best_top1"]) == (b["top1"], b["top5"], b["loss"], b["best_top1"])
+    state_a = torch.load(full / "checkpoint.pt", weights_only=True)
+    state_b = torch.load(split / "checkpoint.pt", weights_only=True)
+    for key in state_a["model"]:
+        assert torch.equal(state_a["model"][key], state_b["model"][key]), key
+    with open(split / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    val_top1 = [float(r["top1"]) for r in rows if r["split"] == "val"]
+    assert len(val_top1) == 3  # the resumed run kept epochs 1-2 and added epoch 3
+    assert b["best_top1"] == pytest.approx(max(val_top1), abs=1e-3)  # best kept across the resume
+
+
+def test_sync_bn_on_cpu_is_a_clear_message_not_a_crash(tiny_data, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run_recipe("ddp", [tiny_data, *TINY, "--epochs", "1", "--sync-bn", "--out", tmp_path / "bn"])
+    assert "--sync-bn ignored: SyncBatchNorm runs only on CUDA" in result.stdout
+
+
+def test_desired_acc_stops_early(tiny_data, tmp_path):
+    out = tmp_path / "early"
+    result = run_recipe("nd", [tiny_data, *TINY, "--lr", "2", "--epochs", "20", "--desired-acc", "0.5",
+                               "--out", out])
+    assert "reached --desired-acc 0.5" in result.stdout
+    summary = read_summary(out)
+    assert summary["epochs"] < 20 and summary["top1"] >= 50
