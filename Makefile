@@ -26,7 +26,7 @@ $(DEMO_DATA)/.complete: | setup
 demo: setup $(DEMO_DATA)/.complete
 	rm -rf runs/demo
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) recipes/ddp/train.py $(DEMO_DATA) \
-		-a resnet18 --image-size 28 --scale 0.35 1 --hflip 0 -b 32 --lr 0.1 --epochs 8 -j 1 --seed 0 \
+		-a resnet18 --image-size 28 --scale 0.6 1 --hflip 0 -b 32 --lr 0.05 --epochs 8 -j 1 --seed 0 \
 		--desired-acc 0.97 --out runs/demo
 
 test: setup

@@ -159,3 +159,20 @@ def test_desired_acc_stops_early(tiny_data, tmp_path):
     assert "reached --desired-acc 0.5" in result.stdout
     summary = read_summary(out)
     assert summary["epochs"] < 20 and summary["top1"] >= 50
+
+
+def test_a_peer_that_never_joins_ends_in_a_clear_error(tiny_data, tmp_path):
+    """Rank 1 of 2 waits for a rank 0 that never starts: it fails after --dist-timeout."""
+    import time
+    url = f"tcp://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    result = run_recipe("ddp", [tiny_data, *TINY, "--dist-url", url, "--world-size", "2", "--rank", "1",
+                                "--dist-timeout", "5", "--out", tmp_path / "alone"], expect_ok=False, timeout=120)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2, result.stderr[-2000:]
+    # c10d's C++ logger reports the socket time-out too (TORCH_CPP_LOG_LEVEL=FATAL hides it);
+    # the run's own line comes last, once, with no Python traceback
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "could not form a process group of 2" in lines[-1] and "--dist-timeout=5s" in lines[-1]
+    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in result.stderr
+    assert elapsed < 60

@@ -52,6 +52,7 @@ def launch(main, parse_args):
         except mp.ProcessExitedException as error:  # the child already said why
             sys.exit(error.exit_code or 1)
     except RecipeError as error:
+        cleanup()
         cli.fail(error, rank=int(os.environ.get("RANK", 0)))
 
 
@@ -60,6 +61,7 @@ def _spawned(local_rank, main, args):
     try:
         main(args)
     except RecipeError as error:
+        cleanup()
         cli.fail(error, rank=args.rank * local_device_count() + local_rank)
 
 
