@@ -25,8 +25,8 @@ class EpochMeter:
 
     def __init__(self, device):
         self.device = device
-        self.sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss*n, top1, top5, n
-        self.steps, self.data_s, self.timed_images = 0, 0.0, 0
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss * n, top-1 hits, top-5 hits
+        self.steps, self.images, self.timed_images, self.data_s = 0, 0, 0, 0.0
         self.start = self.last = time.perf_counter()
         self.timed_start = None
 
@@ -36,9 +36,9 @@ class EpochMeter:
     def update(self, loss, output, target):
         top1, top5 = correct_counts(output.detach(), target)
         n = target.size(0)
-        self.sums += torch.stack([loss.detach().double() * n, top1.double(), top5.double(),
-                                  torch.tensor(n, dtype=torch.float64, device=self.device)])
+        self.sums += torch.stack([loss.detach().double() * n, top1.double(), top5.double()])
         self.steps += 1
+        self.images += n
         if self.steps == 1:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -52,8 +52,8 @@ class EpochMeter:
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
         timed_s = end - self.timed_start if self.timed_start is not None else 0.0
-        totals = torch.cat([self.sums, torch.tensor([self.timed_images, self.data_s], dtype=torch.float64,
-                                                    device=self.device)])
+        totals = torch.cat([self.sums, torch.tensor([self.images, self.timed_images, self.data_s],
+                                                    dtype=torch.float64, device=self.device)])
         longest = torch.tensor([end - self.start, timed_s], dtype=torch.float64, device=self.device)
         world_size = 1
         if dist.is_initialized():
