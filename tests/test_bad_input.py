@@ -81,13 +81,13 @@ def test_checkpoint_with_other_class_count(tmp_path, good_checkpoint):
     (root / "train" / "blue").rename(root / "train" / "cyan")  # 3 classes, but val has blue:
     result = run_recipe("nd", [root, *TINY, "--out", tmp_path / "o"], expect_ok=False)
     assert_one_clear_line(result, "different class folders")
-    shutil_root = write_tiny_folder(tmp_path / "four")
+    four_root = write_tiny_folder(tmp_path / "four")
     for split in ("train", "val"):
-        (shutil_root / split / "yellow").mkdir()
-        for image in list((shutil_root / split / "red").glob("*.png"))[:8]:
-            (shutil_root / split / "yellow" / image.name).write_bytes(image.read_bytes())
+        (four_root / split / "yellow").mkdir()
+        for image in list((four_root / split / "red").glob("*.png"))[:8]:
+            (four_root / split / "yellow" / image.name).write_bytes(image.read_bytes())
     before = digest(good_checkpoint)
-    result = run_recipe("nd", [shutil_root, *TINY, "--resume", good_checkpoint, "--out", tmp_path / "r"],
+    result = run_recipe("nd", [four_root, *TINY, "--resume", good_checkpoint, "--out", tmp_path / "r"],
                         expect_ok=False)
     assert_one_clear_line(result, "trained on 3 classes, but the data has 4")
     assert digest(good_checkpoint) == before
