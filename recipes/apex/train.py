@@ -7,8 +7,13 @@ forward pass and loss (matmuls and convolutions in fp16/bf16, reductions in
 fp32), and for fp16 a GradScaler, which multiplies the loss so that small
 gradients do not underflow to zero, then unscales them and skips any step
 whose gradients overflowed. bf16 has fp32's range and needs no scaler.
-recipes/common/amp.py maps apex's O0-O3 onto this; --amp-backend apex uses
-NVIDIA apex.amp itself where it is still installed.
+
+apex's --opt-level names, mapped onto torch.amp (recipes/common/amp.py):
+    O0  fp32, no autocast
+    O1  autocast(--amp-dtype), plus GradScaler for fp16
+    O2  as O1: autocast keeps fp32 weights as apex's "master weights" and casts per op
+    O3  model.to(--amp-dtype), no fp32 copy, no scaler: a speed baseline that may diverge
+--amp-backend apex uses NVIDIA apex.amp itself where it is still installed.
 """
 
 import functools

@@ -1,0 +1,34 @@
+"""scripts/make_demo_data.py writes the digits and the ImageNet-shaped JPEG folder."""
+
+import subprocess
+import sys
+
+from conftest import ROOT
+from PIL import Image
+
+
+def test_digits_folder(tmp_path):
+    out = tmp_path / "mnist5k"
+    subprocess.run([sys.executable, ROOT / "scripts/make_demo_data.py", "--out", out], check=True,
+                   capture_output=True)
+    for split, per_class in (("train", 400), ("val", 100)):
+        folders = sorted(p.name for p in (out / split).iterdir())
+        assert folders == [str(d) for d in range(10)]
+        assert all(len(list((out / split / d).glob("*.png"))) == per_class for d in folders)
+    train = {p.name for p in out.glob("train/*/*.png")}
+    assert not train & {p.name for p in out.glob("val/*/*.png")}  # no digit in both splits
+    image = Image.open(next(out.glob("val/7/*.png")))
+    assert image.size == (28, 28) and image.mode == "L"
+
+
+def test_imagenet_like_folder(tmp_path):
+    out = tmp_path / "imagenet-like"
+    subprocess.run([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", out,
+                    "--classes", "3", "--images", "5"], check=True, capture_output=True)
+    for split, n in (("train", 4), ("val", 1)):
+        assert sorted(p.name for p in (out / split).iterdir()) == ["class0000", "class0001", "class0002"]
+        jpegs = list((out / split).glob("*/*.jpg"))
+        assert len(jpegs) == 3 * n
+        for path in jpegs:
+            with Image.open(path) as image:
+                assert image.format == "JPEG" and all(256 <= side <= 500 for side in image.size)
