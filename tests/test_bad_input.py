@@ -122,7 +122,7 @@ def test_foreign_checkpoint(tiny_data, tmp_path):
 def test_fresh_run_never_overwrites_an_existing_checkpoint(tiny_data, tmp_path, good_checkpoint):
     before = digest(good_checkpoint)
     result = run_recipe("nd", [tiny_data, *TINY, "--out", good_checkpoint.parent], expect_ok=False)
-    assert_one_clear_line(result, "already holds a checkpoint", "--resume")
+    assert_one_clear_line(result, "already holds a checkpoint", "--auto-resume")
     assert digest(good_checkpoint) == before
 
 

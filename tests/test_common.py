@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from recipes.common import RecipeError, checkpoint, data, metrics
 
@@ -99,3 +99,25 @@ def test_resume_checks_arch_and_classes(tmp_path):
         checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "lenet", 10, model)
     with pytest.raises(RecipeError, match="does not fit this model"):
         checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "lenet", 3, model)
+
+
+@pytest.mark.parametrize("world_size, batch", [(1, 8), (2, 4), (2, 2), (4, 2)])
+def test_a_mid_epoch_resume_trains_on_exactly_the_images_not_yet_seen(tmp_path, world_size, batch):
+    """One process saved after 3 steps of 8; the resumed run (any world size) sees the other 40."""
+    dataset = list(range(48))
+    saved = DataLoader(dataset, batch_size=8, sampler=data.shuffle_sampler(dataset, seed=5), drop_last=True)
+    saved.sampler.set_epoch(1)
+    seen = torch.cat([batch for _, batch in zip(range(3), saved)]).tolist()
+
+    model = torch.nn.Linear(2, 2)
+    checkpoint.save({"arch": "linear", "num_classes": 2, "epoch": 1, "step": 3, "global_batch": 8, "best_top1": 0.0,
+                     "model": model.state_dict()}, tmp_path, is_best=False)
+    _, first_step, _ = checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "linear", 2, model,
+                                         global_batch=world_size * batch)
+    rest = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=5)
+        sampler.set_epoch(1)
+        loader = DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)
+        rest += torch.cat(list(data.skip_batches(loader, first_step))).tolist()
+    assert sorted(seen + rest) == dataset

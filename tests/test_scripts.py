@@ -1,9 +1,10 @@
-"""scripts/make_demo_data.py writes the digits and the ImageNet-shaped JPEG folder."""
+"""scripts/: the data sets it writes, and the recovery benchmark."""
 
+import json
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, child_env
 from PIL import Image
 
 
@@ -32,3 +33,14 @@ def test_imagenet_like_folder(tmp_path):
         for path in jpegs:
             with Image.open(path) as image:
                 assert image.format == "JPEG" and all(256 <= side <= 500 for side in image.size)
+
+
+def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
+    out = tmp_path / "recovery.json"
+    command = [sys.executable, "scripts/bench_recovery.py", "--quick", str(tiny_data), "--json", str(out)]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    measured = json.loads(out.read_text())
+    assert measured["finished"] and measured["arch"] == "lenet"
+    assert 0 < measured["seconds_per_save"] < measured["train_epoch_s"]
+    assert measured["kill_to_first_step_s"] > 0 and measured["checkpoint_mb"] > 0

@@ -1,7 +1,10 @@
 """Checkpoints: written atomically by rank 0, loaded safely onto every rank's device.
 
 A checkpoint holds the unwrapped model's state dict, so any recipe resumes or
-evaluates any other recipe's checkpoint.
+evaluates any other recipe's checkpoint. It also holds where training stands:
+"epoch" epochs done, then "step" steps of "global_batch" images into the next
+one (0 at an epoch's end), and each rank's random state, so a run stopped
+mid-epoch continues with the same batches and the same random draws.
 """
 
 import os
@@ -11,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from recipes.common import RecipeError
 
@@ -20,6 +24,8 @@ def _replace_atomically(path, write):
 
     A crash at any point leaves either the old file or the new one, never half.
     """
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-save
+        stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -29,6 +35,20 @@ def _replace_atomically(path, write):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def rng_states():
+    """Every rank's random state, gathered on all ranks (a collective: every rank calls it).
+
+    torchvision's transforms and dropout draw from torch's generators, not Python's.
+    """
+    state = {"cpu": torch.get_rng_state(),
+             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    if not dist.is_initialized():
+        return [state]
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, state)
+    return states
 
 
 def save(state, out_dir, is_best):
@@ -61,10 +81,31 @@ def load(path, device):
     return state
 
 
-def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None):
+def resume_path(args):
+    """<out>/checkpoint.pt with --auto-resume when it exists (a relaunch continues), else --resume.
+
+    Every rank must see the same answer (a collective: every rank calls it).
+    """
+    own = Path(args.out) / "checkpoint.pt"
+    if not getattr(args, "auto_resume", False):
+        return args.resume
+    found = [own.exists()]
+    if dist.is_initialized():
+        found = [None] * dist.get_world_size()
+        dist.all_gather_object(found, own.exists())
+    if any(found) and not all(found):
+        missing = [rank for rank, seen in enumerate(found) if not seen]
+        raise RecipeError(f"{own} exists for some ranks but not for ranks {missing}: with --auto-resume, --out "
+                          f"must be on a file system that every node sees")
+    return own if all(found) else args.resume
+
+
+def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None, global_batch=None):
     """Load a checkpoint into the unwrapped model (and the training state, when given).
 
-    Returns (epochs already done, best validation top-1 so far).
+    Returns (epochs done, steps of global_batch done in the next epoch, best top-1 so far).
+    A checkpoint saved mid-epoch also restores this rank's random state when the
+    world size is the one it was saved with.
     """
     state = load(path, device)
     if state["arch"] != arch:
@@ -82,7 +123,16 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
             scaler.load_state_dict(state["scaler"])
     except (RuntimeError, KeyError, ValueError) as error:
         raise RecipeError(f"checkpoint {path} does not fit this model: {_first_line(error)}") from None
-    return state["epoch"], state["best_top1"]
+    step = state.get("step", 0)
+    if step and global_batch:  # the same images done, counted in this run's global batch (rounded down)
+        step = step * state["global_batch"] // global_batch
+    rng = state.get("rng")
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if step and rng and len(rng) == world_size:
+        torch.set_rng_state(rng[rank]["cpu"].cpu())
+        if rng[rank]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng[rank]["cuda"].cpu())
+    return state["epoch"], step, state["best_top1"]
 
 
 def _first_line(error):

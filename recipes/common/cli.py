@@ -4,8 +4,9 @@ import argparse
 import sys
 
 import torch
+import torch.distributed as dist
 
-from recipes.common import RecipeError
+from recipes.common import RecipeError, RunFailed, faults
 
 EXIT_BAD_INPUT = 2
 
@@ -34,6 +35,12 @@ def build_parser(recipe, description):
     parser.add_argument("--epochs", type=int, default=90)
     parser.add_argument("-j", "--workers", type=int, default=4, help="data loader processes per training process")
     parser.add_argument("--resume", metavar="PATH", help="checkpoint to resume from (or evaluate with -e)")
+    parser.add_argument("--auto-resume", action="store_true",
+                        help="resume from <out>/checkpoint.pt when it exists, so that a relaunch or a torchrun "
+                             "restart continues where the run stopped (else start fresh, or from --resume)")
+    parser.add_argument("--save-every", type=int, default=0, metavar="STEPS",
+                        help="also save checkpoint.pt every STEPS steps within an epoch (default: 0, at the "
+                             "end of each epoch only)")
     parser.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume's model on val/ and exit")
     parser.add_argument("--seed", type=int, help="make data order, augmentation and initialisation repeatable")
     parser.add_argument("-p", "--print-freq", type=int, default=10, help="steps between progress-bar updates")
@@ -89,6 +96,8 @@ def parse_args(parser, argv=None):
         raise RecipeError(f"--workers must be 0 or more, got {args.workers}")
     if args.lr <= 0:
         raise RecipeError(f"--lr must be positive, got {args.lr}")
+    if args.save_every < 0:
+        raise RecipeError(f"--save-every must be 0 (epoch ends only) or a number of steps, got {args.save_every}")
     if args.print_freq < 1:
         raise RecipeError(f"--print-freq must be at least 1, got {args.print_freq}")
     if args.image_size < 8:
@@ -111,20 +120,62 @@ def parse_args(parser, argv=None):
 
 
 def run(main, parse_args):
-    """main(parse_args()); bad input becomes one line on stderr and exit code 2."""
+    """main(parse_args()) in this process; recipes that may spawn use distributed.launch."""
     try:
-        main(parse_args())
+        args = parse_args()
     except RecipeError as error:
         fail(error)
+    run_main(main, args)
+
+
+def run_main(main, args, rank=0):
+    """main(args), with each way a run can end early turned into one line and an exit code."""
+    try:
+        main(args)
+    except RecipeError as error:
+        fail(error, rank)
+    except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
+        _destroy_process_group()
+        if rank == 0:
+            print(stop, flush=True)
+        sys.exit(faults.EXIT_PREEMPTED)
+    except RuntimeError as error:
+        explained = _lost_peer(error, rank, args)
+        if explained is None:
+            raise  # a bug: keep the traceback
+        fail(explained, rank)
+
+
+def _lost_peer(error, rank, args):
+    """A collective that failed because a peer died or hung, as one line naming the likely cause."""
+    text = str(error)
+    if not (isinstance(error, dist.DistError) or "gloo" in text or "NCCL" in text):
+        return None
+    detail = text.strip().splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # without gloo's source path
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        timeout = getattr(args, "dist_timeout", 0)
+        cause = (f"a peer did not answer within --dist-timeout={timeout:g}s: a process of this job "
+                 f"hangs (stuck data loading, a deadlock, a stopped node) or died without closing its connections")
+    else:
+        cause = ("a peer process died or its node went down: look above for its own error, or in the "
+                 "system log for an out-of-memory kill")
+    return RunFailed(f"rank {rank} lost contact with the other ranks during training ({detail}); {cause}")
 
 
 def fail(error, rank=0):
+    """One line on stderr, then exit with the error's code (2 for bad input)."""
+    _destroy_process_group()
     message = str(error).strip()
     if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep our own line
         message = message.splitlines()[-1].split(": ", 1)[-1]
     prefix = f"[rank {rank}] " if rank else ""
     print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_BAD_INPUT)
+    sys.exit(getattr(error, "exit_code", EXIT_BAD_INPUT))
+
+
+def _destroy_process_group():
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def default_device():

@@ -1,6 +1,9 @@
 """Data sets and loaders: ImageNet-style folders or synthetic in-memory images."""
 
+import atexit
+import multiprocessing
 import random
+import signal
 from pathlib import Path
 
 import torch
@@ -96,13 +99,44 @@ def shuffle_sampler(dataset, seed):
     return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed or 0)
 
 
+def leave_sigterm_to_the_trainer(worker_id):
+    """Loader workers ignore SIGTERM: the training process stops at a step boundary and
+    shuts them down. Else a scheduler's SIGTERM to the whole job kills them mid-batch."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@atexit.register  # runs before multiprocessing's exit handler, which would SIGTERM them and wait forever
+def _kill_loader_workers():
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the loader's handler would report them as failed
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join()
+
+
 def train_loader(dataset, args, sampler):
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                        pin_memory=torch.cuda.is_available(), drop_last=True)
+                        pin_memory=torch.cuda.is_available(), drop_last=True,
+                        worker_init_fn=leave_sigterm_to_the_trainer)
     if len(loader) == 0:
         raise RecipeError(f"train/ gives {len(sampler)} images per process, fewer than one "
                           f"--batch-size of {args.batch_size}")
     return loader
+
+
+def skip_batches(loader, steps):
+    """The rest of this epoch's batches after `steps` of them, in the same order.
+
+    Call after sampler.set_epoch. The skipped images are never loaded. The new
+    loader draws its workers' seed from a generator of its own, so the random
+    state a mid-epoch checkpoint restored is left for the augmentations.
+    """
+    if steps == 0:
+        return loader
+    remaining = list(loader.sampler)[steps * loader.batch_size:]
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=remaining,
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory, drop_last=True,
+                      worker_init_fn=leave_sigterm_to_the_trainer, generator=torch.Generator().manual_seed(steps))
 
 
 def val_loader(dataset, args, rank=0, world_size=1):
@@ -113,4 +147,4 @@ def val_loader(dataset, args, rank=0, world_size=1):
     """
     shard = Subset(dataset, range(rank, len(dataset), world_size))
     return DataLoader(shard, batch_size=args.batch_size, shuffle=False, num_workers=args.workers,
-                      pin_memory=torch.cuda.is_available())
+                      pin_memory=torch.cuda.is_available(), worker_init_fn=leave_sigterm_to_the_trainer)

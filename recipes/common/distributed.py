@@ -41,28 +41,23 @@ def launch(main, parse_args):
     """main(args) here, or once per local device with --multiprocessing-distributed."""
     try:
         args = parse_args()
-        if not args.multiprocessing_distributed:
-            main(args)
-            return
-        if args.dist_url is None or args.world_size < 1 or args.rank < 0:
+        if args.multiprocessing_distributed and (args.dist_url is None or args.world_size < 1 or args.rank < 0):
             raise RecipeError("--multiprocessing-distributed needs --dist-url, --world-size "
                               "(number of nodes) and --rank (this node's rank)")
-        try:
-            mp.spawn(_spawned, args=(main, args), nprocs=local_device_count())
-        except mp.ProcessExitedException as error:  # the child already said why
-            sys.exit(error.exit_code or 1)
     except RecipeError as error:
-        cleanup()
-        cli.fail(error, rank=int(os.environ.get("RANK", 0)))
+        cli.fail(error)
+    if not args.multiprocessing_distributed:
+        cli.run_main(main, args, rank=int(os.environ.get("RANK", 0)))
+        return
+    try:
+        mp.spawn(_spawned, args=(main, args), nprocs=local_device_count())
+    except mp.ProcessExitedException as error:  # the child already said why
+        sys.exit(error.exit_code or 1)
 
 
 def _spawned(local_rank, main, args):
     args.spawned_local_rank = local_rank
-    try:
-        main(args)
-    except RecipeError as error:
-        cleanup()
-        cli.fail(error, rank=args.rank * local_device_count() + local_rank)
+    cli.run_main(main, args, rank=args.rank * local_device_count() + local_rank)
 
 
 def init_distributed_mode(args):
@@ -73,6 +68,8 @@ def init_distributed_mode(args):
         local_rank = int(os.environ.get("LOCAL_RANK", max(args.local_rank, 0)))
         init_method, where = "env://", f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            init_method, store = None, _store_for_this_attempt(args.dist_timeout, where)
     elif args.dist_url:
         if args.world_size < 1 or args.rank < 0:
             raise RecipeError("--dist-url needs --world-size and --rank")
@@ -116,6 +113,22 @@ def init_distributed_mode(args):
             f"--dist-timeout={args.dist_timeout:g}s ({reason}); check that every rank was started "
             f"with the same address, port and world size") from None
     return DistContext(rank, local_rank, world_size, device, backend)
+
+
+def _store_for_this_attempt(timeout, where):
+    """torchrun's store, with keys prefixed by the restart count.
+
+    The agent's store outlives a restart. Without the prefix, restarted workers
+    can read the previous attempt's addresses and fail with "Gloo connectFullMesh
+    failed ... Connection refused" (NCCL reads a stale unique id the same way).
+    """
+    try:
+        store, _, _ = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=timeout)))
+    except (RuntimeError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RecipeError(f"could not reach torchrun's store at {where} within --dist-timeout={timeout:g}s "
+                          f"({reason})") from None
+    return dist.PrefixStore(f"attempt{os.environ['TORCHELASTIC_RESTART_COUNT']}/", store)
 
 
 def cleanup():

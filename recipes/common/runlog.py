@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import statistics
 import sys
 import time
@@ -20,16 +21,20 @@ class RunLog:
 
     def __init__(self, args, enabled=True):
         self.out, self.enabled = Path(args.out), enabled
-        if not args.evaluate and not args.resume and (self.out / "checkpoint.pt").exists():
+        fresh = not (args.evaluate or args.resume or getattr(args, "auto_resume", False))
+        if fresh and (self.out / "checkpoint.pt").exists():
             # checked on every rank, so all of them stop, and the old checkpoint stays intact
-            raise RecipeError(f"{self.out} already holds a checkpoint: continue it with --resume "
-                              f"{self.out / 'checkpoint.pt'}, or choose another --out")
+            raise RecipeError(f"{self.out} already holds a checkpoint: continue it with --auto-resume, "
+                              f"or choose another --out")
         self.bar, self.writer, self.train_rates = None, None, []
         self.start = time.perf_counter()
         if not enabled:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         self.write_json("args.json", vars(args))
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0 and not getattr(args, "auto_resume", False):
+            self.print("warning: torchrun may restart this run (--max-restarts), but without --auto-resume a "
+                       "restart starts again from epoch 1, or stops if a checkpoint was written")
 
     def start_metrics(self, start_epoch):
         """metrics.csv anew, or on resume kept up to the checkpoint's epoch."""
@@ -68,7 +73,7 @@ class RunLog:
 
     def epoch(self, epoch, split, stats, lr):
         """One row of metrics.csv and one console line; epochs count from 1."""
-        if not self.enabled:
+        if not self.enabled or stats["images"] == 0:  # (resumed after the epoch's last step: nothing to report)
             return
         row = {"epoch": epoch, "split": split, "loss": f"{stats['loss']:.6f}", "top1": f"{stats['top1']:.4f}",
                "top5": f"{stats['top5']:.4f}", "images_per_s": f"{stats['images_per_s']:.2f}",

@@ -8,7 +8,7 @@ Runs on the first GPU when there is one, else on the CPU.
 import torch
 from torch import nn
 
-from recipes.common import checkpoint, cli, data, metrics, models, runlog
+from recipes.common import checkpoint, cli, data, faults, metrics, models, runlog
 
 
 def parse_args(argv=None):
@@ -16,10 +16,11 @@ def parse_args(argv=None):
     return cli.parse_args(parser, argv)
 
 
-def train_one_epoch(model, loader, criterion, optimizer, device, epoch, log, args):
+def train_one_epoch(model, loader, criterion, optimizer, device, epoch, first_step, save, log, args):
     model.train()
     meter = metrics.EpochMeter(device)
-    for step, (images, target) in enumerate(log.progress(loader, f"epoch {epoch + 1}/{args.epochs}")):
+    batches = data.skip_batches(loader, first_step)  # resumed mid-epoch: only the batches not yet trained on
+    for step, (images, target) in enumerate(log.progress(batches, f"epoch {epoch + 1}/{args.epochs}"), first_step):
         meter.data_ready()
         images = images.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
@@ -31,6 +32,11 @@ def train_one_epoch(model, loader, criterion, optimizer, device, epoch, log, arg
         meter.update(loss, output, target)
         if step % args.print_freq == 0:
             log.step(epoch * len(loader) + step, loss)
+        if faults.should_stop(loss, epoch, step):  # SIGTERM reached a rank: every rank stops after this step
+            save(epoch, step + 1)
+            raise faults.Preempted(args.out, epoch, step + 1)
+        if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < len(loader):
+            save(epoch, step + 1)
     return meter.summary()
 
 
@@ -51,10 +57,20 @@ def main(args):
     optimizer = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
 
-    start_epoch, best_top1 = 0, 0.0
-    if args.resume:
-        start_epoch, best_top1 = checkpoint.resume(args.resume, device, args.arch, num_classes,
-                                                   model, optimizer, scheduler)
+    def save(epoch, step, is_best=False):  # at epoch ends, and mid-epoch from the loop
+        state = {"recipe": args.recipe, "arch": args.arch, "num_classes": num_classes, "epoch": epoch,
+                 "step": step, "global_batch": global_batch, "best_top1": best_top1, "model": model.state_dict(),
+                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "scaler": None, "rng": checkpoint.rng_states()}
+        checkpoint.save(state, args.out, is_best)
+
+    start_epoch, start_step, best_top1 = 0, 0, 0.0
+    resume_from = checkpoint.resume_path(args)  # --resume, or <out>/checkpoint.pt with --auto-resume
+    if resume_from:
+        start_epoch, start_step, best_top1 = checkpoint.resume(resume_from, device, args.arch, num_classes, model,
+                                                               optimizer, scheduler, global_batch=global_batch)
+        log.print(f"resuming {resume_from}: {start_epoch} epoch(s) and {start_step} step(s) done, "
+                  f"best top-1 {best_top1:.2f} %")
     if args.evaluate:
         val_stats = metrics.evaluate(model, val_loader, criterion, device, log)
         log.finish(args, val_stats, start_epoch, 1, device, best_top1)
@@ -63,12 +79,16 @@ def main(args):
     log.start_metrics(start_epoch)
     log.print(f"nd: 1 process on {device}, {args.arch}, "
               f"{len(train_set)} train / {len(val_set)} val images, global batch {global_batch}, lr {lr:g}")
+    faults.catch_sigterm()  # from here on, SIGTERM means: save after the current step, then exit
     epoch, val_stats = start_epoch - 1, None
     for epoch in range(start_epoch, args.epochs):
-        data.set_seed(args.seed, epoch)
+        first_step = start_step if epoch == start_epoch else 0
+        if not first_step:  # (resumed mid-epoch, the checkpoint restored the random state)
+            data.set_seed(args.seed, epoch)
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch
         epoch_lr = optimizer.param_groups[0]["lr"]
-        train_stats = train_one_epoch(model, train_loader, criterion, optimizer, device, epoch, log, args)
+        train_stats = train_one_epoch(model, train_loader, criterion, optimizer, device, epoch, first_step,
+                                      save, log, args)
         scheduler.step()
         val_stats = metrics.evaluate(model, val_loader, criterion, device, log)
         log.epoch(epoch + 1, "train", train_stats, epoch_lr)
@@ -76,10 +96,7 @@ def main(args):
 
         is_best = val_stats["top1"] > best_top1
         best_top1 = max(best_top1, val_stats["top1"])
-        state = {"recipe": args.recipe, "arch": args.arch, "num_classes": num_classes, "epoch": epoch + 1,
-                 "best_top1": best_top1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "scaler": None}
-        checkpoint.save(state, args.out, is_best)
+        save(epoch + 1, 0, is_best)
         if args.desired_acc is not None and val_stats["top1"] >= 100 * args.desired_acc:
             log.print(f"reached --desired-acc {args.desired_acc:g}: top-1 {val_stats['top1']:.2f} %")
             break

@@ -1,0 +1,118 @@
+"""Measure what fault tolerance costs and how fast a run recovers, on the demo set-up.
+
+    python scripts/bench_recovery.py                  # ResNet-18 on data/mnist5k, 2 processes
+    python scripts/bench_recovery.py --quick DIR      # lenet on a tiny folder (for tests)
+
+1. Seconds per checkpoint save: the recipes' own checkpoint.save on the demo
+   model with its optimizer state, repeated, median taken.
+2. A 2-process ddp run under `torchrun --max-restarts=1 ... --auto-resume` whose
+   rank 1 is SIGKILLed in epoch 2 (scripts/inject_fault.py): the time from the
+   kill to the first training step of the restarted workers, the epoch time, and
+   whether the run then finished.
+Writes figures/data/recovery.json (with the hardware) and prints it.
+"""
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from recipes.common import checkpoint, models  # noqa: E402
+
+DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "-b", "32", "--lr", "0.05",
+        "-j", "1", "--seed", "0"]
+QUICK = ["-a", "lenet", "--image-size", "16", "--scale", "1", "1", "--hflip", "0", "-b", "4", "-j", "0", "--seed", "0"]
+
+
+def cpu_name():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def seconds_per_save(arch, num_classes, repeats):
+    model = models.build_model(arch, num_classes)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+    size = 28 if arch != "lenet" else 16
+    model(torch.randn(2, 3, size, size)).sum().backward()
+    optimizer.step()  # the momentum buffers exist, as in a real checkpoint
+    state = {"arch": arch, "num_classes": num_classes, "epoch": 1, "step": 0, "model": model.state_dict(),
+             "optimizer": optimizer.state_dict(), "rng": checkpoint.rng_states()}
+    times = []
+    with tempfile.TemporaryDirectory(dir=ROOT / "runs") as out:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            checkpoint.save(state, out, is_best=False)
+            times.append(time.perf_counter() - start)
+        size_mb = (Path(out) / "checkpoint.pt").stat().st_size / 1e6
+    return statistics.median(times), size_mb
+
+
+def killed_run(data, flags, out, steps_per_epoch, into_epoch_2):
+    times = out / "times.jsonl"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "--max-restarts=1", str(ROOT / "scripts" / "inject_fault.py"), "--fault", "kill",
+               "--step", str(steps_per_epoch + into_epoch_2), "--rank", "1", "--times", str(times), "--",
+               str(ROOT / "recipes" / "ddp" / "train.py"), str(data), *flags, "--epochs", "2", "--auto-resume",
+               "--out", str(out / "run")]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    events = [json.loads(line) for line in times.read_text().splitlines()] if times.exists() else []
+    fault = next((e["time"] for e in events if e["event"] == "fault"), None)
+    resumed = min((e["time"] for e in events if e["event"] == "first_step"), default=None)
+    with open(out / "run" / "metrics.csv", newline="") as f:
+        epoch_s = next(float(row["epoch_s"]) for row in csv.DictReader(f) if row["split"] == "train")
+    return {"finished": result.returncode == 0 and (out / "run" / "summary.json").exists(),
+            "kill_to_first_step_s": resumed - fault if fault and resumed else None,
+            "train_epoch_s": epoch_s, "steps_redone": into_epoch_2}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="data/mnist5k", help="the demo digits (make demo writes them)")
+    parser.add_argument("--quick", metavar="DIR", help="lenet on this tiny folder instead, for tests")
+    parser.add_argument("--json", default="figures/data/recovery.json", help="where to write the results")
+    args = parser.parse_args()
+    data, flags, arch = (args.quick, QUICK, "lenet") if args.quick else (args.data, DEMO, "resnet18")
+    if not (Path(data) / "train").is_dir():
+        sys.exit(f"error: {data} has no train/ folder; run `python scripts/make_demo_data.py` first")
+    num_classes = len([d for d in (Path(data) / "train").iterdir() if d.is_dir()])
+    train_images = sum(1 for _ in (Path(data) / "train").rglob("*.*"))
+    batch = int(flags[flags.index("-b") + 1])
+    steps_per_epoch = train_images // (2 * batch)
+
+    (ROOT / "runs").mkdir(exist_ok=True)
+    save_s, size_mb = seconds_per_save(arch, num_classes, repeats=3 if args.quick else 10)
+    with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
+        recovery = killed_run(data, flags, Path(tmp), steps_per_epoch, into_epoch_2=steps_per_epoch // 3)
+    results = {"arch": arch, "data": str(data), "processes": 2, "global_batch": 2 * batch,
+               "checkpoint_mb": round(size_mb, 2), "seconds_per_save": round(save_s, 4),
+               "save_share_of_epoch": round(save_s / recovery["train_epoch_s"], 5), **recovery,
+               "hardware": {"cpu": cpu_name(), "cores": os.cpu_count(),
+                            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+               "torch": torch.__version__, "command": " ".join(["python", "scripts/bench_recovery.py", *sys.argv[1:]])}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    if not recovery["finished"]:
+        sys.exit("error: the killed run did not finish after its restart")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Fault tolerance: restarts, preemption, crashes mid-save, divergence, lost peers.
+
+Faults are injected at a chosen training step by scripts/inject_fault.py, so each
+test is deterministic. With -b 8 (nd) or 2 x -b 4 (ddp), an epoch of the tiny
+set is 6 steps: step 9 is the third step of epoch 2.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY, child_env, free_port, read_summary, recipe_command, run_recipe
+
+# random flips make the comparison sensitive to the random state a resume restores
+FLAGS = [*TINY, "--hflip", "0.5", "--epochs", "3"]
+ND = [*FLAGS, "-b", "8"]
+DDP = [*FLAGS, "-b", "4"]
+FINAL = ("top1", "top1_correct", "loss", "best_top1")
+
+
+def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_args=(), timeout=300, **popen):
+    """Run a recipe under scripts/inject_fault.py (under torchrun when nproc is given)."""
+    inject = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", fault, "--step", str(step), *inject_args,
+              "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
+    if nproc is None:
+        command = [sys.executable, *inject]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                   *torchrun_args, *inject]
+    return subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout,
+                          **popen)
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def final(out):
+    summary = read_summary(out)
+    return {key: summary[key] for key in FINAL}
+
+
+@pytest.fixture(scope="module")
+def nd_reference(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("nd_reference")
+    run_recipe("nd", [tiny_data, *ND, "--out", out])
+    return final(out)
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_reference")
+    run_recipe("ddp", [tiny_data, *DDP, "--out", out], nproc=2)
+    return final(out)
+
+
+@pytest.mark.parametrize("save_every", [0, 2], ids=["epoch-checkpoints", "every-2-steps"])
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tiny_data, tmp_path, ddp_reference,
+                                                                            save_every):
+    out, times = tmp_path / "run", tmp_path / "times.jsonl"
+    result = injected("ddp", [tiny_data, *DDP, "--auto-resume", "--save-every", save_every, "--out", out],
+                      "kill", 9, nproc=2, torchrun_args=["--max-restarts=1"],
+                      inject_args=["--rank", "1", "--times", times])
+    assert result.returncode == 0, result.stderr[-4000:]
+    events = [json.loads(line) for line in times.read_text().splitlines()]
+    assert [e["event"] for e in events].count("fault") == 1  # rank 1 died once in attempt 0 ...
+    assert any(e["event"] == "first_step" and e["attempt"] == 1 for e in events)  # ... and attempt 1 trained
+    resumed_at = "1 epoch(s) and 2 step(s) done" if save_every else "1 epoch(s) and 0 step(s) done"
+    assert resumed_at in result.stdout
+    assert final(out) == ddp_reference
+
+
+def test_sigterm_to_torchrun_saves_mid_epoch_and_a_relaunch_completes(tiny_data, tmp_path, ddp_reference):
+    out = tmp_path / "run"
+    args = [tiny_data, *DDP, "--auto-resume", "--out", out]
+    result = injected("ddp", args, "term-parent", 9, nproc=2, inject_args=["--rank", "0"])
+    assert result.returncode != 0  # torchrun reports the signal it got; the workers exited with 75
+    assert "preempted: SIGTERM received" in result.stdout and "epoch 2 step 3" in result.stdout
+    state = load(out / "checkpoint.pt")
+    assert (state["epoch"], state["step"], len(state["rng"])) == (1, 3, 2)
+    assert not (out / "summary.json").exists()
+
+    result = run_recipe("ddp", args, nproc=2)
+    assert "1 epoch(s) and 3 step(s) done" in result.stdout
+    assert final(out) == ddp_reference
+
+
+def test_sigterm_exits_75_and_the_relaunch_continues_exactly(tiny_data, tmp_path, nd_reference):
+    out = tmp_path / "run"
+    args = [tiny_data, *ND, "--auto-resume", "--out", out]
+    result = injected("nd", args, "term", 9)
+    assert result.returncode == 75, result.stderr[-3000:]
+    assert result.stderr == ""
+    assert load(out / "checkpoint.pt")["step"] == 3
+    run_recipe("nd", args)
+    assert final(out) == nd_reference
+
+
+def test_sigterm_to_the_whole_process_group_spares_the_loader_workers(tiny_data, tmp_path):
+    """SLURM signals every process of a job, data-loader workers included."""
+    out = tmp_path / "run"
+    result = injected("nd", [tiny_data, *ND, "-j", "2", "--out", out], "term-group", 9, start_new_session=True)
+    assert result.returncode == 75, result.stderr[-3000:]
+    assert result.stderr == ""
+    assert load(out / "checkpoint.pt")["step"] == 3
+
+
+@pytest.mark.parametrize("crash_at", ["checkpoint.pt", "best.pt"])
+def test_a_crash_between_write_and_rename_leaves_the_old_checkpoint(tmp_path, crash_at):
+    """The writer is SIGKILLed at the rename that would replace crash_at."""
+    program = f"""
+import os, signal, torch
+from recipes.common import checkpoint
+out = {str(tmp_path)!r}
+checkpoint.save({{"arch": "lenet", "model": {{"w": torch.zeros(4)}}, "epoch": 1}}, out, is_best=True)
+real_replace = os.replace
+def crash(src, dst):
+    if os.path.basename(dst) == {crash_at!r}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+os.replace = crash
+checkpoint.save({{"arch": "lenet", "model": {{"w": torch.ones(4)}}, "epoch": 2}}, out, is_best=True)
+"""
+    result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    from recipes.common import checkpoint
+
+    epochs = {name: checkpoint.load(tmp_path / name, "cpu")["epoch"] for name in ("checkpoint.pt", "best.pt")}
+    assert epochs == ({"checkpoint.pt": 1, "best.pt": 1} if crash_at == "checkpoint.pt"
+                      else {"checkpoint.pt": 2, "best.pt": 1})
+    assert list(tmp_path.glob(".*.tmp"))  # the dead writer's temporary file ...
+    checkpoint.save({"arch": "lenet", "model": {"w": torch.full((4,), 3.0)}, "epoch": 3}, tmp_path, is_best=True)
+    assert not list(tmp_path.glob(".*.tmp"))  # ... is cleared by the next save
+    assert checkpoint.load(tmp_path / "best.pt", "cpu")["epoch"] == 3
+
+
+def test_a_non_finite_loss_stops_every_rank_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path):
+    out = tmp_path / "run"
+    result = injected("ddp", [tiny_data, *DDP, "--out", out], "nan", 9, nproc=2, inject_args=["--rank", "1"])
+    assert result.returncode != 0
+    for rank in ("error: ", "[rank 1] error: "):  # both ranks stop at the same step
+        assert f"{rank}non-finite loss at epoch 2 step 3" in result.stderr, result.stderr[-3000:]
+    assert "recipes/ddp/train.py" not in result.stderr  # one line per rank, no Python traceback
+    state = load(out / "checkpoint.pt")
+    assert (state["epoch"], state["step"]) == (1, 0)
+    assert all(torch.isfinite(tensor).all() for tensor in state["model"].values())
+
+
+def test_a_worker_that_never_joins_ends_the_others_within_the_timeout(tiny_data, tmp_path):
+    start = time.monotonic()
+    result = injected("ddp", [tiny_data, *DDP, "--dist-timeout", "5", "--out", tmp_path / "run"], "hang-init", 1,
+                      nproc=2, inject_args=["--rank", "1"], timeout=180)
+    assert result.returncode != 0
+    assert "error: rank 0 could not form a process group of 2" in result.stderr, result.stderr[-3000:]
+    assert time.monotonic() - start < 90
+
+
+@pytest.mark.parametrize("fault, cause", [("kill", "a peer process died"),
+                                          ("stop", "did not answer within --dist-timeout=5s")])
+def test_a_peer_lost_during_training_is_one_clear_error(tiny_data, tmp_path, fault, cause):
+    """Without torchrun watching, rank 0 itself notices that rank 1 died or hangs."""
+    url = f"tcp://127.0.0.1:{free_port()}"
+    args = [tiny_data, *DDP, "--dist-url", url, "--world-size", "2", "--dist-timeout", "5"]
+    inject = [sys.executable, str(ROOT / "scripts" / "inject_fault.py"), "--fault", fault, "--step", "3", "--",
+              str(ROOT / "recipes" / "ddp" / "train.py"), *map(str, args), "--rank", "1", "--out", tmp_path / "r1"]
+    peer = subprocess.Popen(inject, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        start = time.monotonic()
+        result = subprocess.run(recipe_command("ddp", [*map(str, args), "--rank", "0", "--out", str(tmp_path / "r0")]),
+                                cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=180)
+        elapsed = time.monotonic() - start
+    finally:
+        peer.kill()
+        peer.wait()
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: rank 0 lost contact with the other ranks during training")
+    assert cause in lines[-1] and "Traceback" not in result.stderr
+    assert elapsed < 90
