@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from recipes.common import checkpoint, models  # noqa: E402
+from recipes.common import checkpoint, faults, models  # noqa: E402
 
 DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "-b", "32", "--lr", "0.05",
         "-j", "1", "--seed", "0"]
@@ -47,17 +47,19 @@ def cpu_name():
 
 
 def seconds_per_save(arch, num_classes, repeats):
+    """The recipes' save(): check the weights, build the state, write it atomically (one process)."""
     model = models.build_model(arch, num_classes)
     optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
     size = 28 if arch != "lenet" else 16
     model(torch.randn(2, 3, size, size)).sum().backward()
     optimizer.step()  # the momentum buffers exist, as in a real checkpoint
-    state = {"arch": arch, "num_classes": num_classes, "epoch": 1, "step": 0, "model": model.state_dict(),
-             "optimizer": optimizer.state_dict(), "rng": checkpoint.rng_states()}
     times = []
     with tempfile.TemporaryDirectory(dir=ROOT / "runs") as out:
         for _ in range(repeats):
             start = time.perf_counter()
+            faults.check_finite(model, 1, 0)
+            state = {"arch": arch, "num_classes": num_classes, "epoch": 1, "step": 0, "model": model.state_dict(),
+                     "optimizer": optimizer.state_dict(), "rng": checkpoint.rng_states()}
             checkpoint.save(state, out, is_best=False)
             times.append(time.perf_counter() - start)
         size_mb = (Path(out) / "checkpoint.pt").stat().st_size / 1e6
@@ -95,7 +97,7 @@ def main():
     num_classes = len([d for d in (Path(data) / "train").iterdir() if d.is_dir()])
     train_images = sum(1 for _ in (Path(data) / "train").rglob("*.*"))
     batch = int(flags[flags.index("-b") + 1])
-    steps_per_epoch = train_images // (2 * batch)
+    steps_per_epoch = -(-train_images // 2) // batch  # the sampler pads to an even split, the loader drops
 
     (ROOT / "runs").mkdir(exist_ok=True)
     save_s, size_mb = seconds_per_save(arch, num_classes, repeats=3 if args.quick else 10)

@@ -12,9 +12,12 @@ Faults, each after the optimizer step numbered --step (counted from 1 in this pr
   nan          make this step's loss NaN (divergence)
   hang-init    never join the process group (a worker that never arrives)
 
---rank limits the fault to one rank, --attempt to one torchrun attempt (default 0,
+--rank limits the fault to one rank (--others FAULT gives the other ranks
+their own fault: a hung peer of the killed one, say), --attempt to one torchrun attempt (default 0,
 so the restarted workers run clean). --times FILE appends one JSON line with the
-time of the fault and, in later attempts, of the first completed step.
+time of the fault and, in later attempts, of the first completed step; a rank
+whose fault is already in that file does not fire it again (torchrun agents on
+different nodes count attempts separately, so --attempt alone can fire twice).
 """
 
 import argparse
@@ -39,11 +42,20 @@ def record(path, event, **fields):
             f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
 
 
+def fired(path, rank):
+    if not path or not os.path.exists(path):
+        return False
+    with open(path) as f:
+        events = [json.loads(line) for line in f if line.strip()]
+    return any(e["event"] == "fault" and e["rank"] == rank for e in events)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fault", required=True, choices=[*SIGNALS, "term-parent", "term-group", "nan", "hang-init"])
     parser.add_argument("--step", type=int, default=1, help="inject after this training step (from 1)")
     parser.add_argument("--rank", type=int, help="only this rank (default: every rank)")
+    parser.add_argument("--others", choices=[*SIGNALS, "nan"], help="with --rank: this fault on the other ranks")
     parser.add_argument("--attempt", type=int, default=0, help="only this torchrun attempt (default: 0)")
     parser.add_argument("--times", help="append JSON lines with event times to this file")
     parser.add_argument("script", help="the recipe, e.g. recipes/ddp/train.py")
@@ -52,31 +64,34 @@ def main():
 
     rank = int(os.environ.get("RANK", 0))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    armed = attempt == args.attempt and (args.rank is None or args.rank == rank)
+    fault = args.fault if args.rank is None or args.rank == rank else args.others
+    armed = fault is not None and attempt == args.attempt and not fired(args.times, rank)
+    if args.fault == "term-parent" and "TORCHELASTIC_RUN_ID" not in os.environ:
+        sys.exit("error: --fault term-parent signals torchrun's agent: run it under torchrun")
     steps = 0
 
     should_stop = faults.should_stop
 
-    def should_stop_with_fault(loss, epoch, step):
+    def should_stop_with_fault(loss, epoch, step, every):
         nonlocal steps
         steps += 1
         if attempt != args.attempt and steps == 1:
             record(args.times, "first_step", attempt=attempt, rank=rank)
         if armed and steps == args.step:
-            record(args.times, "fault", fault=args.fault, rank=rank, epoch=epoch, step=step)
-            if args.fault == "nan":
+            record(args.times, "fault", fault=fault, rank=rank, epoch=epoch, step=step)
+            if fault == "nan":
                 loss = loss * float("nan")
-            elif args.fault == "term-parent":
+            elif fault == "term-parent":
                 os.kill(os.getppid(), signal.SIGTERM)
                 time.sleep(2)  # let the agent's SIGTERM reach this process before the next step
-            elif args.fault == "term-group":
+            elif fault == "term-group":
                 os.killpg(os.getpgid(0), signal.SIGTERM)
             else:
-                os.kill(os.getpid(), SIGNALS[args.fault])
-        return should_stop(loss, epoch, step)
+                os.kill(os.getpid(), SIGNALS[fault])
+        return should_stop(loss, epoch, step, every)
 
     faults.should_stop = should_stop_with_fault
-    if armed and args.fault == "hang-init":
+    if armed and fault == "hang-init":
         distributed.init_distributed_mode = lambda _: time.sleep(3600)
 
     sys.argv = [args.script, *(a for a in args.args if a != "--")]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from recipes.common import RecipeError, checkpoint, data, metrics
+from recipes.common import RecipeError, RunFailed, checkpoint, data, faults, metrics
 
 
 def test_correct_counts_top1_top5():
@@ -121,3 +121,48 @@ def test_a_mid_epoch_resume_trains_on_exactly_the_images_not_yet_seen(tmp_path, 
         loader = DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)
         rest += torch.cat(list(data.skip_batches(loader, first_step))).tolist()
     assert sorted(seen + rest) == dataset
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_a_resume_with_another_global_batch_rescales_the_learning_rate(tmp_path, world_size):
+    """Saved at global batch 8 with lr 0.1; resumed at 4 * world_size, the linear rule gives 0.05 * world_size."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    checkpoint.save({"arch": "linear", "num_classes": 2, "epoch": 1, "step": 0, "global_batch": 8, "best_top1": 0.0,
+                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict()}, tmp_path, is_best=False)
+    new_optimizer = torch.optim.SGD(model.parameters(), 123.0, momentum=0.9)
+    new_scheduler = torch.optim.lr_scheduler.StepLR(new_optimizer, step_size=1, gamma=0.5)
+    checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "linear", 2, model, new_optimizer, new_scheduler,
+                      global_batch=4 * world_size)
+    expected = 0.1 * 4 * world_size / 8
+    assert new_optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+    new_optimizer.step()
+    new_scheduler.step()  # the schedule continues from the rescaled rate
+    assert new_optimizer.param_groups[0]["lr"] == pytest.approx(expected / 2)
+
+
+def test_evaluate_with_resume_reads_that_checkpoint_even_with_auto_resume(tmp_path):
+    checkpoint.save(fake_state(1.0), tmp_path, is_best=False)
+    args = argparse.Namespace(out=str(tmp_path), auto_resume=True, evaluate=False, resume="other.pt")
+    assert checkpoint.resume_path(args) == tmp_path / "checkpoint.pt"
+    args.evaluate = True
+    assert checkpoint.resume_path(args) == "other.pt"
+
+
+def test_a_model_with_non_finite_weights_is_never_saved():
+    model = torch.nn.Linear(2, 2)
+    faults.check_finite(model, 1, 0)
+    with torch.no_grad():
+        model.bias[1] = float("inf")
+    with pytest.raises(RunFailed, match="non-finite weights after 1 epoch"):
+        faults.check_finite(model, 1, 0)
+
+
+def test_the_ranks_agree_on_stopping_only_every_few_steps():
+    nan = torch.tensor(float("nan"))
+    assert not faults.should_stop(nan, 0, 1, every=3)  # no check at this step: no communication
+    with pytest.raises(RunFailed, match="non-finite loss at epoch 1 step 4"):
+        faults.should_stop(nan, 0, 3, every=3)
+    assert not faults.should_stop(torch.tensor(1.0), 0, 3, every=3)

@@ -184,3 +184,44 @@ def test_a_peer_lost_during_training_is_one_clear_error(tiny_data, tmp_path, fau
     assert lines[-1].startswith("error: rank 0 lost contact with the other ranks during training")
     assert cause in lines[-1] and "Traceback" not in result.stderr
     assert elapsed < 90
+
+
+def two_nodes(args, inject, tmp_path, share_store, max_restarts=1):
+    """Two torchrun agents on this machine, as two nodes meeting at a c10d rendezvous, one worker each."""
+    port = free_port()
+    env = child_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0" if share_store else "1"})
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+         f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+         "--rdzv-id=two-nodes", str(ROOT / "scripts" / "inject_fault.py"), *inject, "--",
+         str(ROOT / "recipes" / "ddp" / "train.py"), *map(str, args)],
+        cwd=ROOT, env=env, stdout=open(tmp_path / f"node{node}.out", "w"), stderr=subprocess.STDOUT)
+        for node in range(2)]
+    try:
+        codes = [agent.wait(timeout=300) for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+    return codes, "".join((tmp_path / f"node{node}.out").read_text() for node in range(2))
+
+
+def test_restarts_across_nodes_on_a_shared_store_are_refused_at_start(tiny_data, tmp_path):
+    """Agents on different nodes count restarts separately, so a prefix by restart count can differ between them."""
+    codes, output = two_nodes([tiny_data, *DDP, "--auto-resume", "--out", tmp_path / "run"],
+                              ["--fault", "kill", "--step", "999"], tmp_path, share_store=True)
+    assert codes == [1, 1]
+    assert "--max-restarts=1 across 2 nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in output, output[-3000:]
+
+
+def test_a_worker_killed_on_one_node_while_its_peer_hangs_restarts_both_nodes(tiny_data, tmp_path, ddp_reference):
+    """The surviving node restarts for the membership change without counting a retry (as a peer stuck in an
+    NCCL collective would make it); with a fresh store per attempt, the two nodes still meet."""
+    times = tmp_path / "times.jsonl"
+    codes, output = two_nodes([tiny_data, *DDP, "--auto-resume", "--out", tmp_path / "run"],
+                              ["--fault", "kill", "--rank", "0", "--others", "stop", "--step", "9", "--times", times],
+                              tmp_path, share_store=False)
+    assert codes == [0, 0], output[-4000:]
+    events = [json.loads(line) for line in times.read_text().splitlines()]
+    assert sorted(e["fault"] for e in events if e["event"] == "fault") == ["kill", "stop"]
+    assert "resuming" in output and "1 epoch(s) and 0 step(s) done" in output
+    assert final(tmp_path / "run") == ddp_reference

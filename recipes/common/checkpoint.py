@@ -84,10 +84,11 @@ def load(path, device):
 def resume_path(args):
     """<out>/checkpoint.pt with --auto-resume when it exists (a relaunch continues), else --resume.
 
-    Every rank must see the same answer (a collective: every rank calls it).
+    -e with --resume evaluates that checkpoint. Every rank must see the same
+    answer (a collective: every rank calls it).
     """
     own = Path(args.out) / "checkpoint.pt"
-    if not getattr(args, "auto_resume", False):
+    if not getattr(args, "auto_resume", False) or (args.evaluate and args.resume):
         return args.resume
     found = [own.exists()]
     if dist.is_initialized():
@@ -105,7 +106,8 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
 
     Returns (epochs done, steps of global_batch done in the next epoch, best top-1 so far).
     A checkpoint saved mid-epoch also restores this rank's random state when the
-    world size is the one it was saved with.
+    world size is the one it was saved with. Resumed with another global batch,
+    the learning rate follows the linear scaling rule again.
     """
     state = load(path, device)
     if state["arch"] != arch:
@@ -123,9 +125,12 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
             scaler.load_state_dict(state["scaler"])
     except (RuntimeError, KeyError, ValueError) as error:
         raise RecipeError(f"checkpoint {path} does not fit this model: {_first_line(error)}") from None
-    step = state.get("step", 0)
-    if step and global_batch:  # the same images done, counted in this run's global batch (rounded down)
-        step = step * state["global_batch"] // global_batch
+    step, saved_batch = state.get("step", 0), state.get("global_batch")
+    if global_batch and saved_batch and saved_batch != global_batch:
+        if step:  # the same images done, counted in this run's global batch (rounded down)
+            step = step * saved_batch // global_batch
+        _rescale_lr(optimizer, scheduler, global_batch / saved_batch)
+    _check_every_rank_agrees(path, state["epoch"], step)
     rng = state.get("rng")
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if step and rng and len(rng) == world_size:
@@ -133,6 +138,27 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
         if rng[rank]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng[rank]["cuda"].cpu())
     return state["epoch"], step, state["best_top1"]
+
+
+def _rescale_lr(optimizer, scheduler, factor):
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+            if "initial_lr" in group:
+                group["initial_lr"] *= factor
+    if scheduler is not None:
+        scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+
+
+def _check_every_rank_agrees(path, epoch, step):
+    """Ranks that loaded different checkpoints would run different numbers of steps and hang."""
+    if not dist.is_initialized():
+        return
+    positions = [None] * dist.get_world_size()
+    dist.all_gather_object(positions, (epoch, step))
+    if len(set(positions)) > 1:
+        raise RecipeError(f"the ranks loaded {path} at different points (epoch, step): {positions}; is --out on a "
+                          f"file system that every node sees, with no stale cached copy?")
 
 
 def _first_line(error):

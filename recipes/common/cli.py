@@ -135,6 +135,11 @@ def run_main(main, args, rank=0):
     except RecipeError as error:
         fail(error, rank)
     except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
+        try:  # no rank exits before rank 0 has written it: a scheduler may kill the whole job then
+            if dist.is_initialized():
+                dist.barrier()
+        except RuntimeError:
+            pass  # a peer is gone; the checkpoint rank 0 was writing is whole or absent, never half
         _destroy_process_group()
         if rank == 0:
             print(stop, flush=True)

@@ -115,9 +115,7 @@ def _kill_loader_workers():
 
 
 def train_loader(dataset, args, sampler):
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                        pin_memory=torch.cuda.is_available(), drop_last=True,
-                        worker_init_fn=leave_sigterm_to_the_trainer)
+    loader = _train_dataloader(dataset, args.batch_size, sampler, args.workers)
     if len(loader) == 0:
         raise RecipeError(f"train/ gives {len(sampler)} images per process, fewer than one "
                           f"--batch-size of {args.batch_size}")
@@ -134,9 +132,14 @@ def skip_batches(loader, steps):
     if steps == 0:
         return loader
     remaining = list(loader.sampler)[steps * loader.batch_size:]
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=remaining,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory, drop_last=True,
-                      worker_init_fn=leave_sigterm_to_the_trainer, generator=torch.Generator().manual_seed(steps))
+    return _train_dataloader(loader.dataset, loader.batch_size, remaining, loader.num_workers,
+                             generator=torch.Generator().manual_seed(steps))
+
+
+def _train_dataloader(dataset, batch_size, sampler, workers, generator=None):
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                      pin_memory=torch.cuda.is_available(), drop_last=True,
+                      worker_init_fn=leave_sigterm_to_the_trainer, generator=generator)
 
 
 def val_loader(dataset, args, rank=0, world_size=1):

@@ -45,7 +45,7 @@ def launch(main, parse_args):
             raise RecipeError("--multiprocessing-distributed needs --dist-url, --world-size "
                               "(number of nodes) and --rank (this node's rank)")
     except RecipeError as error:
-        cli.fail(error)
+        cli.fail(error, int(os.environ.get("RANK", 0)))
     if not args.multiprocessing_distributed:
         cli.run_main(main, args, rank=int(os.environ.get("RANK", 0)))
         return
@@ -68,7 +68,7 @@ def init_distributed_mode(args):
         local_rank = int(os.environ.get("LOCAL_RANK", max(args.local_rank, 0)))
         init_method, where = "env://", f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's store outlives restarts
             init_method, store = None, _store_for_this_attempt(args.dist_timeout, where)
     elif args.dist_url:
         if args.world_size < 1 or args.rank < 0:
@@ -121,7 +121,16 @@ def _store_for_this_attempt(timeout, where):
     The agent's store outlives a restart. Without the prefix, restarted workers
     can read the previous attempt's addresses and fail with "Gloo connectFullMesh
     failed ... Connection refused" (NCCL reads a stale unique id the same way).
+    The restart count is per agent, and agents on different nodes can disagree
+    on it (a node that restarts because another failed does not count a retry),
+    so across nodes torchrun must instead make a new store for every attempt:
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment.
     """
+    restarts, nodes = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)), int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    if restarts > 0 and nodes > 1:
+        raise RecipeError(f"torchrun --max-restarts={restarts} across {nodes} nodes needs "
+                          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment, so that every restart "
+                          "gets a fresh store (export it on every node before torchrun)")
     try:
         store, _, _ = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=timeout)))
     except (RuntimeError, ValueError) as error:

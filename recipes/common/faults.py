@@ -2,13 +2,15 @@
 
 Preemption: SLURM, Kubernetes and cloud schedulers send SIGTERM some seconds
 before they kill a job (torchrun forwards it to every worker). The handler only
-raises a flag. After each optimizer step the ranks agree on the flags with one
+raises a flag. Every --print-freq steps the ranks agree on the flags with one
 small allreduce, so all of them stop after the same step; rank 0 then saves a
 checkpoint and every rank exits with EXIT_PREEMPTED. Relaunching the same
-command with --auto-resume continues from that step.
+command with --auto-resume continues from that step. (Agreeing only every few
+steps keeps the loop free of a host-device sync per step: on a GPU that sync
+would stop the CPU from queueing the next step while this one runs.)
 
-Divergence: a non-finite loss stops the run before anything is saved, so the
-last checkpoint on disk still holds finite weights.
+Divergence: a non-finite loss, seen at the same check, stops the run; and every
+save first checks that the weights are finite, so no checkpoint holds NaNs.
 """
 
 import signal
@@ -44,18 +46,30 @@ def catch_sigterm():
     signal.signal(signal.SIGTERM, request_stop)
 
 
-def should_stop(loss, epoch, step):
-    """True when any rank has received SIGTERM. Every rank calls this after the same step.
+def should_stop(loss, epoch, step, every):
+    """True when any rank has received SIGTERM. Every rank calls this after each step.
 
-    Raises RunFailed when the loss is NaN or infinite on any rank.
+    The ranks talk only every `every` steps. Raises RunFailed when the loss is
+    NaN or infinite on any rank.
     """
+    if step % every:
+        return False
     flags = torch.stack([torch.tensor(float(_sigterm_received), device=loss.device),
                          (~torch.isfinite(loss.detach())).float().reshape(())])
     if dist.is_initialized():
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # one rank's flag is every rank's decision
     sigterm, nonfinite = flags.tolist()
     if nonfinite:
-        raise RunFailed(f"non-finite loss at epoch {epoch + 1} step {step + 1}: training diverged. The run stops "
-                          f"without saving, so the last checkpoint holds finite weights; lower --lr (or, with "
-                          f"fp16, use --opt-level O1 with its GradScaler) before resuming")
+        raise RunFailed(f"non-finite loss at epoch {epoch + 1} step {step + 1}: {_DIVERGED}")
     return bool(sigterm)
+
+
+def check_finite(model, epoch, step):
+    """Raise RunFailed instead of saving NaN or infinite weights (every rank calls it before a save)."""
+    finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
+    if not finite:
+        raise RunFailed(f"non-finite weights after {epoch} epoch(s) and {step} step(s): {_DIVERGED}")
+
+
+_DIVERGED = ("training diverged. The run stops without saving, so the last checkpoint holds finite weights; "
+             "lower --lr before resuming")

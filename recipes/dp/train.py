@@ -36,7 +36,7 @@ def train_one_epoch(model, loader, criterion, optimizer, device, epoch, first_st
         meter.update(loss, output, target)
         if step % args.print_freq == 0:
             log.step(epoch * len(loader) + step, loss)
-        if faults.should_stop(loss, epoch, step):  # SIGTERM reached a rank: every rank stops after this step
+        if faults.should_stop(loss, epoch, step, args.print_freq):  # SIGTERM on any rank: all stop after this step
             save(epoch, step + 1)
             raise faults.Preempted(args.out, epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < len(loader):
@@ -62,6 +62,7 @@ def main(args):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
 
     def save(epoch, step, is_best=False):  # at epoch ends, and mid-epoch from the loop
+        faults.check_finite(model, epoch, step)  # a diverged run stops here rather than save NaN weights
         state = {"recipe": args.recipe, "arch": args.arch, "num_classes": num_classes, "epoch": epoch,
                  "step": step, "global_batch": global_batch, "best_top1": best_top1, "model": model.state_dict(),
                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
