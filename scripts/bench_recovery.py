@@ -16,7 +16,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,20 +29,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from recipes.common import checkpoint, faults, models  # noqa: E402
+from scripts.machine import hardware  # noqa: E402
 
 DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "-b", "32", "--lr", "0.05",
         "-j", "1", "--seed", "0"]
 QUICK = ["-a", "lenet", "--image-size", "16", "--scale", "1", "1", "--hflip", "0", "-b", "4", "-j", "0", "--seed", "0"]
-
-
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def seconds_per_save(arch, num_classes, repeats):
@@ -73,8 +63,10 @@ def killed_run(data, flags, out, steps_per_epoch, into_epoch_2):
                "--step", str(steps_per_epoch + into_epoch_2), "--rank", "1", "--times", str(times), "--",
                str(ROOT / "recipes" / "ddp" / "train.py"), str(data), *flags, "--epochs", "2", "--auto-resume",
                "--out", str(out / "run")]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if torch.cuda.device_count() == 1:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # two processes need two GPUs: on one, measure on the CPU
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     events = [json.loads(line) for line in times.read_text().splitlines()] if times.exists() else []
     fault = next((e["time"] for e in events if e["event"] == "fault"), None)
     resumed = min((e["time"] for e in events if e["event"] == "first_step"), default=None)
@@ -106,9 +98,7 @@ def main():
     results = {"arch": arch, "data": str(data), "processes": 2, "global_batch": 2 * batch,
                "checkpoint_mb": round(size_mb, 2), "seconds_per_save": round(save_s, 4),
                "save_share_of_epoch": round(save_s / recovery["train_epoch_s"], 5), **recovery,
-               "hardware": {"cpu": cpu_name(), "cores": os.cpu_count(),
-                            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
-               "torch": torch.__version__, "command": " ".join(["python", "scripts/bench_recovery.py", *sys.argv[1:]])}
+               "hardware": hardware(), "command": " ".join(["python", "scripts/bench_recovery.py", *sys.argv[1:]])}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -166,3 +166,35 @@ def test_the_ranks_agree_on_stopping_only_every_few_steps():
     with pytest.raises(RunFailed, match="non-finite loss at epoch 1 step 4"):
         faults.should_stop(nan, 0, 3, every=3)
     assert not faults.should_stop(torch.tensor(1.0), 0, 3, every=3)
+
+
+def test_both_decoders_give_the_same_images(tmp_path):
+    """--decoder tensor (torchvision.io + transforms.v2 on uint8) and pil agree up to resampling differences."""
+    from PIL import Image
+    rng = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            folder = tmp_path / split / label
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = (torch.rand(40, 60, 3, generator=rng) * 255).to(torch.uint8).numpy()
+            Image.fromarray(pixels).save(folder / "0.jpg", quality=90)
+            Image.fromarray(pixels[:, :, 0]).save(folder / "1.png")  # greyscale: both decoders make it RGB
+    images = {}
+    for decoder in ("tensor", "pil"):
+        args = argparse.Namespace(synthetic=False, data=str(tmp_path), image_size=32, scale=(1.0, 1.0), hflip=0.0,
+                                  decoder=decoder)
+        _, val_set, num_classes = data.build_datasets(args)
+        assert num_classes == 2 and val_set.loader is (data.read_image if decoder == "tensor" else data.load_image)
+        images[decoder] = torch.stack([val_set[i][0] for i in range(len(val_set))])
+    assert images["tensor"].shape == images["pil"].shape == (4, 3, 32, 32)
+    difference = (images["tensor"] - images["pil"]).abs()
+    assert difference.mean() < 0.05 and difference.max() < 0.5  # in normalised units (pixel / 255 / 0.225)
+
+
+def test_the_tensor_decoder_reads_the_first_frame_of_an_animated_gif(tmp_path):
+    from PIL import Image
+    frames = [Image.new("RGB", (20, 10), color) for color in ("red", "blue")]
+    frames[0].save(tmp_path / "anim.gif", save_all=True, append_images=frames[1:])
+    image = data.read_image(tmp_path / "anim.gif")
+    assert image.shape == (3, 10, 20) and image.dtype == torch.uint8
+    assert image[0].float().mean() > 200 and image[2].float().mean() < 50  # red, as PIL's first frame

@@ -54,6 +54,9 @@ def build_parser(recipe, description):
     parser.add_argument("--scale", type=float, nargs=2, default=(0.08, 1.0), metavar=("MIN", "MAX"),
                         help="area range of RandomResizedCrop (default: 0.08 1.0)")
     parser.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability (default: 0.5)")
+    parser.add_argument("--decoder", choices=["tensor", "pil"], default="tensor",
+                        help="tensor: torchvision.io decoding and transforms.v2 on uint8 tensors (the faster one "
+                             "here, see RESULTS.md); pil: PIL images and the classic transforms")
     return parser
 
 
