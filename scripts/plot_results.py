@@ -8,6 +8,7 @@ Reads only the measured files that the benchmark scripts write:
   scaling.csv           images/s and epoch time per world size, and the bare loop (bench_scaling.py)
   io.csv                input-pipeline images/s and MB/s per decoder and worker count (bench_io.py)
   recovery.json         checkpoint cost and restart time (bench_recovery.py)
+  compression.csv       time, accuracy and bytes per gradient-compression method (compression_table.py)
 In RESULTS.md only the text between `<!-- BEGIN name -->` and `<!-- END name -->`
 markers is rewritten; the prose around it is kept.
 """
@@ -197,6 +198,52 @@ def recovery_table(recovery):
                    recovery["steps_redone"]]])
 
 
+def method_label(row):
+    return row["method"] + (" + error feedback" if row["error_feedback"] == "1" else "")
+
+
+def plot_compression(rows, figures):
+    labels = list(dict.fromkeys(method_label(r) for r in rows))
+    processes = sorted({int(r["processes"]) for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    width = 0.8 / len(processes)
+    for column, (key, xlabel) in enumerate((("top1", "final validation top-1 (%)"),
+                                            ("train_s", "training time (s)"))):
+        ax = axes[column]
+        for i, count in enumerate(processes):
+            values = {method_label(r): float(r[key]) for r in rows if int(r["processes"]) == count}
+            ys = [y + i * width for y, label in enumerate(labels) if label in values]
+            ax.barh(ys, [values[label] for label in labels if label in values], height=width,
+                    label=f"{count} process{'es' if count > 1 else ''}")
+        ax.set(xlabel=xlabel)
+        ax.grid(axis="x", alpha=0.3)
+        if key == "top1":  # the differences are small: start the axis near the lowest accuracy
+            low = min(float(r["top1"]) for r in rows)
+            ax.set_xlim(left=max(0, low - 5), right=100)
+    axes[0].set_yticks([y + width * (len(processes) - 1) / 2 for y in range(len(labels))], labels)
+    axes[0].invert_yaxis()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(processes))
+    fig.suptitle(f"Gradient compression: {rows[0]['arch']} on the digits, {rows[0]['epochs']} epoch(s), "
+                 f"global batch {rows[0]['global_batch']}")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below
+    fig.savefig(figures / "compression.png", dpi=120)
+    plt.close(fig)
+    print(f"wrote {figures / 'compression.png'}")
+
+
+def compression_table(rows):
+    uncompressed = {r["processes"]: float(r["top1"]) for r in rows if r["method"] == "none"}
+    body = []
+    for r in rows:
+        gap = (f"{float(r['top1']) - uncompressed[r['processes']]:+.2f}"
+               if r["method"] != "none" and r["processes"] in uncompressed else "")
+        body.append([method_label(r), r["processes"], f"{float(r['train_s']):.1f}", f"{float(r['top1']):.2f}", gap,
+                     f"{float(r['bytes_per_step']):,.0f}" if r["bytes_per_step"] else "",
+                     f"{float(r['compression_ratio']):.2f}" if r["compression_ratio"] else ""])
+    return table(["method", "processes", "training time (s)", "val top-1 (%)", "top-1 vs none (points)",
+                  "bytes per step", "compression ratio"], body)
+
+
 def hardware_line(rows):
     r = rows[0]
     return (f"CPU {r['cpu']} ({r['cores']} cores), GPU {r['gpu'] or 'none: these results are CPU-only'}, "
@@ -255,6 +302,12 @@ def main():
         sections["recovery"] = recovery_table(json.loads((data / "recovery.json").read_text()))
     else:
         missing.append("recovery.json (scripts/bench_recovery.py)")
+    if (data / "compression.csv").exists():
+        compression = read_csv(data / "compression.csv")
+        plot_compression(compression, figures)
+        sections["compression"] = compression_table(compression)
+    else:
+        missing.append("compression.csv (scripts/compression_table.py)")
     rewrite(Path(args.results), sections)
     for name in missing:
         print(f"warning: no {data / name.split(' ')[0]}: run {name.split(' ')[1][1:-1]} to measure it",

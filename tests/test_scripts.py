@@ -76,6 +76,13 @@ def write_figures_data(data):
     (data / "recovery.json").write_text(json.dumps(
         {"arch": "resnet18", "processes": 2, "checkpoint_mb": 89.5, "seconds_per_save": 0.3,
          "save_share_of_epoch": 0.01, "kill_to_first_step_s": 14.0, "steps_redone": 20}))
+    header = ("method,error_feedback,processes,threads,arch,epochs,global_batch,train_s,wall_s,top1,top5,"
+              "bytes_per_step,compression_ratio,cpu,cores,gpu,torch")
+    rows = [("serial", 0, 1, 60, 95.0, "", ""), ("none", 0, 2, 40, 94.5, 4000, 1.0),
+            ("fp8-e4m3", 0, 2, 45, 93.25, 1004, 3.984), ("fp8-e4m3", 1, 2, 46, 94.0, 1004, 3.984)]
+    (data / "compression.csv").write_text("\n".join([header] + [
+        f"{m},{ef},{p},1,resnet18,2,64,{t},{t + 5},{top1},99,{b},{r},{','.join(map(str, machine.values()))}"
+        for m, ef, p, t, top1, b, r in rows]) + "\n")
 
 
 def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
@@ -85,7 +92,8 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     command = [sys.executable, "scripts/plot_results.py", "--data", data, "--figures", figures, "--results", results]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("top1_train", "top1_val", "top5_train", "top5_val", "training_throughput", "training_time", "IO"):
+    for name in ("top1_train", "top1_val", "top5_train", "top5_val", "training_throughput", "training_time", "IO",
+                 "compression"):
         with Image.open(figures / f"{name}.png") as image:
             assert image.format == "PNG" and image.size[0] > 300
     text = results.read_text()
@@ -97,6 +105,9 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "| apex | 2 | 2 | 60.00 | 90.00 | 60.00 | 123.4 | 56 |" in text
     assert "CPU Test CPU (2 cores), GPU none: these results are CPU-only" in text
     assert "| resnet18 | 2 | 89.5 | 0.3 | 1.00 % | 14.0 | 20 |" in text
+    assert "| serial | 1 | 60.0 | 95.00 |  |  |  |" in text
+    assert "| fp8-e4m3 | 2 | 45.0 | 93.25 | -1.25 | 1,004 | 3.98 |" in text  # the gap against none at 2 processes
+    assert "| fp8-e4m3 + error feedback | 2 | 46.0 | 94.00 | -0.50 | 1,004 | 3.98 |" in text
 
 
 def test_bench_io_measures_both_decoders(tmp_path):
@@ -129,3 +140,20 @@ def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path)
         ("bare", "ddp", "memory"), ("bare", "nd", "memory"), ("recipe", "ddp", "synthetic"),
         ("recipe", "nd", "synthetic")]
     assert all(float(r["images_per_s"]) > 0 and r["cores"] and r["torch"] for r in rows)
+
+
+def test_compression_table_trains_serial_and_ddp_and_writes_the_table(tiny_data, tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("prose\n")
+    command = [sys.executable, "scripts/compression_table.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
+               "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--runs", str(tmp_path / "runs"),
+               "--figures-data", str(tmp_path / "data"), "--figures", str(tmp_path), "--results", str(results)]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(tmp_path / "data" / "compression.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["method"], r["error_feedback"], r["processes"]) for r in rows] == [
+        ("serial", "0", "1"), ("fp8-e5m2", "0", "2"), ("fp8-e5m2", "1", "2")]
+    assert all(3.9 < float(r["compression_ratio"]) <= 4 for r in rows[1:])  # (rounded to 3 decimals)
+    assert (tmp_path / "compression.png").exists()
+    assert "| fp8-e5m2 + error feedback | 2 |" in results.read_text()

@@ -90,9 +90,16 @@ class RunLog:
                    f"top5 {stats['top5']:6.2f} %  {stats['images_per_s']:8.1f} images/s  "
                    f"data wait {stats['data_s']:.1f} s  epoch {stats['epoch_s']:.1f} s")
 
-    def finish(self, args, val_stats, epochs, world_size, device, best_top1):
+    def scalars(self, epoch, values):
+        """Per-epoch TensorBoard scalars a recipe adds of its own ({tag: value})."""
+        if self.enabled:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, epoch)
+
+    def finish(self, args, val_stats, epochs, world_size, device, best_top1, **extra):
         """Write summary.json and print it. images_per_s is the training throughput of
-        all ranks together, the median over epochs after the first (which warms up)."""
+        all ranks together, the median over epochs after the first (which warms up);
+        a recipe's own results (extra) are added as they are."""
         if not self.enabled:
             return
         rates = self.train_rates[1:] or self.train_rates
@@ -103,7 +110,7 @@ class RunLog:
             "val_images": val_stats["images"], "top1_correct": val_stats["top1_correct"],
             "best_top1": best_top1, "images_per_s": statistics.median(rates) if rates else None,
             "global_batch": args.batch_size * world_size, "wall_s": time.perf_counter() - self.start,
-            "torch": torch.__version__}
+            "torch": torch.__version__, **extra}
         self.write_json("summary.json", summary)
         throughput = f"{summary['images_per_s']:.1f} images/s" if rates else "evaluation only"
         self.print(f"done: top1 {summary['top1']:.2f} %  top5 {summary['top5']:.2f} %  on "
