@@ -14,7 +14,6 @@ of a shared machine does not land on one of them.
 """
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from recipes.common import cli, data  # noqa: E402
-from scripts.machine import hardware  # noqa: E402
+from scripts.measuring import hardware, write_csv  # noqa: E402
 
 FIELDS = ["decoder", "workers", "batch_size", "image_size", "images", "seconds", "images_per_s", "mb_per_s",
           "images_per_s_per_worker", "cpu", "cores", "gpu", "torch"]
@@ -90,11 +89,7 @@ def main():
                      "mb_per_s": round(read / seconds / 1e6, 3),
                      "images_per_s_per_worker": round(rate / max(workers, 1), 2), **machine})
         print(f"{decoder:>6}  {workers} worker(s)  {rate:8.1f} images/s  {read / seconds / 1e6:7.2f} MB/s")
-    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.csv, FIELDS, rows)
 
 
 if __name__ == "__main__":

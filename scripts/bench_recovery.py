@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from recipes.common import checkpoint, faults, models  # noqa: E402
-from scripts.machine import hardware  # noqa: E402
+from scripts.measuring import hardware  # noqa: E402
 
 DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "-b", "32", "--lr", "0.05",
         "-j", "1", "--seed", "0"]

@@ -25,7 +25,6 @@ import argparse
 import csv
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from scripts.measuring import hardware, run, write_csv  # noqa: E402
 
 FIELDS = ["kind", "recipe", "data", "processes", "threads", "arch", "image_size", "batch_size", "images_per_s",
           "epoch_s", "cpu", "cores", "gpu", "torch"]
@@ -98,19 +99,8 @@ def bare_loop(args):
         print(json.dumps({"images_per_s": args.batch_size * args.steps / seconds.item()}))
 
 
-def launch(processes, script_args, threads):
-    """python SCRIPT ... for one process, torchrun --standalone for several; returns the finished process."""
-    command = [sys.executable, *script_args] if processes == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", *script_args]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"error: {' '.join(command)} failed:\n{result.stderr[-3000:]}")
-    return result
-
-
 def bare(processes, threads, args, ddp):
-    result = launch(processes, [__file__, "--bare-worker", *(["--ddp"] if ddp else []), "-a", args.arch,
+    result = run(processes, [__file__, "--bare-worker", *(["--ddp"] if ddp else []), "-a", args.arch,
                                 "--image-size", str(args.image_size), "-b", str(args.batch_size),
                                 "--steps", str(args.steps), "--warmup", str(args.warmup)], threads)
     return sum(json.loads(line)["images_per_s"] for line in result.stdout.splitlines() if line.startswith("{"))
@@ -121,7 +111,7 @@ def recipe_run(recipe, processes, threads, data_args, args, out):
              "--epochs", "1", "--out", str(out)]  # no --seed: it would select slower deterministic kernels
     if torch.cuda.is_available():
         flags += ["--opt-level", "O1", "--channels-last"] if recipe == "apex" else []
-    launch(processes, [str(ROOT / "recipes" / recipe / "train.py"), *flags], threads)
+    run(processes, [str(ROOT / "recipes" / recipe / "train.py"), *flags], threads)
     with open(out / "metrics.csv", newline="") as f:
         row = next(r for r in csv.DictReader(f) if r["split"] == "train")
     return float(row["images_per_s"]), float(row["epoch_s"])
@@ -151,7 +141,6 @@ def main():
     if args.bare_worker:
         return bare_loop(args)
 
-    from scripts.machine import hardware
     world_sizes = args.processes or (list(range(1, torch.cuda.device_count() + 1)) if cuda else [1, 2])
     if not cuda and max(world_sizes) * args.threads > (os.cpu_count() or 1):
         print(f"warning: {max(world_sizes)} processes x {args.threads} threads oversubscribe "
@@ -190,11 +179,7 @@ def main():
                              "threads": threads, "images_per_s": round(rate, 2), "epoch_s": "", **common})
                 print(f"bare loop, {name}, {processes} process(es): {rate:8.1f} images/s "
                       f"(before {bare_rates[name][0]:.1f}, after {bare_rates[name][1]:.1f})", flush=True)
-    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.csv, "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.csv, FIELDS, rows)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.machine import hardware  # noqa: E402
+from scripts.measuring import hardware, run, write_csv  # noqa: E402
 
 METHODS = [("none", False), ("fp16", False), ("bf16", False), ("fp8-e4m3", False), ("fp8-e4m3", True),
            ("fp8-e5m2", False), ("fp8-e5m2", True), ("powersgd", False), ("powersgd", True)]
@@ -40,14 +40,8 @@ FIELDS = ["method", "error_feedback", "processes", "threads", "arch", "epochs", 
 def train(recipe, processes, flags, out):
     """One run under torchrun (or plain python for one process); returns its summary and train seconds."""
     threads = max(1, (os.cpu_count() or 1) // processes)
-    launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--standalone",
-                                          f"--nproc_per_node={processes}"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, *launcher, str(ROOT / "recipes" / recipe / "train.py"), *flags, "--out", str(out)]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"error: {' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    run(processes, [str(ROOT / "recipes" / recipe / "train.py"), *flags, "--out", str(out)], threads)
     summary = json.loads((out / "summary.json").read_text())
     with open(out / "metrics.csv", newline="") as f:
         train_s = sum(float(row["epoch_s"]) for row in csv.DictReader(f) if row["split"] == "train")
@@ -97,11 +91,7 @@ def main():
                      *(["--error-feedback"] if error_feedback else [])]
             record(method, error_feedback, processes, *train("compression", processes, flags, runs / name))
     out = Path(args.figures_data) / "compression.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out, FIELDS, rows)
     print(f"wrote {out}")
     subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_results.py"), "--data", args.figures_data,
                     "--figures", args.figures, "--results", args.results], check=True)

@@ -18,6 +18,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.measuring import python_command  # noqa: E402
+
 RECIPES = {"nd": 1, "ddp": 2, "apex": 2}  # processes
 DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "--lr", "0.05", "-j", "1",
         "--seed", "0"]
@@ -47,10 +51,8 @@ def main():
         script = str(ROOT / "recipes" / recipe / "train.py")
         flags = [args.data, *(QUICK if args.quick else DEMO), "-b", str(args.global_batch // processes),
                  "--epochs", str(args.epochs), "--out", str(out)]
-        launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--standalone",
-                                              f"--nproc_per_node={processes}"]
         print(f"{recipe}: {processes} process(es), {args.epochs} epochs", flush=True)
-        result = subprocess.run([sys.executable, *launcher, script, *flags], cwd=ROOT)
+        result = subprocess.run([*python_command(processes), script, *flags], cwd=ROOT)  # its output shows
         if result.returncode != 0:
             sys.exit(f"error: the {recipe} run failed (exit code {result.returncode})")
         shutil.copy(out / "metrics.csv", copies / f"{recipe}.csv")
