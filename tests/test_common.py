@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import pickle
 
 import pytest
 import torch
@@ -198,3 +199,17 @@ def test_the_tensor_decoder_reads_the_first_frame_of_an_animated_gif(tmp_path):
     image = data.read_image(tmp_path / "anim.gif")
     assert image.shape == (3, 10, 20) and image.dtype == torch.uint8
     assert image[0].float().mean() > 200 and image[2].float().mean() < 50  # red, as PIL's first frame
+
+
+def test_an_image_folder_pickles_small_and_whole(tiny_data):
+    """Loader workers receive the data set through a pipe every epoch (recipes/common/data.py)."""
+    args = argparse.Namespace(synthetic=False, data=str(tiny_data), image_size=16, scale=(1.0, 1.0), hflip=0.0,
+                              decoder="tensor")
+    train_set, _, _ = data.build_datasets(args)
+    copy = pickle.loads(pickle.dumps(train_set))
+    assert copy.samples == train_set.samples and copy.imgs == copy.samples and copy.targets == train_set.targets
+    assert copy.classes == train_set.classes and copy.class_to_idx == train_set.class_to_idx
+    assert torch.equal(copy[7][0], train_set[7][0]) and copy[7][1] == train_set[7][1]
+    synthetic = data.SyntheticImages(10, 8, 3)
+    assert len(pickle.dumps(synthetic)) < 1000  # the pool is rebuilt, not sent
+    assert torch.equal(pickle.loads(pickle.dumps(synthetic))[3][0], synthetic[3][0])
