@@ -36,9 +36,9 @@ FIELDS = ["decoder", "workers", "batch_size", "image_size", "images", "seconds",
 def one_pass(folder, decoder, workers, batch_size, image_size):
     args = cli.parse_args(cli.build_parser("io", ""), [str(folder), "--decoder", decoder, "-j", str(workers),
                                                        "-b", str(batch_size), "--image-size", str(image_size)])
-    train_set, _, _ = data.build_datasets(args)
+    train_set, _, num_classes = data.build_datasets(args)
     sampler = data.shuffle_sampler(train_set, seed=0)
-    loader = data.train_loader(train_set, args, sampler)
+    loader = data.train_loader(train_set, args, sampler, num_classes)
     batches = iter(loader)
     warmup = max(workers, 1)  # one batch per worker: they all start together, so these are ready early
     for _ in range(warmup):

@@ -35,10 +35,11 @@ def python_command(processes):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
 
 
-def run(processes, script_and_flags, threads):
-    """Run a script on `processes` processes of `threads` threads each; exit with its error if it fails."""
+def run(processes, script_and_flags, threads, env=None):
+    """Run a script on `processes` processes of `threads` threads each (with env's variables added);
+    exit with its error if it fails."""
     command = [*python_command(processes), *script_and_flags]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **(env or {}))
     result = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
                             text=True)
     if result.returncode != 0:

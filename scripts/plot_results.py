@@ -9,6 +9,7 @@ Reads only the measured files that the benchmark scripts write:
   io.csv                input-pipeline images/s and MB/s per decoder and worker count (bench_io.py)
   recovery.json         checkpoint cost and restart time (bench_recovery.py)
   compression.csv       time, accuracy and bytes per gradient-compression method (compression_table.py)
+  compile.csv           epoch times, eager against torch.compile (bench_compile.py)
 In RESULTS.md only the text between `<!-- BEGIN name -->` and `<!-- END name -->`
 markers is rewritten; the prose around it is kept.
 """
@@ -17,6 +18,7 @@ import argparse
 import csv
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -244,6 +246,31 @@ def compression_table(rows):
                   "bytes per step", "compression ratio"], body)
 
 
+COMPILE_MODES = {"eager": "eager (no --compile)", "cold": "--compile, empty Inductor cache",
+                 "warm": "--compile, warm Inductor cache"}
+
+
+def compile_table(rows):
+    """Per mode: the first epoch, a steady epoch (median of the others), and what --compile adds or gains."""
+    first, steady, rate = {}, {}, {}
+    for mode in COMPILE_MODES:
+        runs = [r for r in rows if r["mode"] == mode]
+        first[mode] = float(runs[0]["epoch_s"])
+        steady[mode] = statistics.median(float(r["epoch_s"]) for r in runs[1:])
+        rate[mode] = statistics.median(float(r["images_per_s"]) for r in runs[1:])
+    startup = {mode: (first[mode] - steady[mode]) - (first["eager"] - steady["eager"]) for mode in COMPILE_MODES}
+    body = [[label, f"{first[mode]:.1f}", f"{steady[mode]:.1f}", f"{rate[mode]:.1f}",
+             f"{rate[mode] / rate['eager']:.2f}x", f"{startup[mode]:+.1f}" if mode != "eager" else ""]
+            for mode, label in COMPILE_MODES.items()]
+    r = rows[0]
+    return (table(["run", "first epoch (s)", "steady epoch (s)", "steady images/s", "vs eager",
+                   "start-up cost (s)"], body) +
+            f"\n\nnd recipe, {r['arch']}, one process of {r['threads']} thread(s), {len(rows) // 3} epochs per run. "
+            f"Start-up cost: the first epoch's extra time over a steady epoch, minus eager's. --compile costs "
+            f"{startup['cold']:.1f} s at start-up with an empty cache ({startup['warm']:.1f} s with a warm one) and "
+            f"runs at {rate['cold'] / rate['eager']:.2f}x eager's images/s in steady state.")
+
+
 def hardware_line(rows):
     r = rows[0]
     return (f"CPU {r['cpu']} ({r['cores']} cores), GPU {r['gpu'] or 'none: these results are CPU-only'}, "
@@ -308,6 +335,10 @@ def main():
         sections["compression"] = compression_table(compression)
     else:
         missing.append("compression.csv (scripts/compression_table.py)")
+    if (data / "compile.csv").exists():
+        sections["compile"] = compile_table(read_csv(data / "compile.csv"))
+    else:
+        missing.append("compile.csv (scripts/bench_compile.py)")
     rewrite(Path(args.results), sections)
     for name in missing:
         print(f"warning: no {data / name.split(' ')[0]}: run {name.split(' ')[1][1:-1]} to measure it",

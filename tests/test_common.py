@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from recipes.common import RecipeError, RunFailed, checkpoint, data, faults, metrics
+from recipes.common import RecipeError, RunFailed, checkpoint, data, faults, metrics, schedule
 
 
 def test_correct_counts_top1_top5():
@@ -127,21 +127,37 @@ def test_a_mid_epoch_resume_trains_on_exactly_the_images_not_yet_seen(tmp_path, 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_a_resume_with_another_global_batch_rescales_the_learning_rate(tmp_path, world_size):
     """Saved at global batch 8 with lr 0.1; resumed at 4 * world_size, the linear rule gives 0.05 * world_size."""
+    args = argparse.Namespace(warmup_epochs=0, lr_schedule="step", lr_steps=[2], epochs=3)
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=4)
     checkpoint.save({"arch": "linear", "num_classes": 2, "epoch": 1, "step": 0, "global_batch": 8, "best_top1": 0.0,
                      "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict()}, tmp_path, is_best=False)
     new_optimizer = torch.optim.SGD(model.parameters(), 123.0, momentum=0.9)
-    new_scheduler = torch.optim.lr_scheduler.StepLR(new_optimizer, step_size=1, gamma=0.5)
+    new_scheduler = schedule.build_scheduler(new_optimizer, args, steps_per_epoch=4 * 2 // world_size)
     checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "linear", 2, model, new_optimizer, new_scheduler,
-                      global_batch=4 * world_size)
+                      global_batch=4 * world_size, steps_per_epoch=4 * 2 // world_size)
     expected = 0.1 * 4 * world_size / 8
     assert new_optimizer.param_groups[0]["lr"] == pytest.approx(expected)
-    new_optimizer.step()
-    new_scheduler.step()  # the schedule continues from the rescaled rate
-    assert new_optimizer.param_groups[0]["lr"] == pytest.approx(expected / 2)
+    for _ in range(4 * 2 // world_size):  # to epoch 2: the schedule continues from the rescaled rate
+        new_optimizer.step()
+        new_scheduler.step()
+    assert new_optimizer.param_groups[0]["lr"] == pytest.approx(expected / 10)
+
+
+def test_an_image_folder_pickles_small_and_whole(tiny_data):
+    """Loader workers receive the data set through a pipe every epoch (recipes/common/data.py)."""
+    args = argparse.Namespace(synthetic=False, data=str(tiny_data), image_size=16, scale=(1.0, 1.0), hflip=0.0,
+                              decoder="tensor")
+    train_set, _, _ = data.build_datasets(args)
+    copy = pickle.loads(pickle.dumps(train_set))
+    assert copy.samples == train_set.samples and copy.imgs == copy.samples and copy.targets == train_set.targets
+    assert copy.classes == train_set.classes and copy.class_to_idx == train_set.class_to_idx
+    assert torch.equal(copy[7][0], train_set[7][0]) and copy[7][1] == train_set[7][1]
+    synthetic = data.SyntheticImages(10, 8, 3)
+    assert len(pickle.dumps(synthetic)) < 1000  # the pool is rebuilt, not sent
+    assert torch.equal(pickle.loads(pickle.dumps(synthetic))[3][0], synthetic[3][0])
 
 
 def test_evaluate_with_resume_reads_that_checkpoint_even_with_auto_resume(tmp_path):
@@ -199,17 +215,3 @@ def test_the_tensor_decoder_reads_the_first_frame_of_an_animated_gif(tmp_path):
     image = data.read_image(tmp_path / "anim.gif")
     assert image.shape == (3, 10, 20) and image.dtype == torch.uint8
     assert image[0].float().mean() > 200 and image[2].float().mean() < 50  # red, as PIL's first frame
-
-
-def test_an_image_folder_pickles_small_and_whole(tiny_data):
-    """Loader workers receive the data set through a pipe every epoch (recipes/common/data.py)."""
-    args = argparse.Namespace(synthetic=False, data=str(tiny_data), image_size=16, scale=(1.0, 1.0), hflip=0.0,
-                              decoder="tensor")
-    train_set, _, _ = data.build_datasets(args)
-    copy = pickle.loads(pickle.dumps(train_set))
-    assert copy.samples == train_set.samples and copy.imgs == copy.samples and copy.targets == train_set.targets
-    assert copy.classes == train_set.classes and copy.class_to_idx == train_set.class_to_idx
-    assert torch.equal(copy[7][0], train_set[7][0]) and copy[7][1] == train_set[7][1]
-    synthetic = data.SyntheticImages(10, 8, 3)
-    assert len(pickle.dumps(synthetic)) < 1000  # the pool is rebuilt, not sent
-    assert torch.equal(pickle.loads(pickle.dumps(synthetic))[3][0], synthetic[3][0])

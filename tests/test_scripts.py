@@ -2,9 +2,11 @@
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, child_env
 from PIL import Image
 
@@ -83,6 +85,10 @@ def write_figures_data(data):
     (data / "compression.csv").write_text("\n".join([header] + [
         f"{m},{ef},{p},1,resnet18,2,64,{t},{t + 5},{top1},99,{b},{r},{','.join(map(str, machine.values()))}"
         for m, ef, p, t, top1, b, r in rows]) + "\n")
+    rows = [("eager", (12, 10, 10), 100), ("cold", (70, 5, 5), 200), ("warm", (20, 5, 5), 200)]
+    (data / "compile.csv").write_text("\n".join(["mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch"] + [
+        f"{mode},{e + 1},{t},{rate},resnet18,2,{','.join(map(str, machine.values()))}"
+        for mode, times, rate in rows for e, t in enumerate(times)]) + "\n")
 
 
 def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
@@ -108,6 +114,25 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "| serial | 1 | 60.0 | 95.00 |  |  |  |" in text
     assert "| fp8-e4m3 | 2 | 45.0 | 93.25 | -1.25 | 1,004 | 3.98 |" in text  # the gap against none at 2 processes
     assert "| fp8-e4m3 + error feedback | 2 | 46.0 | 94.00 | -0.50 | 1,004 | 3.98 |" in text
+    assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
+    assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
+    assert "| --compile, warm Inductor cache | 20.0 | 5.0 | 200.0 | 2.00x | +13.0 |" in text
+    assert "costs 63.0 s at start-up with an empty cache (13.0 s with a warm one) and runs at 2.00x" in text
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++")),
+                    reason="torch.compile on CPU needs a C++ compiler (g++ or clang++) for TorchInductor")
+def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
+    out = tmp_path / "compile.csv"
+    command = [sys.executable, "scripts/bench_compile.py", str(tiny_data), "--quick", "--epochs", "2", "--threads",
+               "1", "--csv", str(out)]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["mode"], r["epoch"]) for r in rows] == [(m, e) for m in ("eager", "cold", "warm") for e in "12"]
+    assert all(float(r["epoch_s"]) > 0 and r["arch"] == "lenet" and r["torch"] for r in rows)
+    assert "cold : first epoch" in result.stdout
 
 
 def test_bench_io_measures_both_decoders(tmp_path):

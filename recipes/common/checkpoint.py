@@ -101,13 +101,17 @@ def resume_path(args):
     return own if all(found) else args.resume
 
 
-def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None, global_batch=None):
+def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None, global_batch=None,
+           ema=None, steps_per_epoch=None):
     """Load a checkpoint into the unwrapped model (and the training state, when given).
 
     Returns (epochs done, steps of global_batch done in the next epoch, best top-1 so far).
     A checkpoint saved mid-epoch also restores this rank's random state when the
     world size is the one it was saved with. Resumed with another global batch,
-    the learning rate follows the linear scaling rule again.
+    the learning rate follows the linear scaling rule again, and the per-step
+    schedule (a LambdaLR of common/schedule, with steps_per_epoch of this run)
+    continues from the same point of the run in this run's steps.
+    An EMA the checkpoint lacks starts from the model's weights.
     """
     state = load(path, device)
     if state["arch"] != arch:
@@ -119,17 +123,25 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
         model.load_state_dict(state["model"])
         if optimizer is not None and state.get("optimizer"):
             optimizer.load_state_dict(state["optimizer"])
-        if scheduler is not None and state.get("scheduler"):
-            scheduler.load_state_dict(state["scheduler"])
         if scaler is not None and state.get("scaler"):  # a full-precision run saved none
             scaler.load_state_dict(state["scaler"])
+        if ema is not None and state.get("ema"):
+            ema.load_state_dict(state["ema"])
+        elif ema is not None:
+            ema.module.load_state_dict(state["model"])
     except (RuntimeError, KeyError, ValueError) as error:
         raise RecipeError(f"checkpoint {path} does not fit this model: {_first_line(error)}") from None
     step, saved_batch = state.get("step", 0), state.get("global_batch")
     if global_batch and saved_batch and saved_batch != global_batch:
         if step:  # the same images done, counted in this run's global batch (rounded down)
             step = step * saved_batch // global_batch
-        _rescale_lr(optimizer, scheduler, global_batch / saved_batch)
+        _rescale_lr(optimizer, global_batch / saved_batch)
+    if scheduler is not None:  # the schedule is a function of the run's position: put it there, in this run's steps
+        scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        scheduler.last_epoch = state["epoch"] * steps_per_epoch + step - 1
+        with warnings.catch_warnings():  # (a step with no optimizer.step() before it: here that is no mistake)
+            warnings.simplefilter("ignore")
+            scheduler.step()
     _check_every_rank_agrees(path, state["epoch"], step)
     rng = state.get("rng")
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -140,14 +152,12 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
     return state["epoch"], step, state["best_top1"]
 
 
-def _rescale_lr(optimizer, scheduler, factor):
+def _rescale_lr(optimizer, factor):
     if optimizer is not None:
         for group in optimizer.param_groups:
             group["lr"] *= factor
             if "initial_lr" in group:
                 group["initial_lr"] *= factor
-    if scheduler is not None:
-        scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
 
 
 def _check_every_rank_agrees(path, epoch, step):

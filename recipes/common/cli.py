@@ -9,6 +9,7 @@ import torch.distributed as dist
 from recipes.common import RecipeError, RunFailed, faults
 
 EXIT_BAD_INPUT = 2
+CLASSIC_LR_STEPS = (30, 60, 80)  # epochs of the 90-epoch ImageNet ResNet schedule
 
 
 class Parser(argparse.ArgumentParser):
@@ -57,7 +58,38 @@ def build_parser(recipe, description):
     parser.add_argument("--decoder", choices=["tensor", "pil"], default="tensor",
                         help="tensor: torchvision.io decoding and transforms.v2 on uint8 tensors (the faster one "
                              "here, see RESULTS.md); pil: PIL images and the classic transforms")
+    add_training_args(parser)
     return parser
+
+
+def add_training_args(parser):
+    group = parser.add_argument_group("training recipe")
+    group.add_argument("--accum-steps", type=int, default=1, metavar="K",
+                       help="micro-batches of --batch-size per optimizer step: the global batch is batch size x "
+                            "processes x K, and --lr scales with it (default: 1)")
+    group.add_argument("--lr-schedule", choices=["step", "cosine"], default="step",
+                       help="step: x0.1 at each of --lr-steps; cosine: down to 0 at the last step (default: step); "
+                            "either is stepped after every optimizer step")
+    group.add_argument("--lr-steps", type=float, nargs="+", metavar="EPOCH",
+                       help=f"epochs at which the step schedule multiplies the learning rate by 0.1 (default: "
+                            f"{' '.join(map(str, CLASSIC_LR_STEPS))}, the 90-epoch ImageNet classic)")
+    group.add_argument("--warmup-epochs", type=float, default=0,
+                       help="raise the learning rate linearly from lr/W to lr over the first W steps of these "
+                            "epochs (default: 0)")
+    group.add_argument("--label-smoothing", type=float, default=0.0,
+                       help="train against (1 - e) x target + e / classes (default: 0)")
+    group.add_argument("--mixup-alpha", type=float, default=0.0,
+                       help="MixUp: blend pairs of images, mixing ratio ~ Beta(alpha, alpha) (default: 0, off)")
+    group.add_argument("--cutmix-alpha", type=float, default=0.0,
+                       help="CutMix: paste a box from another image, area ~ Beta(alpha, alpha) (default: 0, off)")
+    group.add_argument("--ema-decay", type=float,
+                       help="also keep an exponential moving average of the weights, ema = d x ema + (1 - d) x w "
+                            "after each step, evaluated and saved beside the model (for example 0.9999)")
+    group.add_argument("--compile", action="store_true",
+                       help="torch.compile the training model (TorchInductor; the first steps compile)")
+    group.add_argument("--profile", type=int, default=0, metavar="N",
+                       help="record N steps (after 2 warm-up steps) with torch.profiler into <out>/profile "
+                            "for TensorBoard's profiler view (default: 0, off)")
 
 
 def add_distributed_args(parser):
@@ -111,6 +143,29 @@ def parse_args(parser, argv=None):
         raise RecipeError(f"--hflip is a probability in [0, 1], got {args.hflip}")
     if args.desired_acc is not None and not 0 < args.desired_acc <= 1:
         raise RecipeError(f"--desired-acc is a fraction in (0, 1] (0.75 means 75 %), got {args.desired_acc}")
+    if args.accum_steps < 1:
+        raise RecipeError(f"--accum-steps must be at least 1, got {args.accum_steps}")
+    if args.lr_steps is not None and args.lr_schedule != "step":
+        raise RecipeError(f"--lr-steps sets the step schedule's milestones; --lr-schedule {args.lr_schedule} has none")
+    args.lr_steps = list(CLASSIC_LR_STEPS) if args.lr_steps is None else args.lr_steps
+    if any(m <= 0 for m in args.lr_steps) or sorted(set(args.lr_steps)) != args.lr_steps:
+        raise RecipeError(f"--lr-steps must be positive epochs in increasing order, got "
+                          f"{' '.join(f'{m:g}' for m in args.lr_steps)}")
+    if not 0 <= args.warmup_epochs < args.epochs:
+        raise RecipeError(f"--warmup-epochs must be at least 0 and less than --epochs {args.epochs}, "
+                          f"got {args.warmup_epochs:g}")
+    if not 0 <= args.label_smoothing < 1:
+        raise RecipeError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
+    for flag, alpha in (("--mixup-alpha", args.mixup_alpha), ("--cutmix-alpha", args.cutmix_alpha)):
+        if alpha < 0:
+            raise RecipeError(f"{flag} must be 0 (off) or positive, got {alpha}")
+    if args.ema_decay is not None and not 0 < args.ema_decay < 1:
+        raise RecipeError(f"--ema-decay must be between 0 and 1 (for example 0.9999), got {args.ema_decay}")
+    if args.ema_decay is not None and getattr(args, "opt_level", None) == "O3":
+        raise RecipeError("--ema-decay with --opt-level O3: the weights are fp16/bf16, too coarse to move by "
+                          "(1 - decay) per step; use O1 or O2, which keep fp32 weights")
+    if args.profile < 0:
+        raise RecipeError(f"--profile must be 0 (off) or a number of steps, got {args.profile}")
     if args.data is None and not args.synthetic:
         raise RecipeError("no data: give DIR (a folder with train/ and val/) or --synthetic")
     if args.evaluate and not args.resume:

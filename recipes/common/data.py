@@ -2,6 +2,7 @@
 
 import array
 import atexit
+import functools
 import multiprocessing
 import multiprocessing.forkserver
 import random
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
 from torchvision import datasets, io, transforms
 from torchvision.transforms import v2
 
@@ -191,12 +192,27 @@ def _worker_context(workers):
     return multiprocessing.get_context("forkserver")
 
 
-def train_loader(dataset, args, sampler):
-    loader = _train_dataloader(dataset, args.batch_size, sampler, args.workers)
+def train_loader(dataset, args, sampler, num_classes):
+    """One batch per optimizer step: --batch-size x --accum-steps images, mixed when asked."""
+    step_batch = args.batch_size * args.accum_steps
+    loader = _train_dataloader(dataset, step_batch, sampler, args.workers, mixup_cutmix(args, num_classes))
     if len(loader) == 0:
-        raise RecipeError(f"train/ gives {len(sampler)} images per process, fewer than one "
-                          f"--batch-size of {args.batch_size}")
+        raise RecipeError(f"train/ gives {len(sampler)} images per process, fewer than one step of "
+                          f"--batch-size {args.batch_size} x --accum-steps {args.accum_steps}")
     return loader
+
+
+def mixup_cutmix(args, num_classes):
+    """--mixup-alpha, --cutmix-alpha: blend pairs of images of a batch, and their labels in the same
+    proportion (soft targets); with both on, one or the other per batch. None when both are off."""
+    mixes = [mix(alpha=alpha, num_classes=num_classes)
+             for mix, alpha in ((v2.MixUp, args.mixup_alpha), (v2.CutMix, args.cutmix_alpha)) if alpha > 0]
+    return functools.partial(_collate_and_mix, v2.RandomChoice(mixes)) if mixes else None
+
+
+def _collate_and_mix(mix, samples):
+    """Mixing is done in the loader workers, on the whole batch, after collation."""
+    return mix(*default_collate(samples))
 
 
 def skip_batches(loader, steps):
@@ -209,12 +225,12 @@ def skip_batches(loader, steps):
     if steps == 0:
         return loader
     remaining = list(loader.sampler)[steps * loader.batch_size:]
-    return _train_dataloader(loader.dataset, loader.batch_size, remaining, loader.num_workers,
+    return _train_dataloader(loader.dataset, loader.batch_size, remaining, loader.num_workers, loader.collate_fn,
                              generator=torch.Generator().manual_seed(steps))
 
 
-def _train_dataloader(dataset, batch_size, sampler, workers, generator=None):
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+def _train_dataloader(dataset, batch_size, sampler, workers, collate_fn=None, generator=None):
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_fn,
                       pin_memory=torch.cuda.is_available(), drop_last=True, generator=generator,
                       multiprocessing_context=_worker_context(workers), worker_init_fn=leave_sigterm_to_the_trainer)
 

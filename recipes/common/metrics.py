@@ -34,6 +34,8 @@ class EpochMeter:
         self.data_s += time.perf_counter() - self.last
 
     def update(self, loss, output, target):
+        if target.ndim == 2:  # mixup/cutmix soft targets: count hits on each image's larger share
+            target = target.argmax(dim=1)
         top1, top5 = correct_counts(output.detach(), target)
         n = target.size(0)
         self.sums += torch.stack([loss.detach().double() * n, top1.double(), top5.double()])
@@ -87,3 +89,8 @@ def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcont
             loss = criterion(output, target)
         meter.update(loss.float(), output.float(), target)
     return meter.summary()
+
+
+def evaluate_ema(ema, loader, criterion, device, log, autocast=contextlib.nullcontext):
+    """--ema-decay: the averaged model's exact evaluation; None without it."""
+    return None if ema is None else evaluate(ema.module, loader, criterion, device, log, autocast)

@@ -1,7 +1,12 @@
 """Models by name: torchvision's classification models, and one small CNN."""
 
+import os
+import shutil
+
+import torch
 import torchvision
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from recipes.common import RecipeError
 
@@ -25,3 +30,24 @@ def build_model(arch, num_classes):
         raise RecipeError(f"unknown --arch {arch!r}: use a torchvision classification model "
                           f"(resnet18, resnet50, mobilenet_v3_small, ...) or lenet")
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+
+
+def build_ema(model, decay):
+    """--ema-decay: a copy of the model whose weights and batch-norm statistics follow
+    ema = decay x ema + (1 - decay) x model after every update_parameters(model)
+    (the first update copies). None without --ema-decay."""
+    if decay is None:
+        return None
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
+def compile_model(module, device, enabled):
+    """--compile: torch.compile (TorchInductor). The first steps trace and compile; later ones run
+    the generated kernels. On CPU Inductor writes C++, so it needs a C++ compiler."""
+    if not enabled:
+        return module
+    if device.type == "cpu" and not any(shutil.which(name) for name in (os.environ.get("CXX"), "g++", "clang++")
+                                        if name):
+        raise RecipeError("--compile on CPU needs a C++ compiler for TorchInductor (g++ or clang++, or $CXX); "
+                          "none is on PATH")
+    return torch.compile(module)

@@ -26,7 +26,7 @@ class RunLog:
             # checked on every rank, so all of them stop, and the old checkpoint stays intact
             raise RecipeError(f"{self.out} already holds a checkpoint: continue it with --auto-resume, "
                               f"or choose another --out")
-        self.bar, self.writer, self.train_rates = None, None, []
+        self.bar, self.writer, self.profiler, self.train_rates = None, None, None, []
         self.start = time.perf_counter()
         if not enabled:
             return
@@ -53,6 +53,31 @@ class RunLog:
             writer.writeheader()
             writer.writerows(rows)
 
+    def start_profiler(self, steps, device):
+        """--profile N: torch.profiler records optimizer steps 3 to N+2 (after the loader's and the
+        compiler's start-up) into <out>/profile, which TensorBoard's profiler view and Perfetto read."""
+        if not (self.enabled and steps):
+            return
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # else a CPU-only run logs a failed GPU query as an error
+        folder = self.out / "profile"
+        write_trace = torch.profiler.tensorboard_trace_handler(str(folder))
+
+        def written(profiler):
+            write_trace(profiler)
+            self.print(f"profile of {steps} steps written to {folder}")
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        steps_to_record = torch.profiler.schedule(wait=1, warmup=1, active=steps, repeat=1)
+        self.profiler = torch.profiler.profile(activities=activities, schedule=steps_to_record, on_trace_ready=written)
+        self.profiler.start()
+
+    def profile_step(self):
+        """The profiler's clock: call after every optimizer step."""
+        if self.profiler is not None:
+            self.profiler.step()
+
     def print(self, message):
         if self.enabled:
             tqdm.write(message, file=sys.stdout)
@@ -64,16 +89,17 @@ class RunLog:
                         leave=False, dynamic_ncols=True, file=sys.stderr)
         return self.bar
 
-    def step(self, global_step, loss):
-        """Every --print-freq steps: the loss on the bar and in TensorBoard."""
+    def step(self, global_step, loss, lr):
+        """Every --print-freq steps: the loss on the bar, the loss and learning rate in TensorBoard."""
         if self.enabled:
             loss = loss.item()
             self.bar.set_postfix(loss=f"{loss:.4f}")
             self.writer.add_scalar("train/step_loss", loss, global_step)
+            self.writer.add_scalar("train/step_lr", lr, global_step)
 
     def epoch(self, epoch, split, stats, lr):
         """One row of metrics.csv and one console line; epochs count from 1."""
-        if not self.enabled or stats["images"] == 0:  # (resumed after the epoch's last step: nothing to report)
+        if not self.enabled or stats is None or stats["images"] == 0:  # (no EMA; or resumed at an epoch's end)
             return
         row = {"epoch": epoch, "split": split, "loss": f"{stats['loss']:.6f}", "top1": f"{stats['top1']:.4f}",
                "top5": f"{stats['top5']:.4f}", "images_per_s": f"{stats['images_per_s']:.2f}",
@@ -86,7 +112,7 @@ class RunLog:
             self.writer.add_scalar("train/lr", lr, epoch)
             self.train_rates.append(stats["images_per_s"])
         self.writer.flush()
-        self.print(f"epoch {epoch} {split:5s} loss {stats['loss']:.4f}  top1 {stats['top1']:6.2f} %  "
+        self.print(f"epoch {epoch} {split:7s} loss {stats['loss']:.4f}  top1 {stats['top1']:6.2f} %  "
                    f"top5 {stats['top5']:6.2f} %  {stats['images_per_s']:8.1f} images/s  "
                    f"data wait {stats['data_s']:.1f} s  epoch {stats['epoch_s']:.1f} s")
 
@@ -96,10 +122,11 @@ class RunLog:
             for tag, value in values.items():
                 self.writer.add_scalar(tag, value, epoch)
 
-    def finish(self, args, val_stats, epochs, world_size, device, best_top1, **extra):
+    def finish(self, args, val_stats, epochs, world_size, device, best_top1, ema_stats=None, **extra):
         """Write summary.json and print it. images_per_s is the training throughput of
         all ranks together, the median over epochs after the first (which warms up);
-        a recipe's own results (extra) are added as they are."""
+        "ema" holds the EMA model's validation metrics (--ema-decay); a recipe's own
+        results (extra) are added as they are."""
         if not self.enabled:
             return
         rates = self.train_rates[1:] or self.train_rates
@@ -109,11 +136,13 @@ class RunLog:
             "top1": val_stats["top1"], "top5": val_stats["top5"], "loss": val_stats["loss"],
             "val_images": val_stats["images"], "top1_correct": val_stats["top1_correct"],
             "best_top1": best_top1, "images_per_s": statistics.median(rates) if rates else None,
-            "global_batch": args.batch_size * world_size, "wall_s": time.perf_counter() - self.start,
-            "torch": torch.__version__, **extra}
+            "global_batch": args.batch_size * world_size * args.accum_steps, "wall_s": time.perf_counter() - self.start,
+            "torch": torch.__version__,
+            "ema": {key: ema_stats[key] for key in ("top1", "top5", "loss")} if ema_stats else None, **extra}
         self.write_json("summary.json", summary)
         throughput = f"{summary['images_per_s']:.1f} images/s" if rates else "evaluation only"
-        self.print(f"done: top1 {summary['top1']:.2f} %  top5 {summary['top5']:.2f} %  on "
+        ema = f"  (EMA: top1 {ema_stats['top1']:.2f} %  top5 {ema_stats['top5']:.2f} %)" if ema_stats else ""
+        self.print(f"done: top1 {summary['top1']:.2f} %  top5 {summary['top5']:.2f} %{ema}  on "
                    f"{summary['val_images']} val images  |  {throughput}  |  wall {summary['wall_s']:.1f} s")
         self.print(f"run directory {self.out}  (tensorboard --logdir {self.out})")
         self.close()
@@ -123,5 +152,8 @@ class RunLog:
             (self.out / name).write_text(json.dumps(obj, indent=2, default=str) + "\n")
 
     def close(self):
+        if self.profiler is not None:  # a run shorter than the profiled steps: write what was recorded
+            self.profiler.stop()
+            self.profiler = None
         if self.writer is not None:
             self.writer.close()

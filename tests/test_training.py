@@ -1,0 +1,278 @@
+"""The training-recipe flags: gradient accumulation, schedules, EMA, mixup/cutmix, label smoothing,
+torch.compile and the profiler."""
+
+import argparse
+import datetime
+import functools
+import importlib
+import json
+import math
+import shutil
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from conftest import TINY, free_port, read_summary, run_recipe
+from test_recipes import assert_complete_run_dir
+from recipes.common import checkpoint, cli, data, models, runlog, schedule
+
+WORLD_SIZE, STEPS, MICRO_BATCH = 2, 3, 4
+
+
+def training_args(tmp_path, accum_steps, **extra):
+    return argparse.Namespace(accum_steps=accum_steps, epochs=1, print_freq=1000, save_every=0, out=str(tmp_path),
+                              evaluate=False, resume=None, **extra)
+
+
+def one_epoch(recipe, rank, world_size, accum_steps, tmp_path, hook_calls=None):
+    """recipes/<recipe>/train.py's own train_one_epoch on fixed data: STEPS steps of
+    MICRO_BATCH x 4 images per process, split into accum_steps micro-batches."""
+    train = importlib.import_module(f"recipes.{recipe}.train")
+    torch.manual_seed(0)
+    n = WORLD_SIZE * STEPS * MICRO_BATCH * 4
+    images, labels = torch.randn(n, 3, 16, 16), torch.randint(0, 3, (n,))
+    sampler = DistributedSampler(TensorDataset(images, labels), world_size, rank, shuffle=False)
+    loader = DataLoader(TensorDataset(images, labels), batch_size=MICRO_BATCH * 4, sampler=sampler, drop_last=True)
+    model = models.lenet(3)  # no batch norm: a micro-batch's gradient does not depend on the others
+    initial = [p.detach().clone() for p in model.parameters()]
+    train_model = model
+    if world_size > 1:
+        train_model = DDP(model)  # lenet's gradients fit in one bucket: one allreduce per synchronised backward
+        train_model.register_comm_hook(hook_calls, counting_allreduce)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    args = training_args(tmp_path, accum_steps, channels_last=False)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    log = runlog.RunLog(args, enabled=False)
+    criterion = torch.nn.CrossEntropyLoss()
+    common = dict(model=train_model, loader=loader, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
+                  ema=None, device=torch.device("cpu"), epoch=0, first_step=0, save=None, log=log, args=args)
+    if recipe == "apex":
+        # fp32 autocast, but a real GradScaler: each micro-batch's loss scaled, the sum unscaled once
+        common.update(scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 10),
+                      autocast=functools.partial(torch.autocast, "cpu", enabled=False))
+    train.train_one_epoch(**common)
+    return initial, [p.detach().clone() for p in model.parameters()]
+
+
+def counting_allreduce(calls, bucket):
+    calls.append(bucket.index())
+    return dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future().then(
+        lambda future: future.value()[0])
+
+
+def accumulation_worker(rank, port, recipe, tmp_path):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+                            timeout=datetime.timedelta(seconds=60))
+    results = {}
+    for accum_steps in (1, 4):
+        calls = []
+        _, weights = one_epoch(recipe, rank, WORLD_SIZE, accum_steps, tmp_path, calls)
+        results[accum_steps] = {"weights": weights, "allreduces": len(calls)}
+    torch.save(results, tmp_path / f"{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("recipe", ["ddp", "apex", "compression"])
+def test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step(tmp_path, recipe):
+    mp.spawn(accumulation_worker, args=(free_port(), recipe, tmp_path), nprocs=WORLD_SIZE)
+    for rank in range(WORLD_SIZE):
+        results = torch.load(tmp_path / f"{rank}.pt")
+        for big, accumulated in zip(results[1]["weights"], results[4]["weights"]):
+            torch.testing.assert_close(accumulated, big, rtol=0, atol=1e-5)
+        assert results[1]["allreduces"] == STEPS  # one bucket, once per step ...
+        assert results[4]["allreduces"] == STEPS  # ... also with 4 micro-batches per step: no_sync skipped 3
+
+
+@pytest.mark.parametrize("recipe", ["nd", "dp"])
+def test_accumulation_in_one_process_equals_one_big_batch(tmp_path, recipe):
+    (initial, big), (_, accumulated) = (one_epoch(recipe, 0, 1, k, tmp_path) for k in (1, 4))
+    for b, a in zip(big, accumulated):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert all((a - i).abs().max() > 1e-4 for a, i in zip(accumulated, initial))  # it did train
+
+
+def schedule_args(*flags):
+    parser = cli.build_parser("nd", "")
+    return cli.parse_args(parser, ["--synthetic", *flags])
+
+
+def lrs(args, steps_per_epoch, base_lr=0.4):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base_lr)
+    scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch)
+    used = []
+    for _ in range(args.epochs * steps_per_epoch):
+        used.append(optimizer.param_groups[0]["lr"])  # the learning rate this step uses
+        optimizer.step()
+        scheduler.step()
+    return used
+
+
+def test_warmup_then_cosine():
+    used = lrs(schedule_args(*"--epochs 5 --lr-schedule cosine --warmup-epochs 1".split()), steps_per_epoch=10)
+    assert len(used) == 50
+    assert used[0] == pytest.approx(0.04)  # warmup: 0.4 x 1/10 ...
+    assert used[4] == pytest.approx(0.2)  # ... 5/10 ...
+    assert used[9] == pytest.approx(0.4)  # ... 10/10: the full rate at the last warmup step
+    assert used[10] == pytest.approx(0.4)  # the cosine starts at its top
+    assert used[30] == pytest.approx(0.2)  # half-way through the 40 cosine steps: half the rate
+    assert used[49] == pytest.approx(0.2 * (1 + math.cos(math.pi * 39 / 40)))
+    assert all(a > b for a, b in zip(used[10:], used[11:]))
+
+
+def test_step_schedule_with_warmup_and_the_classic_default():
+    used = lrs(schedule_args(*"--epochs 6 --lr-steps 2 4 --warmup-epochs 0.5".split()), steps_per_epoch=4)
+    assert used[:4] == pytest.approx([0.2, 0.4, 0.4, 0.4])  # warmup over round(0.5 x 4) = 2 steps
+    assert used[7] == pytest.approx(0.4) and used[8] == pytest.approx(0.04)  # x0.1 from epoch 2's first step
+    assert used[15] == pytest.approx(0.04) and used[16] == pytest.approx(0.004)
+    classic = schedule_args("--epochs", "90")
+    assert classic.lr_steps == [30, 60, 80] and classic.lr_schedule == "step"
+    assert [schedule.lr_factor(s, 1, classic) for s in (29, 30, 59, 60, 79, 80)] == pytest.approx(
+        [1, 0.1, 0.1, 0.01, 0.01, 0.001])
+
+
+def test_resume_with_another_global_batch_continues_the_schedule_at_the_same_point(tmp_path):
+    """Saved 1 epoch + 4 steps of 16 images into a 10-step epoch; resumed with a global batch of 32
+    (5 steps an epoch), the run continues 1.4 epochs in, at twice the learning rate (linear scaling)."""
+    args = schedule_args(*"--epochs 5 --lr-schedule cosine --warmup-epochs 1".split())
+    model = models.lenet(3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.4)
+    scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=10)
+    for _ in range(14):
+        optimizer.step()
+        scheduler.step()
+    checkpoint.save({"arch": "lenet", "num_classes": 3, "epoch": 1, "step": 4, "global_batch": 16, "best_top1": 0.0,
+                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict()}, tmp_path, is_best=False)
+    saved_lr = optimizer.param_groups[0]["lr"]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.8)
+    scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=5)
+    epoch, step, _ = checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "lenet", 3, model, optimizer, scheduler,
+                                       global_batch=32, steps_per_epoch=5)
+    assert (epoch, step) == (1, 2)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(2 * saved_lr)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.8 * schedule.lr_factor(7, 5, args))
+
+
+def test_a_checkpoint_from_the_epoch_stepped_scheduler_resumes_on_the_per_step_schedule(tmp_path):
+    """Checkpoints of earlier versions hold a StepLR state: the position alone sets the new schedule."""
+    model = models.lenet(3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.4)
+    old_scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
+    optimizer.step()
+    old_scheduler.step()
+    checkpoint.save({"arch": "lenet", "num_classes": 3, "epoch": 1, "step": 0, "global_batch": 16, "best_top1": 0.0,
+                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": old_scheduler.state_dict()}, tmp_path, is_best=False)
+    args = schedule_args(*"--epochs 4 --lr-schedule cosine".split())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.4)
+    scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=10)
+    assert checkpoint.resume(tmp_path / "checkpoint.pt", "cpu", "lenet", 3, model, optimizer, scheduler,
+                             global_batch=16, steps_per_epoch=10)[:2] == (1, 0)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4 * 0.5 * (1 + math.cos(math.pi / 4)))
+
+
+def test_ema_after_n_updates_is_the_closed_form():
+    """ema_1 = w_1 (the first update copies), ema_n = d ema_(n-1) + (1 - d) w_n, for weights and buffers."""
+    decay = 0.8
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    ema = models.build_ema(model, decay)
+    torch.manual_seed(0)
+    history = []
+    for _ in range(6):
+        with torch.no_grad():
+            for tensor in [*model.parameters(), model[1].running_mean]:
+                tensor.copy_(torch.randn_like(tensor))
+        history.append([t.clone() for t in (model[0].weight, model[1].bias, model[1].running_mean)])
+        ema.update_parameters(model)
+    n = len(history)
+    for i, tensor in enumerate((ema.module[0].weight, ema.module[1].bias, ema.module[1].running_mean)):
+        expected = decay ** (n - 1) * history[0][i] + sum(
+            (1 - decay) * decay ** (n - 1 - k) * history[k][i] for k in range(1, n))
+        torch.testing.assert_close(tensor, expected, rtol=1e-6, atol=1e-6)
+    assert models.build_ema(model, None) is None
+
+
+def test_ema_is_evaluated_saved_and_resumed_like_the_model(tiny_data, tmp_path):
+    flags = [tiny_data, *TINY, "--ema-decay", "0.9"]
+    run_recipe("nd", [*flags, "--epochs", "2", "--out", tmp_path / "whole"])
+    summary = read_summary(tmp_path / "whole")
+    assert set(summary["ema"]) == {"top1", "top5", "loss"}
+    rows = (tmp_path / "whole" / "metrics.csv").read_text().splitlines()
+    assert [row.split(",")[1] for row in rows[1:]] == ["train", "val", "val_ema"] * 2
+    run_recipe("nd", [*flags, "--epochs", "1", "--out", tmp_path / "split"])
+    run_recipe("nd", [*flags, "--epochs", "2", "--auto-resume", "--out", tmp_path / "split"])
+    whole, split = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=True) for run in ("whole", "split"))
+    assert whole["ema"]["n_averaged"] == 12  # 2 epochs of 6 steps
+    for key in whole["ema"]:
+        torch.testing.assert_close(split["ema"][key], whole["ema"][key])
+    assert any(not torch.equal(whole["ema"][f"module.{k}"], v) for k, v in whole["model"].items())
+    evaluated = run_recipe("nd", [*flags, "-e", "--resume", tmp_path / "whole" / "checkpoint.pt",
+                                  "--out", tmp_path / "eval"])
+    assert read_summary(tmp_path / "eval")["ema"] == pytest.approx(summary["ema"])
+    assert "(EMA: top1" in evaluated.stdout
+
+
+def test_mixup_and_cutmix_blend_images_and_labels():
+    args = argparse.Namespace(mixup_alpha=0.4, cutmix_alpha=1.0)
+    collate = data.mixup_cutmix(args, num_classes=3)
+    torch.manual_seed(0)
+    samples = [(torch.rand(3, 8, 8), i % 3) for i in range(8)]
+    images, target = collate(samples)
+    assert target.shape == (8, 3) and torch.allclose(target.sum(dim=1), torch.ones(8))
+    assert (target.max(dim=1).values < 1).any()  # soft: two classes share each label
+    assert not torch.equal(images, torch.stack([image for image, _ in samples]))
+    assert data.mixup_cutmix(argparse.Namespace(mixup_alpha=0, cutmix_alpha=0), 3) is None
+
+
+def test_mixup_cutmix_and_label_smoothing_train_end_to_end(tiny_data, tmp_path):
+    plain, mixed = tmp_path / "plain", tmp_path / "mixed"
+    run_recipe("ddp", [tiny_data, *TINY, "--epochs", "1", "--out", plain], nproc=2)
+    run_recipe("ddp", [tiny_data, *TINY, "-j", "1", "--epochs", "1", "--mixup-alpha", "0.2", "--cutmix-alpha", "1",
+                       "--label-smoothing", "0.1", "--out", mixed], nproc=2)
+    assert_complete_run_dir(mixed, "ddp", 2)
+    train_loss = [float((run / "metrics.csv").read_text().splitlines()[1].split(",")[2]) for run in (plain, mixed)]
+    assert train_loss[0] != train_loss[1]  # (the same seed and data: the flags changed the training)
+    assert json.loads((mixed / "args.json").read_text())["label_smoothing"] == 0.1
+
+
+def test_profiler_writes_a_trace_of_the_steps_asked_for(tiny_data, tmp_path):
+    out = tmp_path / "profiled"
+    result = run_recipe("ddp", [tiny_data, *TINY, "--epochs", "1", "--profile", "2", "--out", out], nproc=2)
+    traces = list((out / "profile").glob("*.pt.trace.json"))
+    assert len(traces) == 1, "only rank 0 writes files"
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    names = {event.get("name") for event in events}
+    assert {"ProfilerStep#2", "ProfilerStep#3"} <= names and "ProfilerStep#4" not in names
+    assert "gloo:all_reduce" in names and "DistributedDataParallel.forward" in names
+    assert "profile of 2 steps written to" in result.stdout
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++")),
+                    reason="torch.compile on CPU needs a C++ compiler (g++ or clang++) for TorchInductor")
+def test_compile_trains_an_epoch_on_cpu(tiny_data, tmp_path):
+    out = tmp_path / "compiled"
+    run_recipe("nd", [tiny_data, *TINY, "--epochs", "1", "--compile", "--accum-steps", "2", "--out", out],
+               timeout=600)
+    assert_complete_run_dir(out, "nd", 1)
+    assert not any(key.startswith("_orig_mod.") for key in torch.load(out / "checkpoint.pt")["model"])
+
+
+def test_compile_without_a_compiler_is_one_clear_line(tiny_data, tmp_path):
+    result = run_recipe("nd", [tiny_data, *TINY, "--compile", "--out", tmp_path / "out"], expect_ok=False,
+                        env={"PATH": str(tmp_path), "CXX": ""})
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: --compile on CPU needs a C++ compiler for TorchInductor (g++ or clang++, or $CXX); none is on PATH"]
+
+
+def test_accumulation_keeps_one_allreduce_per_step_in_the_compression_recipe(tiny_data, tmp_path):
+    runs = {k: tmp_path / f"accum{k}" for k in (1, 3)}
+    for k, out in runs.items():
+        run_recipe("compression", [tiny_data, *TINY, "-b", str(24 // (2 * k)), "--accum-steps", k, "--epochs", "1",
+                                   "--compress", "fp16", "--out", out], nproc=2)
+    sent = {k: read_summary(out)["bytes_per_step"] for k, out in runs.items()}
+    assert sent[1] == sent[3] > 0
+    assert read_summary(runs[3])["global_batch"] == 24
