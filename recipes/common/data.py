@@ -8,6 +8,7 @@ import multiprocessing.forkserver
 import random
 import re
 import signal
+import sys
 from pathlib import Path
 
 import torch
@@ -181,9 +182,10 @@ def _worker_context(workers):
     """
     if not workers or "forkserver" not in multiprocessing.get_all_start_methods():
         return None
-    # the server imports torch and this module once; a worker forked from it starts in milliseconds
-    # (its default preload of __main__ never happens before Python 3.13: CPython gh-137996)
-    multiprocessing.set_forkserver_preload([__name__])
+    # The server imports torch and the recipes' modules once, and a worker forked from it starts in
+    # milliseconds. Each worker still runs the recipe script's top (its imports, all preloaded) to find
+    # __main__; the server's own preload of __main__ never happens before Python 3.13 (CPython gh-137996).
+    multiprocessing.set_forkserver_preload(sorted(name for name in sys.modules if name.startswith("recipes.")))
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the server inherits the mask
     try:
         multiprocessing.forkserver.ensure_running()
