@@ -23,12 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.measuring import hardware, run, write_csv  # noqa: E402
+from scripts.measuring import DEMO_MODEL, QUICK_MODEL, hardware, run, write_csv  # noqa: E402
 
-DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "-b", "32", "--lr", "0.05",
-        "-j", "1", "--seed", "0"]
-QUICK = ["-a", "lenet", "--image-size", "16", "--scale", "1", "1", "--hflip", "0", "-b", "8", "-j", "0",
-         "--seed", "0"]
+DEMO = [*DEMO_MODEL, "-b", "32", "--lr", "0.05", "-j", "1", "--seed", "0"]
+QUICK = [*QUICK_MODEL, "-b", "8", "-j", "0", "--seed", "0"]
 FIELDS = ["mode", "epoch", "epoch_s", "images_per_s", "arch", "threads", "cpu", "cores", "gpu", "torch"]
 
 

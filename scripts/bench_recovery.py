@@ -29,11 +29,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from recipes.common import checkpoint, faults, models  # noqa: E402
-from scripts.measuring import hardware  # noqa: E402
+from scripts.measuring import DEMO_MODEL, QUICK_MODEL, hardware  # noqa: E402
 
-DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "-b", "32", "--lr", "0.05",
-        "-j", "1", "--seed", "0"]
-QUICK = ["-a", "lenet", "--image-size", "16", "--scale", "1", "1", "--hflip", "0", "-b", "4", "-j", "0", "--seed", "0"]
+DEMO = [*DEMO_MODEL, "-b", "32", "--lr", "0.05", "-j", "1", "--seed", "0"]
+QUICK = [*QUICK_MODEL, "-b", "4", "-j", "0", "--seed", "0"]
 
 
 def seconds_per_save(arch, num_classes, repeats):

@@ -25,14 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.measuring import hardware, run, write_csv  # noqa: E402
+from scripts.measuring import DEMO_MODEL, QUICK_MODEL, hardware, run, write_csv  # noqa: E402
 
 METHODS = [("none", False), ("fp16", False), ("bf16", False), ("fp8-e4m3", False), ("fp8-e4m3", True),
            ("fp8-e5m2", False), ("fp8-e5m2", True), ("powersgd", False), ("powersgd", True)]
-DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "--lr", "0.05", "-j", "0",
-        "--seed", "0"]
-QUICK = ["-a", "lenet", "--image-size", "16", "--scale", "1", "1", "--hflip", "0", "--lr", "0.05", "-j", "0",
-         "--seed", "0"]
+DEMO = [*DEMO_MODEL, "--lr", "0.05", "-j", "0", "--seed", "0"]
+QUICK = [*QUICK_MODEL, "--lr", "0.05", "-j", "0", "--seed", "0"]
 FIELDS = ["method", "error_feedback", "processes", "threads", "arch", "epochs", "global_batch", "train_s", "wall_s",
           "top1", "top5", "bytes_per_step", "compression_ratio", "cpu", "cores", "gpu", "torch"]
 

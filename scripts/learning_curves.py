@@ -20,13 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.measuring import python_command  # noqa: E402
+from scripts.measuring import DEMO_MODEL, QUICK_MODEL, python_command  # noqa: E402
 
 RECIPES = {"nd": 1, "ddp": 2, "apex": 2}  # processes
-DEMO = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "--lr", "0.05", "-j", "1",
-        "--seed", "0"]
-QUICK = ["-a", "lenet", "--image-size", "16", "--scale", "1", "1", "--hflip", "0", "--lr", "0.05", "-j", "0",
-         "--seed", "0"]
+DEMO = [*DEMO_MODEL, "--lr", "0.05", "-j", "1", "--seed", "0"]
+QUICK = [*QUICK_MODEL, "--lr", "0.05", "-j", "0", "--seed", "0"]
 
 
 def main():

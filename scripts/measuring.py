@@ -10,6 +10,11 @@ from pathlib import Path
 
 import torch
 
+# the demo's model and augmentation (as `make demo`), and a small stand-in for tests and QUICK=1;
+# each script adds its own batch size, learning rate, workers and seed
+DEMO_MODEL = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0"]
+QUICK_MODEL = ["-a", "lenet", "--image-size", "16", "--scale", "1", "1", "--hflip", "0"]
+
 
 def cpu_name():
     try:

@@ -139,9 +139,7 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
     if scheduler is not None:  # the schedule is a function of the run's position: put it there, in this run's steps
         scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         scheduler.last_epoch = state["epoch"] * steps_per_epoch + step - 1
-        with warnings.catch_warnings():  # (a step with no optimizer.step() before it: here that is no mistake)
-            warnings.simplefilter("ignore")
-            scheduler.step()
+        scheduler.step()  # (no optimizer.step() before it: schedule.build_scheduler silences torch's warning)
     _check_every_rank_agrees(path, state["epoch"], step)
     rng = state.get("rng")
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
