@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from recipes.common import RecipeError, RunFailed, checkpoint, data, faults, metrics, schedule
+from recipes.common import RecipeError, RunFailed, checkpoint, data, faults, metrics, models, runlog, schedule
 
 
 def test_correct_counts_top1_top5():
@@ -215,3 +215,51 @@ def test_the_tensor_decoder_reads_the_first_frame_of_an_animated_gif(tmp_path):
     image = data.read_image(tmp_path / "anim.gif")
     assert image.shape == (3, 10, 20) and image.dtype == torch.uint8
     assert image[0].float().mean() > 200 and image[2].float().mean() < 50  # red, as PIL's first frame
+
+
+def test_a_checkpoint_saves_and_resumes_every_training_object_in_one_call_each(tmp_path):
+    """One schema for every recipe: what save() writes is what resume() reads, and nothing else."""
+    def training_objects(lr):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+        optimizer = torch.optim.SGD(model.parameters(), lr, momentum=0.9)
+        args = argparse.Namespace(recipe="nd", arch="lenet", out=str(tmp_path), resume=None, auto_resume=True,
+                                  evaluate=False, warmup_epochs=0, lr_schedule="cosine", epochs=3)
+        scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=4)
+        ema = models.build_ema(model, 0.5)
+        scaler = torch.amp.GradScaler("cpu", init_scale=64.0)
+        return model, optimizer, scheduler, ema, scaler, checkpoint.Checkpoint(
+            args, model, optimizer, scheduler, ema, scaler, num_classes=3, global_batch=8, steps_per_epoch=4,
+            device="cpu")
+
+    model, optimizer, scheduler, ema, scaler, saved = training_objects(0.1)
+    torch.manual_seed(0)
+    for _ in range(6):  # 1 epoch and 2 steps
+        model(torch.randn(5, 4)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        ema.update_parameters(model)
+    saved.best_top1 = 42.0
+    saved.save(1, 2, is_best=True)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert set(state) == {"recipe", "arch", "num_classes", "model", "optimizer", "scaler", "ema", "epoch", "step",
+                          "global_batch", "best_top1", "rng"}
+    assert (state["recipe"], state["epoch"], state["step"], state["best_top1"]) == ("nd", 1, 2, 42.0)
+    random_after_save = torch.rand(3)
+
+    model2, optimizer2, scheduler2, ema2, scaler2, resumed = training_objects(0.1)
+    resumed.resume(runlog.RunLog(resumed.args, enabled=False))
+    assert (resumed.epoch, resumed.step, resumed.best_top1) == (1, 2, 42.0)
+    for a, b in ((model, model2), (ema, ema2)):
+        for key, value in a.state_dict().items():
+            assert torch.equal(value, b.state_dict()[key]), key
+    momentum = [o.state_dict()["state"][0]["momentum_buffer"] for o in (optimizer, optimizer2)]
+    assert torch.equal(*momentum)
+    assert scaler2.get_scale() == 64.0
+    assert optimizer2.param_groups[0]["lr"] == pytest.approx(optimizer.param_groups[0]["lr"])  # the schedule, at step 6
+    assert torch.equal(torch.rand(3), random_after_save)  # mid-epoch: the random state as it was saved
+
+    with torch.no_grad():
+        model[0].bias[0] = float("nan")
+    with pytest.raises(RunFailed, match="non-finite weights after 2 epoch"):
+        saved.save(2, 0)
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["epoch"] == 1  # the last good one stays

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from conftest import TINY, free_port, read_summary, run_recipe
 from test_recipes import assert_complete_run_dir
-from recipes.common import checkpoint, cli, data, models, runlog, schedule
+from recipes.common import bookkeeping, checkpoint, cli, data, models, runlog, schedule
 
 WORLD_SIZE, STEPS, MICRO_BATCH = 2, 3, 4
 
@@ -48,8 +48,9 @@ def one_epoch(recipe, rank, world_size, accum_steps, tmp_path, hook_calls=None):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     log = runlog.RunLog(args, enabled=False)
     criterion = torch.nn.CrossEntropyLoss()
-    common = dict(model=train_model, loader=loader, criterion=criterion, optimizer=optimizer, scheduler=scheduler,
-                  ema=None, device=torch.device("cpu"), epoch=0, first_step=0, save=None, log=log, args=args)
+    run = bookkeeping.Run(args, log, torch.device("cpu"), model, optimizer, scheduler, None, 3,
+                          MICRO_BATCH * 4 * world_size, steps_per_epoch=len(loader))
+    common = dict(model=train_model, loader=loader, criterion=criterion, optimizer=optimizer, run=run)
     if recipe == "apex":
         # fp32 autocast, but a real GradScaler: each micro-batch's loss scaled, the sum unscaled once
         common.update(scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 10),

@@ -1,7 +1,17 @@
-"""What every recipe needs and no recipe teaches.
+"""What every recipe needs and no recipe teaches. The training loops stay in the recipes.
 
-data, distributed set-up, exact evaluation, metrics, logging, checkpoints and
-the command line. The training loops stay in the recipes.
+    cli          the flags and their checks
+    launch       running a recipe's main (or spawning one per device); early ends as one line
+    distributed  the process group, for each launch style
+    data         data sets, transforms, samplers and loaders; workers: how loader workers start and end
+    models       models by name, EMA, torch.compile
+    amp          mixed precision: apex's opt levels on torch.amp
+    schedule     learning-rate schedules, stepped every optimizer step
+    bookkeeping  the Run: position, meters, schedule and EMA steps, evaluation, logs, checkpoints
+    checkpoint   the one checkpoint schema: atomic saves, safe loads, resume
+    metrics      top-k counts, epoch meters summed across ranks, exact evaluation
+    runlog       rank 0's output: console, progress bars, metrics.csv, TensorBoard, summary.json
+    faults       SIGTERM and divergence checks
 """
 
 

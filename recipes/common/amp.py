@@ -1,4 +1,4 @@
-"""Mixed-precision settings for the apex recipe: apex's opt levels mapped onto torch.amp.
+"""Mixed precision for the apex recipe: apex's opt levels mapped onto torch.amp, behind one builder.
 
 | --opt-level | apex.amp meant                          | here, with torch.amp                          |
 |-------------|-----------------------------------------|-----------------------------------------------|
@@ -8,8 +8,12 @@
 |             | + fp32 BatchNorm, dynamic loss scale    | master copy and casts per op                  |
 | O3          | pure fp16, no loss scaling (a speed     | model.to(dtype), autocast, no GradScaler      |
 |             | baseline, may not converge)             |                                               |
+
+initialize() is the counterpart of apex.amp.initialize: it returns the model,
+the optimizer, a loss scaler and the autocast context for the training loop.
 """
 
+import functools
 import types
 from pathlib import Path
 
@@ -18,6 +22,7 @@ import torch
 from recipes.common import RecipeError
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def cpu_has_native_bf16():
@@ -44,6 +49,31 @@ def resolve(args, device, log):
         log.print(f"warning: --opt-level {opt_level} ({dtype_name}) on a CPU without native bf16 (AVX512-BF16 "
                   f"or AMX): autocast runs much slower than fp32 here (9x to 16x measured for resnet18 on AVX2)")
     return opt_level, DTYPES[dtype_name]
+
+
+def initialize(model, optimizer, args, device, log):
+    """(model, optimizer, scaler, autocast) for --opt-level, --amp-dtype, --amp-backend and --channels-last.
+
+    The loop runs the forward pass and loss under autocast() and steps through the
+    scaler: scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update().
+    Call it after building the optimizer, before wrapping the model in DDP.
+    """
+    opt_level, dtype = resolve(args, device, log)
+    if args.channels_last:  # NHWC weights; each convolution then gives NHWC outputs, whatever its input's layout
+        model = model.to(memory_format=torch.channels_last)
+    if args.amp_backend == "apex":  # the original: apex.amp patches the model and the optimizer
+        apex_amp = import_apex_amp()
+        model, optimizer = apex_amp.initialize(model, optimizer, opt_level=opt_level)
+        scaler, use_autocast = ApexLossScaler(apex_amp, optimizer), False
+    else:
+        if opt_level == "O3":  # pure low precision: no fp32 weights at all (the optimizer keeps the same tensors)
+            model = model.to(dtype)
+        scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16 and opt_level in ("O1", "O2"))
+        use_autocast = opt_level != "O0"
+    log.print(f"mixed precision: opt level {opt_level} ({'fp32' if opt_level == 'O0' else DTYPE_NAMES[dtype]}, "
+              f"{args.amp_backend}): autocast {'on' if use_autocast else 'off'}, loss scaling "
+              f"{'on' if args.amp_backend == 'apex' or scaler.is_enabled() else 'off'}")
+    return model, optimizer, scaler, functools.partial(torch.autocast, device.type, dtype=dtype, enabled=use_autocast)
 
 
 def import_apex_amp():

@@ -1,10 +1,21 @@
 """Checkpoints: written atomically by rank 0, loaded safely onto every rank's device.
 
-A checkpoint holds the unwrapped model's state dict, so any recipe resumes or
-evaluates any other recipe's checkpoint. It also holds where training stands:
-"epoch" epochs done, then "step" steps of "global_batch" images into the next
-one (0 at an epoch's end), and each rank's random state, so a run stopped
-mid-epoch continues with the same batches and the same random draws.
+One schema for every recipe, a dict of tensors and plain values:
+
+    recipe, arch, num_classes   who wrote it, and the model it holds
+    model                       the unwrapped model's state dict (no "module." prefixes), so any
+                                recipe resumes or evaluates any other recipe's checkpoint
+    optimizer, scaler, ema      their state dicts (scaler: GradScaler or apex.amp, else None;
+                                ema: the --ema-decay model, else None)
+    epoch, step, global_batch   where training stands: "epoch" epochs done, then "step" steps of
+                                "global_batch" images into the next one (0 at an epoch's end)
+    best_top1                   the best validation top-1 so far, in percent
+    rng                         each rank's random state, so a run stopped mid-epoch continues
+                                with the same random draws
+
+The learning-rate schedule is a function of the position, so it is not saved: a
+resume puts it there (checkpoints of earlier versions hold a "scheduler" entry,
+which is ignored).
 """
 
 import os
@@ -16,7 +27,56 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from recipes.common import RecipeError
+from recipes.common import RecipeError, faults
+
+
+class Checkpoint:
+    """A run's training objects, handed over once; save() and resume() are one call each.
+
+    epoch, step and best_top1 say where training stands: set by resume(), moved by save().
+    """
+
+    def __init__(self, args, model, optimizer, scheduler=None, ema=None, scaler=None, *, num_classes, global_batch,
+                 steps_per_epoch, device):
+        self.args, self.model, self.optimizer, self.scheduler = args, model, optimizer, scheduler
+        self.ema, self.scaler, self.device = ema, scaler, device
+        self.num_classes, self.global_batch, self.steps_per_epoch = num_classes, global_batch, steps_per_epoch
+        self.epoch, self.step, self.best_top1 = 0, 0, 0.0
+
+    def state_dict(self):
+        """The schema above. A collective: every rank gathers the random states."""
+        return {"recipe": self.args.recipe, "arch": self.args.arch, "num_classes": self.num_classes,
+                "epoch": self.epoch, "step": self.step, "global_batch": self.global_batch,
+                "best_top1": self.best_top1, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "ema": self.ema.state_dict() if self.ema is not None else None, "rng": rng_states()}
+
+    def save(self, epoch, step, is_best=False):
+        """Every rank calls it at the same point; rank 0 writes checkpoint.pt, and best.pt when is_best.
+
+        A diverged run stops here (RunFailed) rather than save NaN weights.
+        """
+        faults.check_finite(self.model, epoch, step)
+        self.epoch, self.step = epoch, step
+        state = self.state_dict()
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            save(state, self.args.out, is_best)
+
+    def resume(self, log):
+        """Load --resume, or <out>/checkpoint.pt with --auto-resume, when there is one, and say so.
+
+        Every rank loads it onto its own device (a collective: every rank calls it).
+        """
+        path = resume_path(self.args)
+        if not path:
+            return
+        state = load(path, self.device)
+        self.epoch, self.step, self.best_top1 = restore(
+            state, path, self.args.arch, self.num_classes, self.model, self.optimizer, self.scheduler, self.scaler,
+            self.global_batch, self.ema, self.steps_per_epoch)
+        log.print(f"resuming {path} (saved by recipes/{state.get('recipe', '?')}): {self.epoch} epoch(s) and "
+                  f"{self.step} step(s) done, best top-1 {self.best_top1:.2f} %")
 
 
 def _replace_atomically(path, write):
@@ -103,7 +163,14 @@ def resume_path(args):
 
 def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None, global_batch=None,
            ema=None, steps_per_epoch=None):
-    """Load a checkpoint into the unwrapped model (and the training state, when given).
+    """restore() the checkpoint at path."""
+    return restore(load(path, device), path, arch, num_classes, model, optimizer, scheduler, scaler, global_batch,
+                   ema, steps_per_epoch)
+
+
+def restore(state, path, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None, global_batch=None,
+            ema=None, steps_per_epoch=None):
+    """Load a checkpoint's state into the unwrapped model (and the training state, when given).
 
     Returns (epochs done, steps of global_batch done in the next epoch, best top-1 so far).
     A checkpoint saved mid-epoch also restores this rank's random state when the
@@ -113,7 +180,6 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
     continues from the same point of the run in this run's steps.
     An EMA the checkpoint lacks starts from the model's weights.
     """
-    state = load(path, device)
     if state["arch"] != arch:
         raise RecipeError(f"checkpoint {path} holds a {state['arch']} model, not --arch {arch}")
     if state["num_classes"] != num_classes:

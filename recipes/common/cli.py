@@ -1,15 +1,31 @@
-"""The command line shared by every recipe (flags follow pytorch/examples imagenet)."""
+"""The command line shared by every recipe (flags follow pytorch/examples imagenet), and its checks."""
 
 import argparse
-import sys
 
-import torch
-import torch.distributed as dist
+from recipes.common import RecipeError
 
-from recipes.common import RecipeError, RunFailed, faults
-
-EXIT_BAD_INPUT = 2
 CLASSIC_LR_STEPS = (30, 60, 80)  # epochs of the 90-epoch ImageNet ResNet schedule
+
+# The ranges of the numeric flags: flag -> (is the value valid?, what the one-line error says it must be).
+# A flag a recipe does not have, or one left unset (None), is skipped.
+RANGES = {
+    "--batch-size": (lambda v: v >= 1, "must be at least 1"),
+    "--epochs": (lambda v: v >= 1, "must be at least 1"),
+    "--workers": (lambda v: v >= 0, "must be 0 or more"),
+    "--lr": (lambda v: v > 0, "must be positive"),
+    "--save-every": (lambda v: v >= 0, "must be 0 (epoch ends only) or a number of steps"),
+    "--print-freq": (lambda v: v >= 1, "must be at least 1"),
+    "--image-size": (lambda v: v >= 8, "must be at least 8 pixels"),
+    "--hflip": (lambda v: 0 <= v <= 1, "is a probability in [0, 1]"),
+    "--desired-acc": (lambda v: 0 < v <= 1, "is a fraction in (0, 1] (0.75 means 75 %)"),
+    "--accum-steps": (lambda v: v >= 1, "must be at least 1"),
+    "--label-smoothing": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "--mixup-alpha": (lambda v: v >= 0, "must be 0 (off) or positive"),
+    "--cutmix-alpha": (lambda v: v >= 0, "must be 0 (off) or positive"),
+    "--ema-decay": (lambda v: 0 < v < 1, "must be between 0 and 1 (for example 0.9999)"),
+    "--profile": (lambda v: v >= 0, "must be 0 (off) or a number of steps"),
+    "--dist-timeout": (lambda v: v > 0, "must be positive"),
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -20,7 +36,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(recipe, description):
-    parser = Parser(prog=f"recipes/{recipe}/train.py", description=description)
+    # --help prints the recipe's docstring as written: the example command on its own line, the paragraphs
+    parser = Parser(prog=f"recipes/{recipe}/train.py", description=description,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(recipe=recipe)
     parser.add_argument("data", metavar="DIR", nargs="?",
                         help="ImageNet-style folder with train/ and val/ (one sub-folder per class)")
@@ -122,29 +140,11 @@ def add_amp_args(parser):
 
 
 def parse_args(parser, argv=None):
+    """Parse the flags, check them, and fill in the defaults that depend on others."""
     args = parser.parse_args(argv)
-    if args.batch_size < 1:
-        raise RecipeError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.epochs < 1:
-        raise RecipeError(f"--epochs must be at least 1, got {args.epochs}")
-    if args.workers < 0:
-        raise RecipeError(f"--workers must be 0 or more, got {args.workers}")
-    if args.lr <= 0:
-        raise RecipeError(f"--lr must be positive, got {args.lr}")
-    if args.save_every < 0:
-        raise RecipeError(f"--save-every must be 0 (epoch ends only) or a number of steps, got {args.save_every}")
-    if args.print_freq < 1:
-        raise RecipeError(f"--print-freq must be at least 1, got {args.print_freq}")
-    if args.image_size < 8:
-        raise RecipeError(f"--image-size must be at least 8 pixels, got {args.image_size}")
+    check_ranges(args, RANGES)
     if not 0 < args.scale[0] <= args.scale[1] <= 1:
         raise RecipeError(f"--scale needs 0 < MIN <= MAX <= 1, got {args.scale[0]} {args.scale[1]}")
-    if not 0 <= args.hflip <= 1:
-        raise RecipeError(f"--hflip is a probability in [0, 1], got {args.hflip}")
-    if args.desired_acc is not None and not 0 < args.desired_acc <= 1:
-        raise RecipeError(f"--desired-acc is a fraction in (0, 1] (0.75 means 75 %), got {args.desired_acc}")
-    if args.accum_steps < 1:
-        raise RecipeError(f"--accum-steps must be at least 1, got {args.accum_steps}")
     if args.lr_steps is not None and args.lr_schedule != "step":
         raise RecipeError(f"--lr-steps sets the step schedule's milestones; --lr-schedule {args.lr_schedule} has none")
     args.lr_steps = list(CLASSIC_LR_STEPS) if args.lr_steps is None else args.lr_steps
@@ -154,92 +154,28 @@ def parse_args(parser, argv=None):
     if not 0 <= args.warmup_epochs < args.epochs:
         raise RecipeError(f"--warmup-epochs must be at least 0 and less than --epochs {args.epochs}, "
                           f"got {args.warmup_epochs:g}")
-    if not 0 <= args.label_smoothing < 1:
-        raise RecipeError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    for flag, alpha in (("--mixup-alpha", args.mixup_alpha), ("--cutmix-alpha", args.cutmix_alpha)):
-        if alpha < 0:
-            raise RecipeError(f"{flag} must be 0 (off) or positive, got {alpha}")
-    if args.ema_decay is not None and not 0 < args.ema_decay < 1:
-        raise RecipeError(f"--ema-decay must be between 0 and 1 (for example 0.9999), got {args.ema_decay}")
     if args.ema_decay is not None and getattr(args, "opt_level", None) == "O3":
         raise RecipeError("--ema-decay with --opt-level O3: the weights are fp16/bf16, too coarse to move by "
                           "(1 - decay) per step; use O1 or O2, which keep fp32 weights")
-    if args.profile < 0:
-        raise RecipeError(f"--profile must be 0 (off) or a number of steps, got {args.profile}")
     if args.data is None and not args.synthetic:
         raise RecipeError("no data: give DIR (a folder with train/ and val/) or --synthetic")
     if args.evaluate and not args.resume:
         raise RecipeError("--evaluate needs --resume CHECKPOINT (the model to evaluate)")
-    if getattr(args, "dist_timeout", 1) <= 0:
-        raise RecipeError(f"--dist-timeout must be positive, got {args.dist_timeout}")
+    if getattr(args, "multiprocessing_distributed", False) and (args.dist_url is None or args.world_size < 1
+                                                                or args.rank < 0):
+        raise RecipeError("--multiprocessing-distributed needs --dist-url, --world-size "
+                          "(number of nodes) and --rank (this node's rank)")
     if args.out is None:
         args.out = f"runs/{args.recipe}-evaluate" if args.evaluate else f"runs/{args.recipe}"
     return args
 
 
-def run(main, parse_args):
-    """main(parse_args()) in this process; recipes that may spawn use distributed.launch."""
-    try:
-        args = parse_args()
-    except RecipeError as error:
-        fail(error)
-    run_main(main, args)
+def check_ranges(args, ranges):
+    """One line naming the first flag out of its range: '--FLAG <what it must be>, got VALUE'.
 
-
-def run_main(main, args, rank=0):
-    """main(args), with each way a run can end early turned into one line and an exit code."""
-    try:
-        main(args)
-    except RecipeError as error:
-        fail(error, rank)
-    except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
-        try:  # no rank exits before rank 0 has written it: a scheduler may kill the whole job then
-            if dist.is_initialized():
-                dist.barrier()
-        except RuntimeError:
-            pass  # a peer is gone; the checkpoint rank 0 was writing is whole or absent, never half
-        _destroy_process_group()
-        if rank == 0:
-            print(stop, flush=True)
-        sys.exit(faults.EXIT_PREEMPTED)
-    except RuntimeError as error:
-        explained = _lost_peer(error, rank, args)
-        if explained is None:
-            raise  # a bug: keep the traceback
-        fail(explained, rank)
-
-
-def _lost_peer(error, rank, args):
-    """A collective that failed because a peer died or hung, as one line naming the likely cause."""
-    text = str(error)
-    if not (isinstance(error, dist.DistError) or "gloo" in text or "NCCL" in text):
-        return None
-    detail = text.strip().splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # without gloo's source path
-    if "timed out" in text.lower() or "timeout" in text.lower():
-        timeout = getattr(args, "dist_timeout", 0)
-        cause = (f"a peer did not answer within --dist-timeout={timeout:g}s: a process of this job "
-                 f"hangs (stuck data loading, a deadlock, a stopped node) or died without closing its connections")
-    else:
-        cause = ("a peer process died or its node went down: look above for its own error, or in the "
-                 "system log for an out-of-memory kill")
-    return RunFailed(f"rank {rank} lost contact with the other ranks during training ({detail}); {cause}")
-
-
-def fail(error, rank=0):
-    """One line on stderr, then exit with the error's code (2 for bad input)."""
-    _destroy_process_group()
-    message = str(error).strip()
-    if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep our own line
-        message = message.splitlines()[-1].split(": ", 1)[-1]
-    prefix = f"[rank {rank}] " if rank else ""
-    print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
-    sys.exit(getattr(error, "exit_code", EXIT_BAD_INPUT))
-
-
-def _destroy_process_group():
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def default_device():
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    ranges: {flag: (is the value valid?, what it must be)}, as RANGES; a recipe checks its own flags with it.
+    """
+    for flag, (valid, requirement) in ranges.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None and not valid(value):
+            raise RecipeError(f"{flag} {requirement}, got {value}")

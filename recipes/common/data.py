@@ -1,14 +1,9 @@
 """Data sets and loaders: ImageNet-style folders or synthetic in-memory images."""
 
 import array
-import atexit
 import functools
-import multiprocessing
-import multiprocessing.forkserver
 import random
 import re
-import signal
-import sys
 from pathlib import Path
 
 import torch
@@ -17,16 +12,14 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, de
 from torchvision import datasets, io, transforms
 from torchvision.transforms import v2
 
-from recipes.common import RecipeError
+from recipes.common import RecipeError, workers
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SYNTHETIC_TRAIN_IMAGES, SYNTHETIC_VAL_IMAGES, SYNTHETIC_CLASSES = 12800, 1280, 1000
 
 
 def set_seed(seed, epoch=0, rank=0):
-    """Reseed per (epoch, rank): a resumed run then draws the same augmentations."""
-    torch.backends.cudnn.benchmark = seed is None  # fastest kernels, unless asked to repeat
-    torch.backends.cudnn.deterministic = seed is not None
+    """Reseed per (epoch, rank): a resumed run then draws the same augmentations. None: no seeding."""
     if seed is not None:
         random.seed(seed + 100_003 * rank + epoch)
         torch.manual_seed(seed + 100_003 * rank + epoch)
@@ -154,46 +147,6 @@ def shuffle_sampler(dataset, seed):
     return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed or 0)
 
 
-def leave_sigterm_to_the_trainer(worker_id):
-    """Loader workers ignore SIGTERM: the training process stops at a step boundary and
-    shuts them down. Else a scheduler's SIGTERM to the whole job kills them mid-batch."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-@atexit.register  # runs before multiprocessing's exit handler, which would SIGTERM them and wait forever
-def _kill_loader_workers():
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the loader's handler would report them as failed
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-            child.join()
-
-
-def _worker_context(workers):
-    """Loader workers start from a fork server, not by forking the training process.
-
-    The training process has threads (gloo's, TensorBoard's). Python 3.11 can
-    deadlock a child forked while one of them creates or ends a thread state, and
-    the loaders start new workers every epoch. The fork server is a fresh process
-    with no threads (Python 3.14 makes it the default start method on Linux).
-    It starts with SIGTERM blocked, as do the workers it forks: a scheduler's
-    SIGTERM to the whole job must leave them to the trainer, which stops them
-    after the current step.
-    """
-    if not workers or "forkserver" not in multiprocessing.get_all_start_methods():
-        return None
-    # The server imports torch and the recipes' modules once, and a worker forked from it starts in
-    # milliseconds. Each worker still runs the recipe script's top (its imports, all preloaded) to find
-    # __main__; the server's own preload of __main__ never happens before Python 3.13 (CPython gh-137996).
-    multiprocessing.set_forkserver_preload(sorted(name for name in sys.modules if name.startswith("recipes.")))
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the server inherits the mask
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a SIGTERM that came meanwhile is handled now
-    return multiprocessing.get_context("forkserver")
-
-
 def train_loader(dataset, args, sampler, num_classes):
     """One batch per optimizer step: --batch-size x --accum-steps images, mixed when asked."""
     step_batch = args.batch_size * args.accum_steps
@@ -231,10 +184,11 @@ def skip_batches(loader, steps):
                              generator=torch.Generator().manual_seed(steps))
 
 
-def _train_dataloader(dataset, batch_size, sampler, workers, collate_fn=None, generator=None):
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate_fn,
+def _train_dataloader(dataset, batch_size, sampler, num_workers, collate_fn=None, generator=None):
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_fn,
                       pin_memory=torch.cuda.is_available(), drop_last=True, generator=generator,
-                      multiprocessing_context=_worker_context(workers), worker_init_fn=leave_sigterm_to_the_trainer)
+                      multiprocessing_context=workers.context(num_workers),
+                      worker_init_fn=workers.leave_sigterm_to_the_trainer)
 
 
 def val_loader(dataset, args, rank=0, world_size=1):
@@ -245,5 +199,5 @@ def val_loader(dataset, args, rank=0, world_size=1):
     """
     shard = Subset(dataset, range(rank, len(dataset), world_size))
     return DataLoader(shard, batch_size=args.batch_size, shuffle=False, num_workers=args.workers,
-                      pin_memory=torch.cuda.is_available(), multiprocessing_context=_worker_context(args.workers),
-                      worker_init_fn=leave_sigterm_to_the_trainer)
+                      pin_memory=torch.cuda.is_available(), multiprocessing_context=workers.context(args.workers),
+                      worker_init_fn=workers.leave_sigterm_to_the_trainer)

@@ -4,20 +4,20 @@
    --local-rank): RANK, WORLD_SIZE and LOCAL_RANK come from the environment.
 2. --dist-url tcp://HOST:PORT --world-size N --rank R: one process per command,
    or with --multiprocessing-distributed one spawned process per local device,
-   N nodes and R the node rank (as in pytorch/examples imagenet).
+   N nodes and R the node rank (as in pytorch/examples imagenet; common/launch.py
+   spawns them).
 3. plain `python train.py`: a process group of one, so the same code runs.
 """
 
 import datetime
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch import nn
 
-from recipes.common import RecipeError, cli
+from recipes.common import RecipeError
 
 
 @dataclass(frozen=True)
@@ -35,29 +35,6 @@ class DistContext:
 
 def local_device_count():
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
-
-
-def launch(main, parse_args):
-    """main(args) here, or once per local device with --multiprocessing-distributed."""
-    try:
-        args = parse_args()
-        if args.multiprocessing_distributed and (args.dist_url is None or args.world_size < 1 or args.rank < 0):
-            raise RecipeError("--multiprocessing-distributed needs --dist-url, --world-size "
-                              "(number of nodes) and --rank (this node's rank)")
-    except RecipeError as error:
-        cli.fail(error, int(os.environ.get("RANK", 0)))
-    if not args.multiprocessing_distributed:
-        cli.run_main(main, args, rank=int(os.environ.get("RANK", 0)))
-        return
-    try:
-        mp.spawn(_spawned, args=(main, args), nprocs=local_device_count())
-    except mp.ProcessExitedException as error:  # the child already said why
-        sys.exit(error.exit_code or 1)
-
-
-def _spawned(local_rank, main, args):
-    args.spawned_local_rank = local_rank
-    cli.run_main(main, args, rank=args.rank * local_device_count() + local_rank)
 
 
 def init_distributed_mode(args):
@@ -143,3 +120,13 @@ def _store_for_this_attempt(timeout, where):
 def cleanup():
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def sync_batchnorm(model, device, log):
+    """--sync-bn: BatchNorm statistics over the global batch rather than each rank's share.
+    SyncBatchNorm runs only on CUDA; elsewhere say so and keep BatchNorm."""
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    log.print("warning: --sync-bn ignored: SyncBatchNorm runs only on CUDA; each process keeps its own "
+              "BatchNorm statistics")
+    return model

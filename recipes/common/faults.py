@@ -37,7 +37,7 @@ class Preempted(Exception):
 def catch_sigterm():
     """From now on SIGTERM asks the loop to stop at the next step boundary instead of killing.
 
-    (Data-loader workers ignore SIGTERM, see data.leave_sigterm_to_the_trainer.)
+    (Data-loader workers ignore SIGTERM, see workers.leave_sigterm_to_the_trainer.)
     """
     def request_stop(signum, frame):
         global _sigterm_received

@@ -41,10 +41,11 @@ def build_ema(model, decay):
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
-def compile_model(module, device, enabled):
-    """--compile: torch.compile (TorchInductor). The first steps trace and compile; later ones run
-    the generated kernels. On CPU Inductor writes C++, so it needs a C++ compiler."""
-    if not enabled:
+def compile_model(module, device, args):
+    """--compile: torch.compile (TorchInductor) of the training model (-e trains nothing: none). The first
+    steps trace and compile; later ones run the generated kernels. On CPU Inductor writes C++, so it needs
+    a C++ compiler."""
+    if not args.compile or args.evaluate:
         return module
     if device.type == "cpu" and not any(shutil.which(name) for name in (os.environ.get("CXX"), "g++", "clang++")
                                         if name):

@@ -30,12 +30,34 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+from recipes.common import RecipeError, cli
+
 METHODS = ["none", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "powersgd"]
 PYTORCH_HOOKS = {"none": (default_hooks.allreduce_hook, torch.float32),  # hook, the type it sends
                  "fp16": (default_hooks.fp16_compress_hook, torch.float16),
                  "bf16": (default_hooks.bf16_compress_hook, torch.bfloat16)}
 FP8 = {"fp8-e4m3": torch.float8_e4m3fn, "fp8-e5m2": torch.float8_e5m2}
 SCALE_BYTES = 4  # the fp32 scale that travels with each fp8 bucket
+
+
+def add_args(parser):
+    group = parser.add_argument_group("gradient compression")
+    group.add_argument("--compress", choices=METHODS, default="none",
+                       help="how gradients travel (default: none, DDP's fp32 allreduce)")
+    group.add_argument("--powersgd-rank", type=int, default=2, help="rank r of PowerSGD's P and Q (default: 2)")
+    group.add_argument("--error-feedback", action="store_true",
+                       help="add what compression lost in one step to the next step's gradient")
+
+
+def check_args(args):
+    cli.check_ranges(args, {"--powersgd-rank": (lambda r: r >= 1, "must be at least 1")})
+    if args.error_feedback and args.compress == "none":
+        raise RecipeError("--error-feedback needs --compress: uncompressed gradients lose nothing to feed back")
+    return args
+
+
+def describe(args):
+    return f"--compress {args.compress}{' with error feedback' if args.error_feedback else ''}"
 
 
 class Traffic:

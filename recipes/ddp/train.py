@@ -2,10 +2,8 @@
 
     torchrun --nproc_per_node=2 recipes/ddp/train.py data/mnist5k -a resnet18 -b 64
 
-Compared with recipes/nd/train.py, DDP adds four things: a process group, a
-sampler that gives each rank its own shard, the DDP wrapper, and output from
-rank 0 only. With --accum-steps, no_sync keeps all but the last micro-batch of a
-step from communicating.
+Compared with recipes/nd/train.py: a process group, a sampler that gives each rank
+its own shard, the DDP wrapper, output from rank 0 only, and no_sync for --accum-steps.
 """
 
 import contextlib
@@ -15,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from recipes.common import checkpoint, cli, data, distributed, faults, metrics, models, runlog, schedule
+from recipes.common import bookkeeping, cli, data, distributed, launch, models, runlog, schedule
 
 
 def parse_args(argv=None):
@@ -24,123 +22,59 @@ def parse_args(argv=None):
     return cli.parse_args(parser, argv)
 
 
-def train_one_epoch(model, loader, criterion, optimizer, scheduler, ema, device, epoch, first_step, save, log, args):
+def train_one_epoch(model, loader, criterion, optimizer, run):
     model.train()
-    meter = metrics.EpochMeter(device)
-    batches = data.skip_batches(loader, first_step)  # resumed mid-epoch: only the batches not yet trained on
-    for step, (images, target) in enumerate(log.progress(batches, f"epoch {epoch + 1}/{args.epochs}"), first_step):
-        meter.data_ready()
-        images = images.to(device, non_blocking=True)
-        target = target.to(device, non_blocking=True)  # class indices, or mixup/cutmix soft targets
+    for images, target in run.batches(loader):  # this epoch's batches (resumed mid-epoch: the rest of them)
+        images = images.to(run.device, non_blocking=True)
+        target = target.to(run.device, non_blocking=True)  # class indices, or mixup/cutmix soft targets
         optimizer.zero_grad(set_to_none=True)
-        micro_batches = zip(images.chunk(args.accum_steps), target.chunk(args.accum_steps))  # --accum-steps
+        micro_batches = zip(images.chunk(run.accum_steps), target.chunk(run.accum_steps))  # --accum-steps
         for i, (micro_images, micro_target) in enumerate(micro_batches):
-            # DDP allreduces in a backward pass; no_sync skips it, so only the step's last micro-batch communicates
-            with model.no_sync() if i < args.accum_steps - 1 else contextlib.nullcontext():
+            with model.no_sync() if i < run.accum_steps - 1 else contextlib.nullcontext():
                 output = model(micro_images)
                 loss = criterion(output, micro_target)
-                (loss / args.accum_steps).backward()  # DDP averages gradients across ranks here, during backward
-            meter.update(loss, output, micro_target)
+                (loss / run.accum_steps).backward()  # DDP averages gradients here, unless under no_sync
+            run.meter.update(loss, output, micro_target)
         optimizer.step()
-        if step % args.print_freq == 0:
-            log.step(epoch * len(loader) + step, loss, optimizer.param_groups[0]["lr"])
-        scheduler.step()  # every step: warmup and cosine move within an epoch
-        if ema is not None:
-            ema.update_parameters(model)  # ema = d x ema + (1 - d) x weights
-        log.profile_step()
-        if faults.should_stop(loss, epoch, step, args.print_freq):  # SIGTERM on any rank: all stop after this step
-            save(epoch, step + 1)
-            raise faults.Preempted(args.out, epoch, step + 1)
-        if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < len(loader):
-            save(epoch, step + 1)
-    return meter.summary()
+        run.step_done(loss)  # lr schedule, EMA, logs, --save-every; on SIGTERM: save and stop (NaN: stop)
+    return run.meter.summary()
 
 
 def main(args):
-    ctx = distributed.init_distributed_mode(args)
+    ctx = distributed.init_distributed_mode(args)  # rank, world size, and this rank's device
     device = ctx.device
     log = runlog.RunLog(args, enabled=ctx.is_main)  # only rank 0 prints and writes files
 
     train_set, val_set, num_classes = data.build_datasets(args)
-    train_sampler = DistributedSampler(train_set, seed=args.seed or 0)  # rank r gets every world_size-th image
+    train_sampler = DistributedSampler(train_set, seed=args.seed or 0)  # rank r: every W-th image of one shuffle
     train_loader = data.train_loader(train_set, args, train_sampler, num_classes)
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)
 
     data.set_seed(args.seed)
     model = models.build_model(args.arch, num_classes).to(device)
-    if args.sync_bn and device.type == "cuda":
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    elif args.sync_bn:
-        log.print("warning: --sync-bn ignored: SyncBatchNorm runs only on CUDA; each process keeps its own "
-                  "BatchNorm statistics")
-    ema = models.build_ema(model, args.ema_decay)  # None without --ema-decay
+    if args.sync_bn:  # BatchNorm statistics over the global batch (CUDA only)
+        model = distributed.sync_batchnorm(model, device, log)
     global_batch = args.batch_size * ctx.world_size * args.accum_steps
     lr = args.lr * global_batch / 256  # linear scaling rule: --lr is for a global batch of 256
-    criterion = nn.CrossEntropyLoss()  # validation
-    train_criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (validation: plain cross-entropy)
     optimizer = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    ema = models.build_ema(model, args.ema_decay)  # None without --ema-decay
     scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=len(train_loader))
+    run = bookkeeping.Run(args, log, device, model, optimizer, scheduler, ema, num_classes, global_batch,
+                          steps_per_epoch=len(train_loader))
+    run.resume()  # --resume, or <out>/checkpoint.pt with --auto-resume
 
-    def save(epoch, step, is_best=False):  # every rank calls it (it gathers random states); rank 0 writes
-        faults.check_finite(model, epoch, step)  # a diverged run stops here rather than save NaN weights
-        state = {"recipe": args.recipe, "arch": args.arch, "num_classes": num_classes, "epoch": epoch,
-                 "step": step, "global_batch": global_batch, "best_top1": best_top1, "model": model.state_dict(),
-                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "scaler": None, "ema": ema.state_dict() if ema else None,
-                 "rng": checkpoint.rng_states()}
-        if ctx.is_main:
-            checkpoint.save(state, args.out, is_best)
-
-    start_epoch, start_step, best_top1 = 0, 0, 0.0
-    resume_from = checkpoint.resume_path(args)  # --resume, or <out>/checkpoint.pt with --auto-resume
-    if resume_from:  # every rank loads the checkpoint onto its own device
-        start_epoch, start_step, best_top1 = checkpoint.resume(resume_from, device, args.arch, num_classes, model,
-                                                               optimizer, scheduler, global_batch=global_batch,
-                                                               ema=ema, steps_per_epoch=len(train_loader))
-        log.print(f"resuming {resume_from}: {start_epoch} epoch(s) and {start_step} step(s) done, "
-                  f"best top-1 {best_top1:.2f} %")
-    if args.evaluate:
-        val_stats = metrics.evaluate(model, val_loader, criterion, device, log)
-        ema_stats = metrics.evaluate_ema(ema, val_loader, criterion, device, log)
-        log.finish(args, val_stats, start_epoch, ctx.world_size, device, best_top1, ema_stats)
-        distributed.cleanup()
-        return
-    ddp_model = DDP(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
-    train_model = models.compile_model(ddp_model, device, args.compile)  # --compile: the training forward and backward
-
-    log.start_metrics(start_epoch)
-    log.start_profiler(args.profile, device)
-    log.print(f"ddp: {ctx.world_size} process(es) on {device} ({ctx.backend}), {args.arch}, "
-              f"{len(train_set)} train / {len(val_set)} val images, global batch {global_batch}, lr {lr:g}, "
-              f"{schedule.describe(args)}")
-    faults.catch_sigterm()  # from here on, SIGTERM means: save after the current step, then exit
-    epoch, val_stats = start_epoch - 1, None
-    for epoch in range(start_epoch, args.epochs):
-        first_step = start_step if epoch == start_epoch else 0
-        if not first_step:  # (resumed mid-epoch, the checkpoint restored the random state)
-            data.set_seed(args.seed, epoch, ctx.rank)
-        train_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        epoch_lr = optimizer.param_groups[0]["lr"]
-        train_stats = train_one_epoch(train_model, train_loader, train_criterion, optimizer, scheduler, ema, device,
-                                      epoch, first_step, save, log, args)
-        val_stats = metrics.evaluate(model, val_loader, criterion, device, log)
-        ema_stats = metrics.evaluate_ema(ema, val_loader, criterion, device, log)
-        log.epoch(epoch + 1, "train", train_stats, epoch_lr)
-        log.epoch(epoch + 1, "val", val_stats, epoch_lr)
-        log.epoch(epoch + 1, "val_ema", ema_stats, epoch_lr)
-
-        is_best = val_stats["top1"] > best_top1
-        best_top1 = max(best_top1, val_stats["top1"])
-        save(epoch + 1, 0, is_best)
-        if args.desired_acc is not None and val_stats["top1"] >= 100 * args.desired_acc:
-            log.print(f"reached --desired-acc {args.desired_acc:g}: top-1 {val_stats['top1']:.2f} %")
+    ddp_model = DDP(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)  # training goes through it
+    train_model = models.compile_model(ddp_model, device, args)  # --compile: the training forward and backward
+    log.print(f"ddp: {ctx.world_size} process(es) on {device} ({ctx.backend}), {run.describe(train_set, val_set)}")
+    for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
+        train_sampler.set_epoch(epoch)  # a new shuffle each epoch
+        train_stats = train_one_epoch(train_model, train_loader, criterion, optimizer, run)
+        if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True once --desired-acc is reached
             break
-    if val_stats is None:  # resumed a run that had already finished
-        val_stats = metrics.evaluate(model, val_loader, criterion, device, log)
-        ema_stats = metrics.evaluate_ema(ema, val_loader, criterion, device, log)
-    log.finish(args, val_stats, epoch + 1, ctx.world_size, device, best_top1, ema_stats)
+    run.finish(val_loader)  # summary.json (evaluating first when no epoch ran)
     distributed.cleanup()
 
 
 if __name__ == "__main__":
-    distributed.launch(main, parse_args)
+    launch.start(main, parse_args)

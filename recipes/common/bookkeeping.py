@@ -1,0 +1,137 @@
+"""The bookkeeping around a recipe's training loop, so that the loop shows only the lesson.
+
+A recipe hands its training objects to a Run once, then calls it by name:
+
+    run.resume()                                  # --resume, or --auto-resume's checkpoint
+    for epoch in run.epochs():                    # where a checkpoint stopped, to --epochs
+        ...
+        for images, target in run.batches(loader):    # the epoch's batches; a new run.meter
+            ... forward, backward, step ...
+            run.step_done(loss)                       # after each optimizer step, once per batch
+        ...
+        if run.end_epoch(train_stats, val_loader):    # evaluate, log, save; True at --desired-acc
+            break
+    run.finish(val_loader)                        # summary.json
+
+The Run holds the position (epoch and step, from checkpoint.Checkpoint), the
+per-epoch meter, the learning-rate schedule, the EMA, the logs, the profiler,
+and the stop checks (SIGTERM, a non-finite loss). Every rank calls every method
+at the same points: some of them talk to the other ranks.
+"""
+
+import contextlib
+
+import torch.distributed as dist
+from torch import nn
+
+from recipes.common import checkpoint, data, faults, metrics, schedule
+
+
+class Run:
+    def __init__(self, args, log, device, model, optimizer, scheduler, ema, num_classes, global_batch,
+                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext):
+        """model: the unwrapped model (the one checkpoints and evaluation use); ema: None without --ema-decay;
+        scaler: a GradScaler, saved with the checkpoint; autocast: what evaluation runs under."""
+        self.args, self.log, self.device, self.autocast = args, log, device, autocast
+        self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
+        self.accum_steps, self.steps_per_epoch = args.accum_steps, steps_per_epoch
+        self.checkpoint = checkpoint.Checkpoint(args, model, optimizer, scheduler, ema, scaler,
+                                                num_classes=num_classes, global_batch=global_batch,
+                                                steps_per_epoch=steps_per_epoch, device=device)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.epoch, self.step, self.first_step, self.epoch_lr = 0, 0, 0, 0.0
+        self.meter = self.val_stats = self.ema_stats = None
+
+    def resume(self):
+        """--resume, or <out>/checkpoint.pt with --auto-resume: weights, optimizer, scaler, EMA, schedule,
+        epoch and step, best top-1, random state."""
+        self.checkpoint.resume(self.log)
+
+    def describe(self, train_set, val_set):
+        """What this run does, for its first line."""
+        if self.args.evaluate:
+            return f"evaluating {self.args.arch} on {len(val_set)} val images"
+        return (f"{self.args.arch}, {len(train_set)} train / {len(val_set)} val images, global batch "
+                f"{self.checkpoint.global_batch}, lr {self.optimizer.param_groups[0]['initial_lr']:g}, "
+                f"{schedule.describe(self.args)}")
+
+    def epochs(self):
+        """The epochs still to train, from where the checkpoint stopped; none with --evaluate.
+
+        Starts metrics.csv (kept up to a resumed epoch), the profiler, and the SIGTERM
+        handler; reseeds each epoch (a run resumed mid-epoch keeps the checkpoint's
+        random state instead).
+        """
+        if self.args.evaluate:
+            return
+        start_epoch, start_step = self.checkpoint.epoch, self.checkpoint.step
+        self.log.start_metrics(start_epoch)
+        self.log.start_profiler(self.args.profile, self.device)
+        faults.catch_sigterm()  # from here on, SIGTERM means: save after the current step, then exit
+        for epoch in range(start_epoch, self.args.epochs):
+            self.epoch, self.first_step = epoch, start_step if epoch == start_epoch else 0
+            if not self.first_step:
+                data.set_seed(self.args.seed, epoch, self.rank)
+            self.epoch_lr = self.optimizer.param_groups[0]["lr"]
+            yield epoch
+
+    def batches(self, loader):
+        """This epoch's batches of the loader (resumed mid-epoch: only those not yet trained on), behind a
+        progress bar; starts a new self.meter and times the wait for each batch. The step count moves on
+        when the next batch is asked for: call step_done once for every batch."""
+        self.meter = metrics.EpochMeter(self.device)
+        self.step = self.first_step
+        batches = data.skip_batches(loader, self.first_step)  # the skipped images are never loaded
+        for batch in self.log.progress(batches, f"epoch {self.epoch + 1}/{self.args.epochs}"):
+            self.meter.data_ready()
+            yield batch
+            self.step += 1
+
+    def step_done(self, loss):
+        """After each optimizer step: schedule, EMA, logs, profiler, a checkpoint every --save-every steps;
+        and the stop checks: after SIGTERM on any rank, save and raise faults.Preempted; after a
+        non-finite loss, raise RunFailed (every --print-freq steps, see faults.should_stop)."""
+        args, step = self.args, self.step
+        if step % args.print_freq == 0:
+            self.log.step(self.epoch * self.steps_per_epoch + step, loss, self.optimizer.param_groups[0]["lr"])
+        self.scheduler.step()  # every step: warmup and cosine move within an epoch
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)  # ema = d x ema + (1 - d) x weights
+        self.log.profile_step()
+        if faults.should_stop(loss, self.epoch, step, args.print_freq):  # SIGTERM on any rank: all stop here
+            self.checkpoint.save(self.epoch, step + 1)
+            raise faults.Preempted(args.out, self.epoch, step + 1)
+        if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:
+            self.checkpoint.save(self.epoch, step + 1)
+
+    def evaluate(self, val_loader):
+        """Exact evaluation of the model, and of the EMA model with --ema-decay (plain cross-entropy)."""
+        criterion = nn.CrossEntropyLoss()
+        self.val_stats = metrics.evaluate(self.model, val_loader, criterion, self.device, self.log, self.autocast)
+        self.ema_stats = metrics.evaluate_ema(self.ema, val_loader, criterion, self.device, self.log, self.autocast)
+
+    def end_epoch(self, train_stats, val_loader):
+        """Evaluate, log the epoch, save checkpoint.pt (and best.pt); True once --desired-acc is reached."""
+        epoch, lr = self.epoch + 1, self.epoch_lr  # epochs count from 1 in logs
+        self.evaluate(val_loader)
+        self.log.epoch(epoch, "train", train_stats, lr)
+        self.log.epoch(epoch, "val", self.val_stats, lr)
+        self.log.epoch(epoch, "val_ema", self.ema_stats, lr)
+        top1 = self.val_stats["top1"]
+        is_best = top1 > self.checkpoint.best_top1
+        self.checkpoint.best_top1 = max(self.checkpoint.best_top1, top1)
+        self.checkpoint.save(epoch, 0, is_best)
+        desired = self.args.desired_acc
+        if desired is not None and top1 >= 100 * desired:
+            self.log.print(f"reached --desired-acc {desired:g}: top-1 {top1:.2f} %")
+            return True
+        return False
+
+    def finish(self, val_loader, **extra):
+        """summary.json, evaluating first when no epoch ran (-e, or a resumed run that had finished);
+        extra: a recipe's own results."""
+        if self.val_stats is None:
+            self.evaluate(val_loader)
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.log.finish(self.args, self.val_stats, self.checkpoint.epoch, world_size, self.device,
+                        self.checkpoint.best_top1, self.ema_stats, **extra)

@@ -1,0 +1,90 @@
+"""Running a recipe's main: in this process, or once per local device with
+--multiprocessing-distributed; and every early end of a run as one line and an exit code.
+
+Exit codes: 0 done, 1 the run could not go on (a peer died, training diverged),
+2 bad input, 75 preempted (a checkpoint was saved: run the same command again).
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from recipes.common import RecipeError, RunFailed, distributed, faults
+
+EXIT_BAD_INPUT = 2
+
+
+def start(main, parse_args):
+    """main(parse_args()) here, or in one spawned process per local device (--multiprocessing-distributed)."""
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        args = parse_args()
+    except RecipeError as error:
+        fail(error, rank)
+    if not getattr(args, "multiprocessing_distributed", False):
+        run_main(main, args, rank)
+        return
+    try:
+        mp.spawn(_spawned, args=(main, args), nprocs=distributed.local_device_count())
+    except mp.ProcessExitedException as error:  # the child already said why
+        sys.exit(error.exit_code or 1)
+
+
+def _spawned(local_rank, main, args):
+    args.spawned_local_rank = local_rank
+    run_main(main, args, rank=args.rank * distributed.local_device_count() + local_rank)
+
+
+def run_main(main, args, rank=0):
+    """main(args), with each way a run can end early turned into one line and an exit code."""
+    torch.backends.cudnn.benchmark = args.seed is None  # the fastest kernels, unless --seed asks to repeat
+    torch.backends.cudnn.deterministic = args.seed is not None
+    try:
+        main(args)
+    except RecipeError as error:
+        fail(error, rank)
+    except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
+        try:  # no rank exits before rank 0 has written it: a scheduler may kill the whole job then
+            if dist.is_initialized():
+                dist.barrier()
+        except RuntimeError:
+            pass  # a peer is gone; the checkpoint rank 0 was writing is whole or absent, never half
+        distributed.cleanup()
+        if rank == 0:
+            print(stop, flush=True)
+        sys.exit(faults.EXIT_PREEMPTED)
+    except RuntimeError as error:
+        explained = _lost_peer(error, rank, args)
+        if explained is None:
+            raise  # a bug: keep the traceback
+        fail(explained, rank)
+
+
+def _lost_peer(error, rank, args):
+    """A collective that failed because a peer died or hung, as one line naming the likely cause."""
+    text = str(error)
+    if not (isinstance(error, dist.DistError) or "gloo" in text or "NCCL" in text):
+        return None
+    detail = text.strip().splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # without gloo's source path
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        timeout = getattr(args, "dist_timeout", 0)
+        cause = (f"a peer did not answer within --dist-timeout={timeout:g}s: a process of this job "
+                 f"hangs (stuck data loading, a deadlock, a stopped node) or died without closing its connections")
+    else:
+        cause = ("a peer process died or its node went down: look above for its own error, or in the "
+                 "system log for an out-of-memory kill")
+    return RunFailed(f"rank {rank} lost contact with the other ranks during training ({detail}); {cause}")
+
+
+def fail(error, rank=0):
+    """One line on stderr, then exit with the error's code (2 for bad input)."""
+    distributed.cleanup()
+    message = str(error).strip()
+    if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep our own line
+        message = message.splitlines()[-1].split(": ", 1)[-1]
+    prefix = f"[rank {rank}] " if rank else ""
+    print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
+    sys.exit(getattr(error, "exit_code", EXIT_BAD_INPUT))

@@ -1,0 +1,47 @@
+"""DataLoader worker processes: how they start, how they take SIGTERM, how they end.
+
+The training process has threads (gloo's, TensorBoard's). Python 3.11 can
+deadlock a child forked while one of them creates or ends a thread state, and
+the loaders start new workers every epoch. So workers start from a fork server,
+a fresh process with no threads (Python 3.14 makes it the default start method
+on Linux). The server starts with SIGTERM blocked, as do the workers it forks,
+and each worker ignores SIGTERM: a scheduler's SIGTERM to the whole job must
+leave them to the trainer, which stops them after the current step.
+"""
+
+import atexit
+import multiprocessing
+import multiprocessing.forkserver
+import signal
+import sys
+
+
+def context(workers):
+    """The multiprocessing context for a DataLoader with `workers` workers (None for none)."""
+    if not workers or "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    # The server imports torch and the recipes' modules once, and a worker forked from it starts in
+    # milliseconds. Each worker still runs the recipe script's top (its imports, all preloaded) to find
+    # __main__; the server's own preload of __main__ never happens before Python 3.13 (CPython gh-137996).
+    multiprocessing.set_forkserver_preload(sorted(name for name in sys.modules if name.startswith("recipes.")))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the server inherits the mask
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a SIGTERM that came meanwhile is handled now
+    return multiprocessing.get_context("forkserver")
+
+
+def leave_sigterm_to_the_trainer(worker_id):
+    """worker_init_fn: loader workers ignore SIGTERM. The training process stops at a step boundary
+    and shuts them down; else a scheduler's SIGTERM to the whole job kills them mid-batch."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@atexit.register  # runs before multiprocessing's exit handler, which would SIGTERM them and wait forever
+def _kill_loader_workers():
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the loader's handler would report them as failed
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join()

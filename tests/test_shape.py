@@ -1,0 +1,85 @@
+"""The recipes read as their lesson: short recipes, small diffs between them, short loop signatures,
+a --help that keeps the docstring's layout, and README excerpts that are the code itself."""
+
+import difflib
+import importlib
+import inspect
+import re
+
+import pytest
+from conftest import ROOT
+
+from recipes.common import RecipeError
+
+RECIPES = ["nd", "dp", "ddp", "apex", "compression"]
+# (from, to): the most lines `diff from to | grep -c '^[<>]'` may count
+DIFF_LIMITS = {("nd", "ddp"): 45, ("ddp", "apex"): 40, ("ddp", "compression"): 40, ("nd", "dp"): 25}
+
+
+def source(recipe):
+    return (ROOT / "recipes" / recipe / "train.py").read_text().splitlines()
+
+
+def changed_lines(a, b):
+    """Lines removed plus lines added, as `diff a b | grep -c '^[<>]'` counts them."""
+    return sum(line[:1] in "+-" and not line.startswith(("+++", "---"))
+               for line in difflib.unified_diff(source(a), source(b), lineterm="", n=0))
+
+
+def test_the_single_device_recipe_is_short():
+    assert len(source("nd")) <= 95
+
+
+@pytest.mark.parametrize("pair", DIFF_LIMITS, ids="->".join)
+def test_the_diff_between_two_recipes_is_the_lesson(pair):
+    assert changed_lines(*pair) <= DIFF_LIMITS[pair]
+
+
+def test_the_readme_gives_the_diff_sizes_as_they_are():
+    readme = (ROOT / "README.md").read_text()
+    stated = {(a, b): int(n) for a, b, n in
+              re.findall(r"diff recipes/(\w+)/train.py recipes/(\w+)/train.py +#[^\n]*?\((\d+)[ )]", readme)}
+    assert stated == {pair: changed_lines(*pair) for pair in DIFF_LIMITS}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_train_one_epoch_takes_at_most_7_parameters(recipe):
+    train = importlib.import_module(f"recipes.{recipe}.train")
+    assert len(inspect.signature(train.train_one_epoch).parameters) <= 7
+
+
+def test_every_python_excerpt_in_the_readme_is_in_a_recipe():
+    readme = (ROOT / "README.md").read_text()
+    excerpts = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert len(excerpts) >= 3
+    recipes = {recipe: {line.strip() for line in source(recipe)} for recipe in RECIPES}
+    for excerpt in excerpts:
+        lines = {line.strip() for line in excerpt.splitlines() if line.strip()}
+        assert any(lines <= recipe_lines for recipe_lines in recipes.values()), excerpt
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_help_keeps_the_docstrings_layout(recipe, capsys):
+    train = importlib.import_module(f"recipes.{recipe}.train")
+    with pytest.raises(SystemExit) as done:
+        train.parse_args(["--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    docstring = inspect.cleandoc(train.__doc__)
+    assert docstring in shown  # the example command on its own line, the paragraphs as written
+    example = next(line for line in train.__doc__.splitlines() if f"recipes/{recipe}/train.py" in line)
+    assert f"\n{example}\n" in shown
+
+
+def test_range_checks_name_the_flag_and_the_value():
+    from recipes.compression.train import parse_args
+
+    for flags, line in ((["--workers", "-1"], "--workers must be 0 or more, got -1"),
+                        (["--lr", "0"], "--lr must be positive, got 0.0"),
+                        (["--hflip", "1.5"], "--hflip is a probability in [0, 1], got 1.5"),
+                        (["--dist-timeout", "0"], "--dist-timeout must be positive, got 0.0"),
+                        (["--powersgd-rank", "0"], "--powersgd-rank must be at least 1, got 0"),
+                        (["--multiprocessing-distributed"], "--multiprocessing-distributed needs --dist-url")):
+        with pytest.raises(RecipeError) as error:
+            parse_args(["data", *flags])
+        assert str(error.value).startswith(line), str(error.value)
