@@ -1,6 +1,6 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
 # make test   the test suite (CPU, gloo; about 20 minutes on 2 cores)
-# make figures          measure (I/O, scaling, learning curves, recovery, compression, compile),
+# make figures          measure (I/O, scaling, learning curves, recovery, compile, compression),
 #                       then redraw figures/ and RESULTS.md
 # make figures QUICK=1  the same in small (lenet, few steps), written under runs/figures-quick/ instead
 # Each target creates the virtual environment .venv first when it is missing.
@@ -51,9 +51,9 @@ figures: setup $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
 	$(PY) scripts/learning_curves.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs runs/curves \
 		$(if $(QUICK),--quick --epochs 2)
 	$(PY) scripts/bench_recovery.py --json $(FIG_DATA)/recovery.json $(if $(QUICK),--quick $(DEMO_DATA))
+	$(PY) scripts/bench_compile.py $(if $(QUICK),--quick $(DEMO_DATA) --epochs 2) --csv $(FIG_DATA)/compile.csv
 	$(PY) scripts/compression_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --figures $(FIG_DIR) \
 		--results $(RESULTS) $(if $(QUICK),--quick --epochs 1 --processes 2 --methods none fp8-e4m3)
-	$(PY) scripts/bench_compile.py $(if $(QUICK),--quick $(DEMO_DATA) --epochs 2) --csv $(FIG_DATA)/compile.csv
 	$(PY) scripts/plot_results.py --data $(FIG_DATA) --figures $(FIG_DIR) --results $(RESULTS)
 
 test: setup

@@ -9,6 +9,9 @@
    rank 1 is SIGKILLed in epoch 2 (scripts/inject_fault.py): the time from the
    kill to the first training step of the restarted workers, the epoch time, and
    whether the run then finished.
+3. What the per-step stop check costs (faults.should_stop: did any rank get
+   SIGTERM, is any loss non-finite?): microseconds per call on 2 processes, and
+   its share of one training step of the run in 2.
 Writes figures/data/recovery.json (with the hardware) and prints it.
 """
 
@@ -16,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 from recipes.common import checkpoint, faults, models  # noqa: E402
 from scripts.measuring import DEMO_MODEL, QUICK_MODEL, hardware  # noqa: E402
@@ -53,6 +59,31 @@ def seconds_per_save(arch, num_classes, repeats):
             times.append(time.perf_counter() - start)
         size_mb = (Path(out) / "checkpoint.pt").stat().st_size / 1e6
     return statistics.median(times), size_mb
+
+
+def _time_stop_checks(rank, port, calls, result):
+    backend, device = ("nccl", f"cuda:{rank}") if torch.cuda.device_count() >= 2 else ("gloo", "cpu")
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    loss = torch.tensor(1.0, device=device)
+    for step in range(calls // 10):  # warm up
+        faults.should_stop(loss, 0, step)
+    dist.barrier()
+    start = time.perf_counter()
+    for step in range(calls):
+        faults.should_stop(loss, 0, step)
+    if rank == 0:
+        Path(result).write_text(str((time.perf_counter() - start) / calls))
+    dist.destroy_process_group()
+
+
+def seconds_per_stop_check(calls):
+    """faults.should_stop as every rank calls it after each step: one allreduce of two numbers."""
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        mp.spawn(_time_stop_checks, args=(port, calls, f"{tmp}/seconds"), nprocs=2)
+        return float(Path(f"{tmp}/seconds").read_text())
 
 
 def killed_run(data, flags, out, steps_per_epoch, into_epoch_2):
@@ -94,9 +125,12 @@ def main():
     save_s, size_mb = seconds_per_save(arch, num_classes, repeats=3 if args.quick else 10)
     with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
         recovery = killed_run(data, flags, Path(tmp), steps_per_epoch, into_epoch_2=steps_per_epoch // 3)
+    check_s = seconds_per_stop_check(calls=200 if args.quick else 5000)
+    step_s = recovery["train_epoch_s"] / steps_per_epoch
     results = {"arch": arch, "data": str(data), "processes": 2, "global_batch": 2 * batch,
                "checkpoint_mb": round(size_mb, 2), "seconds_per_save": round(save_s, 4),
                "save_share_of_epoch": round(save_s / recovery["train_epoch_s"], 5), **recovery,
+               "stop_check_us": round(1e6 * check_s, 1), "stop_check_share_of_step": round(check_s / step_s, 6),
                "hardware": hardware(), "command": " ".join(["python", "scripts/bench_recovery.py", *sys.argv[1:]])}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

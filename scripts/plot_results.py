@@ -192,12 +192,15 @@ def io_tables(io_rows):
 
 
 def recovery_table(recovery):
+    check = recovery.get("stop_check_us")  # (not in files written before it was measured)
     return table(["model", "processes", "checkpoint (MB)", "seconds per save", "share of a training epoch",
-                  "kill to first step after restart (s)", "steps redone"],
+                  "kill to first step after restart (s)", "steps redone", "stop check per step (µs)",
+                  "share of a training step"],
                  [[recovery["arch"], recovery["processes"], recovery["checkpoint_mb"], recovery["seconds_per_save"],
                    f"{100 * recovery['save_share_of_epoch']:.2f} %",
                    f"{recovery['kill_to_first_step_s']:.1f}" if recovery.get("kill_to_first_step_s") else "",
-                   recovery["steps_redone"]]])
+                   recovery["steps_redone"], f"{check:.0f}" if check else "",
+                   f"{100 * recovery['stop_check_share_of_step']:.2f} %" if check else ""]])
 
 
 def method_label(row):

@@ -177,12 +177,13 @@ def test_a_model_with_non_finite_weights_is_never_saved():
         faults.check_finite(model, 1, 0)
 
 
-def test_the_ranks_agree_on_stopping_only_every_few_steps():
+def test_every_step_is_checked_for_sigterm_and_a_non_finite_loss(monkeypatch):
     nan = torch.tensor(float("nan"))
-    assert not faults.should_stop(nan, 0, 1, every=3)  # no check at this step: no communication
-    with pytest.raises(RunFailed, match="non-finite loss at epoch 1 step 4"):
-        faults.should_stop(nan, 0, 3, every=3)
-    assert not faults.should_stop(torch.tensor(1.0), 0, 3, every=3)
+    with pytest.raises(RunFailed, match="non-finite loss at epoch 1 step 2"):
+        faults.should_stop(nan, 0, 1)  # not a multiple of anything: every step counts
+    assert not faults.should_stop(torch.tensor(1.0), 0, 1)
+    monkeypatch.setattr(faults, "_sigterm_received", True)
+    assert faults.should_stop(torch.tensor(1.0), 0, 7)
 
 
 def test_both_decoders_give_the_same_images(tmp_path):

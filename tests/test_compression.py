@@ -57,18 +57,18 @@ def hook_worker(rank, port, method, grads_per_step, options, results):
 
 
 def record_payloads():
-    """Note the size of every tensor the hooks hand to dist.all_reduce and dist.all_gather_into_tensor."""
-    payloads, all_reduce, all_gather_into_tensor = [], dist.all_reduce, dist.all_gather_into_tensor
+    """Note the size of every tensor the hooks hand to dist.all_reduce and dist.all_gather_single."""
+    payloads, all_reduce, all_gather_single = [], dist.all_reduce, dist.all_gather_single
 
     def recorded_all_reduce(tensor, *args, **kwargs):
         payloads.append(tensor.nbytes)
         return all_reduce(tensor, *args, **kwargs)
 
-    def recorded_all_gather_into_tensor(output, payload, *args, **kwargs):
+    def recorded_all_gather_single(output, payload, *args, **kwargs):
         payloads.append(payload.nbytes)
-        return all_gather_into_tensor(output, payload, *args, **kwargs)
+        return all_gather_single(output, payload, *args, **kwargs)
 
-    dist.all_reduce, dist.all_gather_into_tensor = recorded_all_reduce, recorded_all_gather_into_tensor
+    dist.all_reduce, dist.all_gather_single = recorded_all_reduce, recorded_all_gather_single
     return payloads
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,21 +18,22 @@ import torch
 from conftest import ROOT, TINY, child_env, free_port, read_summary, recipe_command, run_recipe
 
 # random flips make the comparison sensitive to the random state a resume restores
-FLAGS = [*TINY, "--hflip", "0.5", "--epochs", "3"]
+# -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps
+FLAGS = [*TINY, "--hflip", "0.5", "--epochs", "3", "-p", "100"]
 ND = [*FLAGS, "-b", "8"]
 DDP = [*FLAGS, "-b", "4"]
 FINAL = ("top1", "top1_correct", "loss", "best_top1")
 
 
-def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_args=(), timeout=300, **popen):
+def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_args=(), timeout=300,
+             torchrun=("-m", "torch.distributed.run"), **popen):
     """Run a recipe under scripts/inject_fault.py (under torchrun when nproc is given)."""
     inject = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", fault, "--step", str(step), *inject_args,
               "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
     if nproc is None:
         command = [sys.executable, *inject]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                   *torchrun_args, *inject]
+        command = [sys.executable, *torchrun, "--standalone", f"--nproc_per_node={nproc}", *torchrun_args, *inject]
     return subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout,
                           **popen)
 
@@ -76,11 +78,15 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tiny_
 
 
 def test_sigterm_to_torchrun_saves_mid_epoch_and_a_relaunch_completes(tiny_data, tmp_path, ddp_reference):
+    """Through scripts/preemptible_torchrun.py, as the SLURM script runs it: exit 75 and no traceback."""
     out = tmp_path / "run"
     args = [tiny_data, *DDP, "--auto-resume", "--out", out]
-    result = injected("ddp", args, "term-parent", 9, nproc=2, inject_args=["--rank", "0"])
-    assert result.returncode != 0  # torchrun reports the signal it got; the workers exited with 75
-    assert "preempted: SIGTERM received" in result.stdout and "epoch 2 step 3" in result.stdout
+    result = injected("ddp", args, "term-parent", 9, nproc=2, inject_args=["--rank", "0"],
+                      torchrun=[str(ROOT / "scripts" / "preemptible_torchrun.py")])
+    assert result.returncode == 75, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("preempted: SIGTERM received") and "epoch 2 step 3" in last
+    assert "Traceback" not in result.stderr and "SignalException" not in result.stderr
     state = load(out / "checkpoint.pt")
     assert (state["epoch"], state["step"], len(state["rng"])) == (1, 3, 2)
     assert not (out / "summary.json").exists()
@@ -108,6 +114,61 @@ def test_sigterm_to_the_whole_process_group_spares_the_loader_workers(tiny_data,
     assert result.returncode == 75, result.stderr[-3000:]
     assert result.stderr == ""
     assert load(out / "checkpoint.pt")["step"] == 3
+
+
+def descendants(pid):
+    """{pid: name} of every living process below pid, read from /proc."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, fields = stat.read_text().rsplit(")", 1)
+        except OSError:  # ended meanwhile
+            continue
+        state, parent = fields.split()[:2]
+        if state not in "ZX":  # a zombie has ended; it only waits for its parent to collect it
+            children.setdefault(int(parent), []).append((int(stat.parent.name), name.split("(", 1)[1]))
+    found, todo = {}, [pid]
+    while todo:
+        for child, name in children.get(todo.pop(), []):
+            found[child] = name
+            todo.append(child)
+    return found
+
+
+def alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_no_process_outlives_a_trainer_killed_by_sigkill(tiny_data, tmp_path):
+    """The loader's fork server, its resource tracker and the loader workers end with the trainer, and so
+    the pipe that a shell reads the trainer's output through closes."""
+    trainer = subprocess.Popen(recipe_command("nd", [tiny_data, *ND, "-j", "2", "--epochs", "500", "--out",
+                                                     tmp_path / "run"]),
+                               cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline, below = time.monotonic() + 120, {}
+    while len(below) < 4 and time.monotonic() < deadline:  # fork server, resource tracker, two workers
+        time.sleep(0.2)
+        below = descendants(trainer.pid)
+    assert len(below) >= 4, below
+    trainer.kill()
+    trainer.communicate(timeout=60)  # returns once no process holds the pipe's other end
+    deadline = time.monotonic() + 30
+    while any(map(alive, below)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not {pid: name for pid, name in below.items() if alive(pid)}
+
+
+def test_a_torchrun_restart_after_a_sigkill_leaves_no_loader_process_behind(tiny_data, tmp_path):
+    """Were the killed rank's loader processes left alive, they would hold torchrun's output pipe open,
+    and this run would never return."""
+    result = injected("ddp", [tiny_data, *DDP, "-j", "1", "--auto-resume", "--out", tmp_path / "run"], "kill", 9,
+                      nproc=2, torchrun_args=["--max-restarts=1"], inject_args=["--rank", "1"], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 epoch(s) and 0 step(s) done" in result.stdout
 
 
 @pytest.mark.parametrize("crash_at", ["checkpoint.pt", "best.pt"])

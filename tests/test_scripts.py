@@ -46,6 +46,7 @@ def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     measured = json.loads(out.read_text())
     assert measured["finished"] and measured["arch"] == "lenet"
     assert 0 < measured["seconds_per_save"] < measured["train_epoch_s"]
+    assert 0 < measured["stop_check_us"] and 0 < measured["stop_check_share_of_step"] < 1
     assert measured["kill_to_first_step_s"] > 0 and measured["checkpoint_mb"] > 0
 
 
@@ -77,7 +78,8 @@ def write_figures_data(data):
         for d, w, rate in rows]) + "\n")
     (data / "recovery.json").write_text(json.dumps(
         {"arch": "resnet18", "processes": 2, "checkpoint_mb": 89.5, "seconds_per_save": 0.3,
-         "save_share_of_epoch": 0.01, "kill_to_first_step_s": 14.0, "steps_redone": 20}))
+         "save_share_of_epoch": 0.01, "kill_to_first_step_s": 14.0, "steps_redone": 20, "stop_check_us": 150.0,
+         "stop_check_share_of_step": 0.0015}))
     header = ("method,error_feedback,processes,threads,arch,epochs,global_batch,train_s,wall_s,top1,top5,"
               "bytes_per_step,compression_ratio,cpu,cores,gpu,torch")
     rows = [("serial", 0, 1, 60, 95.0, "", ""), ("none", 0, 2, 40, 94.5, 4000, 1.0),
@@ -110,7 +112,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "tensor / PIL images/s: 0 worker(s): 1.50x, 2 worker(s): 1.50x." in text
     assert "| apex | 2 | 2 | 60.00 | 90.00 | 60.00 | 123.4 | 56 |" in text
     assert "CPU Test CPU (2 cores), GPU none: these results are CPU-only" in text
-    assert "| resnet18 | 2 | 89.5 | 0.3 | 1.00 % | 14.0 | 20 |" in text
+    assert "| resnet18 | 2 | 89.5 | 0.3 | 1.00 % | 14.0 | 20 | 150 | 0.15 % |" in text
     assert "| serial | 1 | 60.0 | 95.00 |  |  |  |" in text
     assert "| fp8-e4m3 | 2 | 45.0 | 93.25 | -1.25 | 1,004 | 3.98 |" in text  # the gap against none at 2 processes
     assert "| fp8-e4m3 + error feedback | 2 | 46.0 | 94.00 | -0.50 | 1,004 | 3.98 |" in text

@@ -39,6 +39,7 @@ class Run:
                                                 num_classes=num_classes, global_batch=global_batch,
                                                 steps_per_epoch=steps_per_epoch, device=device)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.epoch, self.step, self.first_step, self.epoch_lr = 0, 0, 0, 0.0
         self.meter = self.val_stats = self.ema_stats = None
 
@@ -90,15 +91,17 @@ class Run:
     def step_done(self, loss):
         """After each optimizer step: schedule, EMA, logs, profiler, a checkpoint every --save-every steps;
         and the stop checks: after SIGTERM on any rank, save and raise faults.Preempted; after a
-        non-finite loss, raise RunFailed (every --print-freq steps, see faults.should_stop)."""
+        non-finite loss on any rank, raise RunFailed."""
         args, step = self.args, self.step
         if step % args.print_freq == 0:
-            self.log.step(self.epoch * self.steps_per_epoch + step, loss, self.optimizer.param_groups[0]["lr"])
+            rate = self.meter.images_per_s()
+            self.log.step(self.epoch, step, self.steps_per_epoch, loss, self.optimizer.param_groups[0]["lr"],
+                          rate and rate * self.world_size)
         self.scheduler.step()  # every step: warmup and cosine move within an epoch
         if self.ema is not None:
             self.ema.update_parameters(self.model)  # ema = d x ema + (1 - d) x weights
         self.log.profile_step()
-        if faults.should_stop(loss, self.epoch, step, args.print_freq):  # SIGTERM on any rank: all stop here
+        if faults.should_stop(loss, self.epoch, step):  # SIGTERM on any rank: all stop here
             self.checkpoint.save(self.epoch, step + 1)
             raise faults.Preempted(args.out, self.epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:
@@ -132,6 +135,5 @@ class Run:
         extra: a recipe's own results."""
         if self.val_stats is None:
             self.evaluate(val_loader)
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.log.finish(self.args, self.val_stats, self.checkpoint.epoch, world_size, self.device,
+        self.log.finish(self.args, self.val_stats, self.checkpoint.epoch, self.world_size, self.device,
                         self.checkpoint.best_top1, self.ema_stats, **extra)

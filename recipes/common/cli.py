@@ -1,8 +1,9 @@
 """The command line shared by every recipe (flags follow pytorch/examples imagenet), and its checks."""
 
 import argparse
+import os
 
-from recipes.common import RecipeError
+from recipes.common import RecipeError, distributed
 
 CLASSIC_LR_STEPS = (30, 60, 80)  # epochs of the 90-epoch ImageNet ResNet schedule
 
@@ -52,7 +53,9 @@ def build_parser(recipe, description):
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
     parser.add_argument("--epochs", type=int, default=90)
-    parser.add_argument("-j", "--workers", type=int, default=4, help="data loader processes per training process")
+    parser.add_argument("-j", "--workers", type=int,
+                        help="data loader processes per training process (default: this node's cores shared out "
+                             "among its training processes, at most 4)")
     parser.add_argument("--resume", metavar="PATH", help="checkpoint to resume from (or evaluate with -e)")
     parser.add_argument("--auto-resume", action="store_true",
                         help="resume from <out>/checkpoint.pt when it exists, so that a relaunch or a torchrun "
@@ -167,7 +170,18 @@ def parse_args(parser, argv=None):
                           "(number of nodes) and --rank (this node's rank)")
     if args.out is None:
         args.out = f"runs/{args.recipe}-evaluate" if args.evaluate else f"runs/{args.recipe}"
+    if args.workers is None:
+        args.workers = default_workers(getattr(args, "multiprocessing_distributed", False))
     return args
+
+
+def default_workers(spawns_per_device):
+    """At most 4 loader workers per training process, and no more than the cores each process has: more only
+    compete for the cores (and PyTorch warns). Under SLURM and taskset, the cores are those this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (distributed.local_device_count()
+                                                                if spawns_per_device else 1)
+    return min(4, max(1, cores // processes))
 
 
 def check_ranges(args, ranges):

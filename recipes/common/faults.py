@@ -2,12 +2,13 @@
 
 Preemption: SLURM, Kubernetes and cloud schedulers send SIGTERM some seconds
 before they kill a job (torchrun forwards it to every worker). The handler only
-raises a flag. Every --print-freq steps the ranks agree on the flags with one
-small allreduce, so all of them stop after the same step; rank 0 then saves a
-checkpoint and every rank exits with EXIT_PREEMPTED. Relaunching the same
-command with --auto-resume continues from that step. (Agreeing only every few
-steps keeps the loop free of a host-device sync per step: on a GPU that sync
-would stop the CPU from queueing the next step while this one runs.)
+raises a flag. After every step the ranks agree on the flags with one small
+allreduce (two numbers), so all of them stop after the same step, however long a
+step takes; rank 0 then saves a checkpoint and every rank exits with
+EXIT_PREEMPTED. Relaunching the same command with --auto-resume continues from
+that step. The price is one tiny collective per step and, on a GPU, waiting for
+the step to finish before queueing the next one (as a per-step loss.item() would);
+RESULTS.md measures it.
 
 Divergence: a non-finite loss, seen at the same check, stops the run; and every
 save first checks that the weights are finite, so no checkpoint holds NaNs.
@@ -46,14 +47,11 @@ def catch_sigterm():
     signal.signal(signal.SIGTERM, request_stop)
 
 
-def should_stop(loss, epoch, step, every):
+def should_stop(loss, epoch, step):
     """True when any rank has received SIGTERM. Every rank calls this after each step.
 
-    The ranks talk only every `every` steps. Raises RunFailed when the loss is
-    NaN or infinite on any rank.
+    Raises RunFailed when the loss is NaN or infinite on any rank.
     """
-    if step % every:
-        return False
     flags = torch.stack([torch.tensor(float(_sigterm_received), device=loss.device),
                          (~torch.isfinite(loss.detach())).float().reshape(())])
     if dist.is_initialized():

@@ -49,6 +49,10 @@ class EpochMeter:
             self.timed_images += n
         self.last = time.perf_counter()
 
+    def images_per_s(self):
+        """This rank's training throughput so far in the epoch (first step excluded), or None after one step."""
+        return self.timed_images / (time.perf_counter() - self.timed_start) if self.timed_images else None
+
     def summary(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

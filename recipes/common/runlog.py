@@ -58,7 +58,9 @@ class RunLog:
         compiler's start-up) into <out>/profile, which TensorBoard's profiler view and Perfetto read."""
         if not (self.enabled and steps):
             return
-        os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # else a CPU-only run logs a failed GPU query as an error
+        # kineto's own log: level 4 would show a failed GPU query on a CPU-only machine as an error, 5 its
+        # "USDT: profiler_start/stop" markers; 6 shows none of them
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         folder = self.out / "profile"
         write_trace = torch.profiler.tensorboard_trace_handler(str(folder))
 
@@ -84,18 +86,24 @@ class RunLog:
             sys.stdout.flush()
 
     def progress(self, iterable, description):
-        # bars only on a terminal: in log files (SLURM, CI) the per-epoch lines say it all
+        """A progress bar on a terminal; without one (SLURM, nohup, a pipe) step() prints plain lines instead."""
         self.bar = tqdm(iterable, desc=description, disable=not (self.enabled and sys.stderr.isatty()),
                         leave=False, dynamic_ncols=True, file=sys.stderr)
         return self.bar
 
-    def step(self, global_step, loss, lr):
-        """Every --print-freq steps: the loss on the bar, the loss and learning rate in TensorBoard."""
-        if self.enabled:
-            loss = loss.item()
+    def step(self, epoch, step, steps_per_epoch, loss, lr, images_per_s):
+        """Every --print-freq steps: the loss on the bar (or one line without a terminal), the loss and
+        learning rate in TensorBoard. epoch and step count from 0; images_per_s: all ranks, or None."""
+        if not self.enabled:
+            return
+        loss = loss.item()
+        if self.bar.disable:
+            rate = f"  {images_per_s:.1f} images/s" if images_per_s else ""
+            self.print(f"epoch {epoch + 1} step {step + 1}/{steps_per_epoch}  loss {loss:.4f}{rate}  lr {lr:.4g}")
+        else:
             self.bar.set_postfix(loss=f"{loss:.4f}")
-            self.writer.add_scalar("train/step_loss", loss, global_step)
-            self.writer.add_scalar("train/step_lr", lr, global_step)
+        self.writer.add_scalar("train/step_loss", loss, epoch * steps_per_epoch + step)
+        self.writer.add_scalar("train/step_lr", lr, epoch * steps_per_epoch + step)
 
     def epoch(self, epoch, split, stats, lr):
         """One row of metrics.csv and one console line; epochs count from 1."""

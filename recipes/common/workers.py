@@ -7,13 +7,39 @@ a fresh process with no threads (Python 3.14 makes it the default start method
 on Linux). The server starts with SIGTERM blocked, as do the workers it forks,
 and each worker ignores SIGTERM: a scheduler's SIGTERM to the whole job must
 leave them to the trainer, which stops them after the current step.
+
+No worker outlives the trainer, even one killed by SIGKILL (the out-of-memory
+killer, kill -9), which runs no clean-up: the server and each worker ask the
+kernel to kill them when their parent dies (Linux's PR_SET_PDEATHSIG). Without
+that, the server and its workers keep each other alive (each worker holds the
+pipe whose closing tells the server to end), and with them the job's output
+pipes and memory.
 """
 
 import atexit
+import ctypes
 import multiprocessing
 import multiprocessing.forkserver
+import os
 import signal
 import sys
+
+_TRAINER_PID = "RECIPES_LOADER_TRAINER_PID"  # set by the trainer for the fork server it starts
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent():
+    """The kernel SIGKILLs this process when its parent dies (Linux; elsewhere nothing happens)."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request was made: end as it would have ended us
+        os._exit(1)
+
+
+if os.environ.get(_TRAINER_PID) == str(os.getppid()):  # this is the fork server, preloading this module
+    die_with_parent()
 
 
 def context(workers):
@@ -24,6 +50,7 @@ def context(workers):
     # milliseconds. Each worker still runs the recipe script's top (its imports, all preloaded) to find
     # __main__; the server's own preload of __main__ never happens before Python 3.13 (CPython gh-137996).
     multiprocessing.set_forkserver_preload(sorted(name for name in sys.modules if name.startswith("recipes.")))
+    os.environ[_TRAINER_PID] = str(os.getpid())  # the server dies with this process (see die_with_parent)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the server inherits the mask
     try:
         multiprocessing.forkserver.ensure_running()
@@ -34,8 +61,10 @@ def context(workers):
 
 def leave_sigterm_to_the_trainer(worker_id):
     """worker_init_fn: loader workers ignore SIGTERM. The training process stops at a step boundary
-    and shuts them down; else a scheduler's SIGTERM to the whole job kills them mid-batch."""
+    and shuts them down; else a scheduler's SIGTERM to the whole job kills them mid-batch.
+    And they die with their parent, the fork server (which dies with the trainer)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent()
 
 
 @atexit.register  # runs before multiprocessing's exit handler, which would SIGTERM them and wait forever

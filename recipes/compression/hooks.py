@@ -101,7 +101,7 @@ def fp8_hook(dtype):
         # fp8, but any tensor travels as bytes)
         message = torch.cat([payload.view(torch.uint8), scale.reshape(1).view(torch.uint8)])
         gathered = torch.empty(group.size() * message.numel(), dtype=torch.uint8, device=grad.device)
-        work = dist.all_gather_into_tensor(gathered, message, group=group, async_op=True)
+        work = dist.all_gather_single(gathered, message, group=group, async_op=True)
 
         def average(fut):
             rows = gathered.view(group.size(), -1)  # one row per rank

@@ -1,0 +1,180 @@
+"""scripts/slurm_ddp.sbatch without SLURM: its body runs under bash with SLURM's variables set, and srun,
+scontrol and nvidia-smi replaced by stand-ins on PATH that record how they were called."""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import ROOT, TINY, child_env
+
+SBATCH = ROOT / "scripts" / "slurm_ddp.sbatch"
+JOB_ID = 12345
+
+# srun: records its arguments and directory, then does what STANDIN_SRUN says: "exit N", "wait" (until
+# SIGTERM, then exit 75, as preempted ranks do) or "run" (the command after srun's own options)
+SRUN = f"""#!{sys.executable}
+import json, os, signal, sys, time
+with open(os.environ["STANDIN_LOG"], "a") as f:
+    f.write(json.dumps({{"srun": sys.argv[1:], "cwd": os.getcwd()}}) + "\\n")
+mode = os.environ.get("STANDIN_SRUN", "exit 0")
+if mode == "wait":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
+    open(os.environ["STANDIN_LOG"] + ".started", "w").close()
+    time.sleep(120)
+elif mode == "run":
+    command = sys.argv[1:]
+    while command[0].startswith("--"):
+        command.pop(0)
+    os.execv(command[0], command)
+sys.exit(int(mode.split()[1]))
+"""
+SCONTROL = f"""#!{sys.executable}
+import json, os, sys
+args = sys.argv[1:]
+if args[:2] == ["show", "hostnames"]:
+    print(os.environ.get("STANDIN_HOSTS", "node-a\\nnode-b"))
+elif args[:2] == ["show", "job"]:
+    print(f"JobId={{args[2]}} JobName=train\\n   Command={{os.environ['STANDIN_SUBMITTED']}}\\n   WorkDir=/somewhere")
+elif args[0] == "requeue":
+    with open(os.environ["STANDIN_LOG"], "a") as f:
+        f.write(json.dumps({{"requeue": args[1]}}) + "\\n")
+"""
+NVIDIA_SMI = """#!/bin/sh
+[ -n "$STANDIN_GPUS" ] || exit 9
+i=0; while [ $i -lt "$STANDIN_GPUS" ]; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; i=$((i+1)); done
+"""
+
+
+@pytest.fixture
+def standins(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("nvidia-smi", NVIDIA_SMI)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def sbatch(tmp_path, standins, args=(), job_id=JOB_ID, popen=False, **env):
+    """Run the script's body as SLURM would on the first node, submitted from tmp_path (not the repository)."""
+    variables = {"PATH": f"{standins}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": str(job_id),
+                 "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_JOB_NUM_NODES": "2", "SLURM_CPUS_PER_TASK": "8",
+                 "SLURM_SUBMIT_DIR": str(tmp_path), "STANDIN_LOG": str(tmp_path / "calls.jsonl"),
+                 "STANDIN_SUBMITTED": str(SBATCH), "PYTHON": sys.executable, **env}
+    command = ["bash", str(SBATCH), *map(str, args)]
+    if popen:
+        return subprocess.Popen(command, cwd=tmp_path, env=child_env(variables), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.run(command, cwd=tmp_path, env=child_env(variables), capture_output=True, text=True,
+                          timeout=300)
+
+
+def calls(tmp_path):
+    path = tmp_path / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("slurm_gpus, node_gpus, nproc, workers, why", [
+    ("", "", 1, 8, "no GPU"), ("4", "8", 4, 2, "GPUs allocated by SLURM"),
+    ("", "2", 2, 4, "GPUs on the node, none allocated by SLURM")])
+def test_one_torchrun_per_node_with_a_process_per_gpu_and_the_arguments_after_the_defaults(
+        tmp_path, standins, slurm_gpus, node_gpus, nproc, workers, why):
+    result = sbatch(tmp_path, standins, ["-a", "lenet", "--epochs", "3"], SLURM_GPUS_ON_NODE=slurm_gpus,
+                    STANDIN_GPUS=node_gpus)
+    assert result.returncode == 0, result.stderr
+    assert f"node(s) x {nproc} process(es) ({why}), -j {workers}" in result.stdout
+    [srun] = calls(tmp_path)
+    assert srun["cwd"] == str(ROOT)  # submitted from elsewhere, run from the repository
+    command = srun["srun"]
+    assert command[:3] == ["--kill-on-bad-exit=1", sys.executable, "scripts/preemptible_torchrun.py"]
+    assert "--nnodes=2" in command and f"--nproc_per_node={nproc}" in command
+    port = 10000 + JOB_ID % 20000
+    assert f"--rdzv_endpoint=node-a:{port}" in command and f"--rdzv_id={JOB_ID}" in command
+    recipe = command.index("recipes/ddp/train.py")
+    assert command[recipe + 1:] == ["/datasets/imagenet", "-a", "resnet50", "-b", "64", "--lr", "0.1", "--epochs",
+                                    "90", "-j", str(workers), "--auto-resume", "--out", f"runs/ddp-{JOB_ID}",
+                                    "-a", "lenet", "--epochs", "3"]  # the user's flags come last, so they win
+
+
+def test_jobs_on_one_node_get_different_ports_and_recipe_picks_the_script(tmp_path, standins):
+    sbatch(tmp_path, standins, job_id=JOB_ID + 1, RECIPE="apex", DATA="/data/x", OUT="runs/mine")
+    command = calls(tmp_path)[0]["srun"]
+    assert f"--rdzv_endpoint=node-a:{10000 + (JOB_ID + 1) % 20000}" in command
+    recipe = command.index("recipes/apex/train.py")
+    assert command[recipe + 1] == "/data/x" and command[-2:] == ["--out", "runs/mine"]
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RECIPE": "nope"}, "RECIPE=nope: there is no recipes/nope/train.py"),
+    ({"PYTHON": "/no/python"}, "no /no/python: run 'make setup'")])
+def test_a_wrong_setting_is_one_line_and_exit_2(tmp_path, standins, env, message):
+    result = sbatch(tmp_path, standins, **env)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"slurm_ddp.sbatch: error: {result.stderr.split('error: ')[1]}"
+                                                  .strip()]
+    assert message in result.stderr and not calls(tmp_path)
+
+
+@pytest.mark.parametrize("srun_exit, requeued, job_exit", [(75, True, 0), (1, False, 1), (0, False, 0)])
+def test_a_preempted_run_requeues_the_job_and_a_failed_one_does_not(tmp_path, standins, srun_exit, requeued,
+                                                                     job_exit):
+    result = sbatch(tmp_path, standins, STANDIN_SRUN=f"exit {srun_exit}")
+    assert result.returncode == job_exit
+    assert ({"requeue": str(JOB_ID)} in calls(tmp_path)) == requeued
+
+
+def test_sigterm_to_the_whole_job_waits_for_the_ranks_then_requeues(tmp_path, standins):
+    """A preemption signals every process of the job, the batch shell too: it must outlive the ranks."""
+    job = sbatch(tmp_path, standins, popen=True, STANDIN_SRUN="wait")
+    started = tmp_path / "calls.jsonl.started"
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(job.pid, signal.SIGTERM)
+    job.communicate(timeout=60)
+    assert job.returncode == 0
+    assert calls(tmp_path)[-1] == {"requeue": str(JOB_ID)}
+
+
+def free_job_id():
+    """A job id whose rendezvous port is free on this machine."""
+    while True:
+        job_id = random.randrange(100000, 200000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 10000 + job_id % 20000))
+                return job_id
+            except OSError:
+                continue
+
+
+def test_a_preempted_job_saves_and_its_requeued_run_resumes_and_completes(tmp_path, standins, tiny_data):
+    """The script's torchrun command for real, one process: SIGTERM mid-run, then the rerun of the requeue."""
+    args = [*TINY, "-b", "4", "-p", "1000", "--epochs", "200"]
+    job_id = free_job_id()
+    one_node = {"STANDIN_SRUN": "run", "STANDIN_HOSTS": "127.0.0.1", "SLURM_JOB_NUM_NODES": "1",
+                "DATA": str(tiny_data), "OUT": str(tmp_path / "run")}
+    job = sbatch(tmp_path, standins, args, job_id, popen=True, **one_node)
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and time.monotonic() < deadline:  # after epoch 1
+        time.sleep(0.2)
+    os.killpg(job.pid, signal.SIGTERM)  # as SLURM's time-limit signal: to every process of the job
+    stdout, stderr = job.communicate(timeout=120)
+    assert job.returncode == 0, stderr[-3000:]
+    assert stdout.strip().splitlines()[-1].startswith("preempted: SIGTERM received; saved ")
+    assert "Traceback" not in stderr and "SignalException" not in stderr
+    assert calls(tmp_path)[-1] == {"requeue": str(job_id)}
+
+    epochs = torch.load(checkpoint, weights_only=True)["epoch"] + 1  # to the end of the preempted epoch
+    rerun = sbatch(tmp_path, standins, [*args, "--epochs", epochs], job_id, SLURM_RESTART_COUNT="1", **one_node)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "(restart 1)" in rerun.stdout and "resuming " in rerun.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == epochs
