@@ -6,6 +6,7 @@ set is 6 steps: step 9 is the third step of epoch 2.
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -160,6 +161,26 @@ def test_no_process_outlives_a_trainer_killed_by_sigkill(tiny_data, tmp_path):
     while any(map(alive, below)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not {pid: name for pid, name in below.items() if alive(pid)}
+
+
+def test_sigterm_to_the_loader_processes_alone_leaves_the_run_going(tiny_data, tmp_path):
+    """SLURM signals every process: the fork server and the workers must leave SIGTERM to the trainer, even
+    while new workers start (each epoch's loaders and each validation fork new ones from the server)."""
+    trainer = subprocess.Popen(recipe_command("nd", [tiny_data, *ND, "-j", "2", "--epochs", "4", "--out",
+                                                     tmp_path / "run"]),
+                               cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    signalled, deadline = set(), time.monotonic() + 120
+    while trainer.poll() is None and time.monotonic() < deadline:
+        for pid in descendants(trainer.pid):
+            try:
+                os.kill(pid, signal.SIGTERM)
+                signalled.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    stdout, stderr = trainer.communicate(timeout=60)
+    assert trainer.returncode == 0, stderr[-3000:]
+    assert len(signalled) > 4 and "done: top1" in stdout  # the server, the tracker and workers of 8 loaders
 
 
 def test_a_torchrun_restart_after_a_sigkill_leaves_no_loader_process_behind(tiny_data, tmp_path):

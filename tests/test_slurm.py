@@ -1,5 +1,5 @@
 """scripts/slurm_ddp.sbatch without SLURM: its body runs under bash with SLURM's variables set, and srun,
-scontrol and nvidia-smi replaced by stand-ins on PATH that record how they were called."""
+scontrol, scancel and nvidia-smi replaced by stand-ins on PATH that record how they were called."""
 
 import json
 import os
@@ -24,9 +24,10 @@ import json, os, signal, sys, time
 with open(os.environ["STANDIN_LOG"], "a") as f:
     f.write(json.dumps({{"srun": sys.argv[1:], "cwd": os.getcwd()}}) + "\\n")
 mode = os.environ.get("STANDIN_SRUN", "exit 0")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
+with open(os.environ["STANDIN_LOG"] + ".started", "w") as f:  # the step's pid, for scancel
+    f.write(str(os.getpid()))
 if mode == "wait":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
-    open(os.environ["STANDIN_LOG"] + ".started", "w").close()
     time.sleep(120)
 elif mode == "run":
     command = sys.argv[1:]
@@ -46,6 +47,14 @@ elif args[0] == "requeue":
     with open(os.environ["STANDIN_LOG"], "a") as f:
         f.write(json.dumps({{"requeue": args[1]}}) + "\\n")
 """
+# scancel --signal=TERM JOBID: the signal to the job's step (the process srun started), as SLURM sends it
+SCANCEL = f"""#!{sys.executable}
+import json, os, signal, sys
+with open(os.environ["STANDIN_LOG"], "a") as f:
+    f.write(json.dumps({{"scancel": sys.argv[1:]}}) + "\\n")
+with open(os.environ["STANDIN_LOG"] + ".started") as f:
+    os.kill(int(f.read()), signal.SIGTERM)
+"""
 NVIDIA_SMI = """#!/bin/sh
 [ -n "$STANDIN_GPUS" ] || exit 9
 i=0; while [ $i -lt "$STANDIN_GPUS" ]; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; i=$((i+1)); done
@@ -56,7 +65,7 @@ i=0; while [ $i -lt "$STANDIN_GPUS" ]; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$
 def standins(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("nvidia-smi", NVIDIA_SMI)):
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("scancel", SCANCEL), ("nvidia-smi", NVIDIA_SMI)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     return bin_dir
@@ -122,25 +131,39 @@ def test_a_wrong_setting_is_one_line_and_exit_2(tmp_path, standins, env, message
     assert message in result.stderr and not calls(tmp_path)
 
 
-@pytest.mark.parametrize("srun_exit, requeued, job_exit", [(75, True, 0), (1, False, 1), (0, False, 0)])
-def test_a_preempted_run_requeues_the_job_and_a_failed_one_does_not(tmp_path, standins, srun_exit, requeued,
-                                                                     job_exit):
+@pytest.mark.parametrize("srun_exit", [75, 1, 0])
+def test_the_job_ends_with_the_exit_code_of_its_ranks(tmp_path, standins, srun_exit):
     result = sbatch(tmp_path, standins, STANDIN_SRUN=f"exit {srun_exit}")
-    assert result.returncode == job_exit
-    assert ({"requeue": str(JOB_ID)} in calls(tmp_path)) == requeued
+    assert result.returncode == srun_exit
+    assert not [call for call in calls(tmp_path) if "requeue" in call]
 
 
-def test_sigterm_to_the_whole_job_waits_for_the_ranks_then_requeues(tmp_path, standins):
-    """A preemption signals every process of the job, the batch shell too: it must outlive the ranks."""
-    job = sbatch(tmp_path, standins, popen=True, STANDIN_SRUN="wait")
-    started = tmp_path / "calls.jsonl.started"
-    deadline = time.monotonic() + 60
-    while not started.exists() and time.monotonic() < deadline:
+def started(job, tmp_path):
+    marker, deadline = tmp_path / "calls.jsonl.started", time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    os.killpg(job.pid, signal.SIGTERM)
+    time.sleep(0.5)  # the script waits for srun now
+
+
+def test_the_time_limit_warning_stops_the_ranks_then_requeues_the_job(tmp_path, standins):
+    """--signal=B:USR1@120: the script signals the step, and once the ranks exit 75, requeues the job."""
+    job = sbatch(tmp_path, standins, popen=True, STANDIN_SRUN="wait")
+    started(job, tmp_path)
+    os.kill(job.pid, signal.SIGUSR1)  # to the batch shell alone, as SLURM sends it
     job.communicate(timeout=60)
     assert job.returncode == 0
-    assert calls(tmp_path)[-1] == {"requeue": str(JOB_ID)}
+    assert calls(tmp_path)[1:] == [{"scancel": ["--signal=TERM", str(JOB_ID)]}, {"requeue": str(JOB_ID)}]
+
+
+def test_sigterm_to_the_whole_job_waits_for_the_ranks_and_does_not_requeue(tmp_path, standins):
+    """scancel, a preemption or scontrol requeue signal every process, this shell too: it must outlive the
+    ranks, and leave the requeueing to SLURM (a cancelled job stays cancelled)."""
+    job = sbatch(tmp_path, standins, popen=True, STANDIN_SRUN="wait")
+    started(job, tmp_path)
+    os.killpg(job.pid, signal.SIGTERM)
+    job.communicate(timeout=60)
+    assert job.returncode == 75
+    assert len(calls(tmp_path)) == 1  # srun only
 
 
 def free_job_id():
@@ -155,8 +178,9 @@ def free_job_id():
                 continue
 
 
-def test_a_preempted_job_saves_and_its_requeued_run_resumes_and_completes(tmp_path, standins, tiny_data):
-    """The script's torchrun command for real, one process: SIGTERM mid-run, then the rerun of the requeue."""
+def test_a_job_at_its_time_limit_saves_and_its_requeued_run_resumes_and_completes(tmp_path, standins, tiny_data):
+    """The script's torchrun command for real, one process: the time-limit warning mid-run (torchrun passes
+    the SIGTERM on to its worker), then the rerun after the requeue."""
     args = [*TINY, "-b", "4", "-p", "1000", "--epochs", "200"]
     job_id = free_job_id()
     one_node = {"STANDIN_SRUN": "run", "STANDIN_HOSTS": "127.0.0.1", "SLURM_JOB_NUM_NODES": "1",
@@ -166,7 +190,7 @@ def test_a_preempted_job_saves_and_its_requeued_run_resumes_and_completes(tmp_pa
     deadline = time.monotonic() + 120
     while not checkpoint.exists() and time.monotonic() < deadline:  # after epoch 1
         time.sleep(0.2)
-    os.killpg(job.pid, signal.SIGTERM)  # as SLURM's time-limit signal: to every process of the job
+    os.kill(job.pid, signal.SIGUSR1)  # the time-limit warning
     stdout, stderr = job.communicate(timeout=120)
     assert job.returncode == 0, stderr[-3000:]
     assert stdout.strip().splitlines()[-1].startswith("preempted: SIGTERM received; saved ")

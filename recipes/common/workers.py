@@ -4,9 +4,9 @@ The training process has threads (gloo's, TensorBoard's). Python 3.11 can
 deadlock a child forked while one of them creates or ends a thread state, and
 the loaders start new workers every epoch. So workers start from a fork server,
 a fresh process with no threads (Python 3.14 makes it the default start method
-on Linux). The server starts with SIGTERM blocked, as do the workers it forks,
-and each worker ignores SIGTERM: a scheduler's SIGTERM to the whole job must
-leave them to the trainer, which stops them after the current step.
+on Linux). The server ignores and blocks SIGTERM, and so the workers it forks
+start with SIGTERM blocked, and each one ignores it: a scheduler's SIGTERM to the
+whole job must leave them to the trainer, which stops them after the current step.
 
 No worker outlives the trainer, even one killed by SIGKILL (the out-of-memory
 killer, kill -9), which runs no clean-up: the server and each worker ask the
@@ -40,6 +40,9 @@ def die_with_parent():
 
 if os.environ.get(_TRAINER_PID) == str(os.getppid()):  # this is the fork server, preloading this module
     die_with_parent()
+    # Blocked, SIGTERM stays blocked in the workers it forks until they ignore it (leave_sigterm_to_the_trainer):
+    # torch's own worker handler, installed first, would let a SIGTERM kill a starting worker.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
 def context(workers):
@@ -51,11 +54,13 @@ def context(workers):
     # __main__; the server's own preload of __main__ never happens before Python 3.13 (CPython gh-137996).
     multiprocessing.set_forkserver_preload(sorted(name for name in sys.modules if name.startswith("recipes.")))
     os.environ[_TRAINER_PID] = str(os.getpid())  # the server dies with this process (see die_with_parent)
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the server inherits the mask
+    # The server starts ignoring SIGTERM (an ignored signal stays ignored across exec; a blocked one does not
+    # here): while it imports torch, a SIGTERM would otherwise end it and every later loader would fail.
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a SIGTERM that came meanwhile is handled now
+        signal.signal(signal.SIGTERM, previous)
     return multiprocessing.get_context("forkserver")
 
 
