@@ -61,6 +61,7 @@ def context(workers):
         multiprocessing.forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        del os.environ[_TRAINER_PID]  # the server has its copy; no other child of this process is the server
     return multiprocessing.get_context("forkserver")
 
 
