@@ -1,24 +1,41 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
 # make test   the test suite (CPU, gloo; about 20 minutes on 2 cores)
-# make figures          measure (I/O, scaling, learning curves, recovery, compile, compression),
-#                       then redraw figures/ and RESULTS.md
-# make figures QUICK=1  the same in small (lenet, few steps), written under runs/figures-quick/ instead
-# Each target creates the virtual environment .venv first when it is missing.
+# make figures                measure every part (io, scaling, curves, recovery, compile, compression), then
+#                             redraw figures/ and RESULTS.md from figures/data/
+# make figures ONLY="curves compression"   measure only these parts, then redraw everything
+# make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
+# make figures-gpu            on a machine with CUDA: the GPU sweep into figures/data/gpu/ and RESULTS.md
+#                             (PY=python3 uses an environment of your own instead of creating .venv)
+# A stopped `make figures` started again skips the runs whose summary.json is complete (in runs/figures/);
+# delete that folder to measure everything afresh. Each target creates .venv first when it is missing.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# PY=... on the command line: an environment that already has torch (on a GPU node, say); no .venv then
+SETUP := $(if $(filter command line,$(origin PY)),,setup)
 # one process per GPU, else 2 CPU processes (evaluated only once the environment exists)
 NPROC = $(shell $(PY) -c "import torch; print(torch.cuda.device_count() or 2)")
 DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
+GPU_JPEG_DATA := data/imagenet-like-gpu
+PARTS := io scaling curves recovery compile compression
+ONLY ?= $(PARTS)
 QUICK ?=
-# QUICK=1 leaves the committed figures alone
-FIG_DIR := $(if $(QUICK),runs/figures-quick,figures)
+# QUICK=1 (anything but empty or 0) leaves the committed figures alone
+quick := $(filter-out 0,$(QUICK))
+FIG_DIR := $(if $(quick),runs/figures-quick,figures)
 FIG_DATA := $(FIG_DIR)/data
-RESULTS := $(if $(QUICK),runs/figures-quick/RESULTS.md,RESULTS.md)
+RUNS := $(if $(quick),runs/figures-quick/runs,runs/figures)
+RESULTS := $(if $(quick),runs/figures-quick/RESULTS.md,RESULTS.md)
 
-.PHONY: setup demo test figures clean
+ifneq ($(filter figures,$(MAKECMDGOALS)),)
+ifneq ($(filter-out $(PARTS),$(ONLY)),)
+$(error ONLY=$(filter-out $(PARTS),$(ONLY)) is not a part of make figures; the parts are: $(PARTS))
+endif
+endif
+
+.PHONY: setup demo test figures figures-gpu gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -28,33 +45,56 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-$(DEMO_DATA)/.complete: | setup
+$(DEMO_DATA)/.complete: | $(SETUP)
 	$(PY) scripts/make_demo_data.py --out $(DEMO_DATA)
 	touch $@
 
-demo: setup $(DEMO_DATA)/.complete
+demo: $(SETUP) $(DEMO_DATA)/.complete
 	rm -rf runs/demo
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) recipes/ddp/train.py $(DEMO_DATA) \
 		-a resnet18 --image-size 28 --scale 0.6 1 --hflip 0 -b 32 --lr 0.05 --epochs 8 -j 1 --seed 0 \
 		--desired-acc 0.97 --out runs/demo
 
-$(JPEG_DATA)/.complete: | setup
+$(JPEG_DATA)/.complete: | $(SETUP)
 	$(PY) scripts/make_demo_data.py --imagenet-like $(JPEG_DATA) --classes 10 --images 120
 	touch $@
 
-figures: setup $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
+# the parts of make figures, each one command
+figure-part-io = $(PY) scripts/bench_io.py $(JPEG_DATA) --csv $(FIG_DATA)/io.csv \
+	$(if $(quick),--workers 0 2 --repeats 1)
+figure-part-scaling = $(PY) scripts/bench_scaling.py --jpeg $(JPEG_DATA) --csv $(FIG_DATA)/scaling.csv \
+	--runs $(RUNS)/scaling $(if $(quick),-a lenet --image-size 16 --steps 20)
+figure-part-curves = $(PY) scripts/learning_curves.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+	--runs $(RUNS)/curves $(if $(quick),--quick --epochs 2)
+figure-part-recovery = $(PY) scripts/bench_recovery.py --json $(FIG_DATA)/recovery.json --runs $(RUNS)/recovery \
+	$(if $(quick),--quick $(DEMO_DATA))
+figure-part-compile = $(PY) scripts/bench_compile.py $(if $(quick),--quick $(DEMO_DATA) --epochs 2) \
+	--csv $(FIG_DATA)/compile.csv --runs $(RUNS)/compile
+figure-part-compression = $(PY) scripts/compression_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+	--runs $(RUNS)/compression $(if $(quick),--quick --epochs 2 --processes 2 --methods none fp8-e4m3)
+define newline
+
+
+endef
+
+figures: $(SETUP) $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
 	mkdir -p $(FIG_DATA)
-	$(if $(QUICK),cp RESULTS.md $(RESULTS))
-	$(PY) scripts/bench_io.py $(JPEG_DATA) --csv $(FIG_DATA)/io.csv $(if $(QUICK),--workers 0 2 --repeats 1)
-	$(PY) scripts/bench_scaling.py --jpeg $(JPEG_DATA) --csv $(FIG_DATA)/scaling.csv \
-		$(if $(QUICK),-a lenet --image-size 16 --steps 20)
-	$(PY) scripts/learning_curves.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs runs/curves \
-		$(if $(QUICK),--quick --epochs 2)
-	$(PY) scripts/bench_recovery.py --json $(FIG_DATA)/recovery.json $(if $(QUICK),--quick $(DEMO_DATA))
-	$(PY) scripts/bench_compile.py $(if $(QUICK),--quick $(DEMO_DATA) --epochs 2) --csv $(FIG_DATA)/compile.csv
-	$(PY) scripts/compression_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --figures $(FIG_DIR) \
-		--results $(RESULTS) $(if $(QUICK),--quick --epochs 1 --processes 2 --methods none fp8-e4m3)
+	$(if $(quick),cp RESULTS.md $(RESULTS))
+	$(foreach part,$(filter $(ONLY),$(PARTS)),$(figure-part-$(part))$(newline))
 	$(PY) scripts/plot_results.py --data $(FIG_DATA) --figures $(FIG_DIR) --results $(RESULTS)
+
+# GPUs need longer epochs than the CPU folder gives: 100 classes x 250 (20,000 train JPEGs, 78 steps of 256)
+$(GPU_JPEG_DATA)/.complete: | $(SETUP)
+	$(PY) scripts/make_demo_data.py --imagenet-like $(GPU_JPEG_DATA) --classes 100 --images 250
+	touch $@
+
+gpu-check: $(SETUP)
+	$(if $(filter-out 0,$(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null)),,$(error \
+	no CUDA GPU here (torch.cuda.device_count() is 0): make figures-gpu needs one; make figures measures this CPU))
+
+figures-gpu: gpu-check $(GPU_JPEG_DATA)/.complete
+	$(PY) scripts/bench_gpu.py --jpeg $(GPU_JPEG_DATA) --figures-data figures/data/gpu --runs runs/figures-gpu
+	$(PY) scripts/plot_results.py
 
 test: setup
 	$(PY) -m pytest -q

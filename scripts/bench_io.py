@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from recipes.common import cli, data  # noqa: E402
+from scripts import measuring  # noqa: E402
 from scripts.measuring import hardware, write_csv  # noqa: E402
 
 FIELDS = ["decoder", "workers", "batch_size", "image_size", "images", "seconds", "images_per_s", "mb_per_s",
@@ -58,6 +59,7 @@ def _batch_indices(sampler, batch_size, skip):
 
 
 def main():
+    started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="an ImageNet-style folder of JPEGs (train/<class>/<image>)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4])
@@ -90,6 +92,7 @@ def main():
                      "images_per_s_per_worker": round(rate / max(workers, 1), 2), **machine})
         print(f"{decoder:>6}  {workers} worker(s)  {rate:8.1f} images/s  {read / seconds / 1e6:7.2f} MB/s")
     write_csv(args.csv, FIELDS, rows)
+    measuring.record_part(Path(args.csv).parent, "io", started)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@
 3. What the per-step stop check costs (faults.should_stop: did any rank get
    SIGTERM, is any loss non-finite?): microseconds per call on 2 processes, and
    its share of one training step of the run in 2.
-Writes figures/data/recovery.json (with the hardware) and prints it.
+Writes figures/data/recovery.json (with the hardware) and prints it. The killed
+run goes to runs/figures/recovery/; once it has finished, a new start reads it
+again instead of training it again.
 """
 
 import argparse
@@ -23,6 +25,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +38,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from recipes.common import checkpoint, faults, models  # noqa: E402
+from scripts import measuring  # noqa: E402
 from scripts.measuring import DEMO_MODEL, QUICK_MODEL, hardware  # noqa: E402
 
 DEMO = [*DEMO_MODEL, "-b", "32", "--lr", "0.05", "-j", "1", "--seed", "0"]
@@ -88,30 +92,44 @@ def seconds_per_stop_check(calls):
 
 def killed_run(data, flags, out, steps_per_epoch, into_epoch_2):
     times = out / "times.jsonl"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    command = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                "--max-restarts=1", str(ROOT / "scripts" / "inject_fault.py"), "--fault", "kill",
                "--step", str(steps_per_epoch + into_epoch_2), "--rank", "1", "--times", str(times), "--",
                str(ROOT / "recipes" / "ddp" / "train.py"), str(data), *flags, "--epochs", "2", "--auto-resume",
                "--out", str(out / "run")]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if torch.cuda.device_count() == 1:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # two processes need two GPUs: on one, measure on the CPU
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    launch = measuring.launch_of("ddp", 2, command)
+    finished = measuring.finished_summary(out, launch) is not None  # (from an earlier start)
+    if finished:
+        measuring.note_reused(out)
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        (out / "launch.json").write_text(json.dumps(launch, indent=2) + "\n")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        if torch.cuda.device_count() == 1:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # two processes need two GPUs: on one, measure on the CPU
+        started = time.perf_counter()
+        result = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, env=env)
+        measuring.note_trained(out, time.perf_counter() - started)
+        finished = result.returncode == 0 and (out / "run" / "summary.json").exists()
+        if finished:
+            shutil.copy(out / "run" / "summary.json", out / "summary.json")  # what a new start looks for
     events = [json.loads(line) for line in times.read_text().splitlines()] if times.exists() else []
     fault = next((e["time"] for e in events if e["event"] == "fault"), None)
     resumed = min((e["time"] for e in events if e["event"] == "first_step"), default=None)
     with open(out / "run" / "metrics.csv", newline="") as f:
         epoch_s = next(float(row["epoch_s"]) for row in csv.DictReader(f) if row["split"] == "train")
-    return {"finished": result.returncode == 0 and (out / "run" / "summary.json").exists(),
-            "kill_to_first_step_s": resumed - fault if fault and resumed else None,
+    return {"finished": finished, "kill_to_first_step_s": resumed - fault if fault and resumed else None,
             "train_epoch_s": epoch_s, "steps_redone": into_epoch_2}
 
 
 def main():
+    started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/mnist5k", help="the demo digits (make demo writes them)")
     parser.add_argument("--quick", metavar="DIR", help="lenet on this tiny folder instead, for tests")
     parser.add_argument("--json", default="figures/data/recovery.json", help="where to write the results")
+    parser.add_argument("--runs", default="runs/figures/recovery", help="where the killed run goes")
     args = parser.parse_args()
     data, flags, arch = (args.quick, QUICK, "lenet") if args.quick else (args.data, DEMO, "resnet18")
     if not (Path(data) / "train").is_dir():
@@ -123,8 +141,7 @@ def main():
 
     (ROOT / "runs").mkdir(exist_ok=True)
     save_s, size_mb = seconds_per_save(arch, num_classes, repeats=3 if args.quick else 10)
-    with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
-        recovery = killed_run(data, flags, Path(tmp), steps_per_epoch, into_epoch_2=steps_per_epoch // 3)
+    recovery = killed_run(data, flags, Path(args.runs), steps_per_epoch, into_epoch_2=steps_per_epoch // 3)
     check_s = seconds_per_stop_check(calls=200 if args.quick else 5000)
     step_s = recovery["train_epoch_s"] / steps_per_epoch
     results = {"arch": arch, "data": str(data), "processes": 2, "global_batch": 2 * batch,
@@ -135,6 +152,7 @@ def main():
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+    measuring.record_part(Path(args.json).parent, "recovery", started)
     if not recovery["finished"]:
         sys.exit("error: the killed run did not finish after its restart")
 

@@ -18,7 +18,9 @@ With several processes it also runs that many unconnected copies of the plain
 bare loop at once ("independent"): their summed images/s is what the machine
 gives that many processes at all, the ceiling that DDP's scaling is judged by.
 On CUDA the runs use the apex recipe's mixed precision (--opt-level O1) and
-channels_last, with ResNet-50 at 224 px unless told otherwise.
+channels_last, with ResNet-50 at 224 px unless told otherwise (scripts/bench_gpu.py
+is the whole GPU sweep). The recipe runs go to runs/figures/scaling/; a run whose
+summary.json is complete is not trained again (the bare loops are always measured).
 """
 
 import argparse
@@ -26,7 +28,6 @@ import csv
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from scripts import measuring  # noqa: E402
 from scripts.measuring import hardware, run, write_csv  # noqa: E402
 
 FIELDS = ["kind", "recipe", "data", "processes", "threads", "arch", "image_size", "batch_size", "images_per_s",
@@ -108,16 +110,17 @@ def bare(processes, threads, args, ddp):
 
 def recipe_run(recipe, processes, threads, data_args, args, out):
     flags = [*data_args, "-a", args.arch, "--image-size", str(args.image_size), "-b", str(args.batch_size),
-             "--epochs", "1", "--out", str(out)]  # no --seed: it would select slower deterministic kernels
+             "--epochs", "1"]  # no --seed: it would select slower deterministic kernels
     if torch.cuda.is_available():
         flags += ["--opt-level", "O1", "--channels-last"] if recipe == "apex" else []
-    run(processes, [str(ROOT / "recipes" / recipe / "train.py"), *flags], threads)
+    measuring.train(recipe, processes, flags, out, threads)
     with open(out / "metrics.csv", newline="") as f:
         row = next(r for r in csv.DictReader(f) if r["split"] == "train")
     return float(row["images_per_s"]), float(row["epoch_s"])
 
 
 def main():
+    started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jpeg", help="an ImageNet-style JPEG folder (scripts/make_demo_data.py --imagenet-like)")
     parser.add_argument("-a", "--arch", help="default: resnet18 on CPU, resnet50 on CUDA")
@@ -130,6 +133,7 @@ def main():
     parser.add_argument("--steps", type=int, default=60, help="timed steps of the bare loop")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps of the bare loop first")
     parser.add_argument("--csv", default="figures/data/scaling.csv")
+    parser.add_argument("--runs", default="runs/figures/scaling", help="where the recipes' run directories go")
     parser.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -154,32 +158,31 @@ def main():
 
     rows, machine = [], hardware()
     common = {"arch": args.arch, "image_size": args.image_size, "batch_size": args.batch_size, **machine}
-    (ROOT / "runs").mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=ROOT / "runs", prefix="bench-scaling-") as tmp:
-        for processes in world_sizes:
-            threads = args.threads
-            recipes = ["nd", main_recipe] if processes == 1 and not cuda else [main_recipe]
-            baselines = {recipe: recipe != "nd" for recipe in recipes}  # name: DDP-wrapped?
-            if processes > 1:  # unconnected copies: what this machine gives that many processes at all
-                baselines["independent"] = False
-            bare_rates = {name: [bare(processes, threads, args, ddp)] for name, ddp in baselines.items()}
-            for recipe in recipes:
-                for data_name, data_args in datasets:
-                    out = Path(tmp) / f"{recipe}-{data_name}-{processes}"
-                    rate, epoch_s = recipe_run(recipe, processes, threads, data_args, args, out)
-                    rows.append({"kind": "recipe", "recipe": recipe, "data": data_name, "processes": processes,
-                                 "threads": threads, "images_per_s": round(rate, 2), "epoch_s": round(epoch_s, 2),
-                                 **common})
-                    print(f"{recipe:>4} {data_name:>9} {processes} process(es): {rate:8.1f} images/s, "
-                          f"epoch {epoch_s:.1f} s", flush=True)
-            for name, ddp in baselines.items():
-                bare_rates[name].append(bare(processes, threads, args, ddp))
-                rate = sum(bare_rates[name]) / 2
-                rows.append({"kind": "bare", "recipe": name, "data": "memory", "processes": processes,
-                             "threads": threads, "images_per_s": round(rate, 2), "epoch_s": "", **common})
-                print(f"bare loop, {name}, {processes} process(es): {rate:8.1f} images/s "
-                      f"(before {bare_rates[name][0]:.1f}, after {bare_rates[name][1]:.1f})", flush=True)
+    for processes in world_sizes:
+        threads = args.threads
+        recipes = ["nd", main_recipe] if processes == 1 and not cuda else [main_recipe]
+        baselines = {recipe: recipe != "nd" for recipe in recipes}  # name: DDP-wrapped?
+        if processes > 1:  # unconnected copies: what this machine gives that many processes at all
+            baselines["independent"] = False
+        bare_rates = {name: [bare(processes, threads, args, ddp)] for name, ddp in baselines.items()}
+        for recipe in recipes:
+            for data_name, data_args in datasets:
+                out = Path(args.runs) / f"{recipe}-{data_name}-{processes}"
+                rate, epoch_s = recipe_run(recipe, processes, threads, data_args, args, out)
+                rows.append({"kind": "recipe", "recipe": recipe, "data": data_name, "processes": processes,
+                             "threads": threads, "images_per_s": round(rate, 2), "epoch_s": round(epoch_s, 2),
+                             **common})
+                print(f"{recipe:>4} {data_name:>9} {processes} process(es): {rate:8.1f} images/s, "
+                      f"epoch {epoch_s:.1f} s", flush=True)
+        for name, ddp in baselines.items():
+            bare_rates[name].append(bare(processes, threads, args, ddp))
+            rate = sum(bare_rates[name]) / 2
+            rows.append({"kind": "bare", "recipe": name, "data": "memory", "processes": processes,
+                         "threads": threads, "images_per_s": round(rate, 2), "epoch_s": "", **common})
+            print(f"bare loop, {name}, {processes} process(es): {rate:8.1f} images/s "
+                  f"(before {bare_rates[name][0]:.1f}, after {bare_rates[name][1]:.1f})", flush=True)
     write_csv(args.csv, FIELDS, rows)
+    measuring.record_part(Path(args.csv).parent, "scaling", started)
 
 
 if __name__ == "__main__":

@@ -1,60 +1,61 @@
-"""Train nd, ddp and apex on the digits and keep their per-epoch metrics for the figures.
+"""Train nd, ddp and apex on the digits, 3 seeds each, and keep their per-epoch metrics for the figures.
 
-    python scripts/learning_curves.py                  # data/mnist5k, 4 epochs each
-    python scripts/learning_curves.py --data DIR --quick --figures-data OUT   # lenet, for tests
+    python scripts/learning_curves.py                  # data/mnist5k, lenet, 15 epochs, seeds 0 1 2
+    python scripts/learning_curves.py --data DIR --quick --figures-data OUT   # lenet at 16 px, for tests
 
 nd trains with batch 64 in one process; ddp and apex with 2 processes of 32 (on a
 machine with one GPU, one process), so the three see the same global batch and
-learning rate. (On a CPU the apex recipe
-runs in fp32, as it does by default where there is no fast low precision; on a
-GPU it is fp16.) Each run directory is runs/curves/<recipe>; its metrics.csv and
-summary.json are copied to figures/data/curves/<recipe>.csv and .json.
+learning rate. (On a CPU the apex recipe runs in fp32, as it does by default
+where there is no fast low precision; on a GPU it is fp16.) The set-up is
+scripts/measuring.py's ACCURACY. Each run directory is runs/figures/curves/<recipe>-seed<S>;
+its metrics.csv and summary.json are copied to <figures-data>/curves/<recipe>-seed<S>.csv
+and .json. A run whose summary.json is complete is not trained again.
 """
 
 import argparse
 import shutil
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.measuring import DEMO_MODEL, QUICK_MODEL, python_command  # noqa: E402
+from scripts import measuring  # noqa: E402
 
 RECIPES = {"nd": 1, "ddp": 2, "apex": 2}  # processes
-DEMO = [*DEMO_MODEL, "--lr", "0.05", "-j", "1", "--seed", "0"]
-QUICK = [*QUICK_MODEL, "--lr", "0.05", "-j", "0", "--seed", "0"]
 
 
 def main():
+    started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/mnist5k")
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=measuring.ACCURACY_EPOCHS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
     parser.add_argument("--global-batch", type=int, default=64, help="split evenly between the processes")
-    parser.add_argument("--quick", action="store_true", help="lenet at 16 px instead of ResNet-18")
-    parser.add_argument("--runs", default="runs/curves", help="where the run directories go")
+    parser.add_argument("--quick", action="store_true", help="lenet at 16 px, for tests and QUICK=1")
+    parser.add_argument("--runs", default="runs/figures/curves", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where the metrics are copied")
     args = parser.parse_args()
     if not (Path(args.data) / "train").is_dir():
         sys.exit(f"error: {args.data} has no train/ folder; run `python scripts/make_demo_data.py` first")
     copies = Path(args.figures_data) / "curves"
-    copies.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(copies, ignore_errors=True)  # only this run's seeds and recipes are drawn
+    copies.mkdir(parents=True)
     import torch
     gpus = torch.cuda.device_count()
     for recipe, processes in RECIPES.items():
         processes = min(processes, gpus) if gpus else processes  # one process per GPU
-        out = Path(args.runs) / recipe
-        shutil.rmtree(out, ignore_errors=True)
-        script = str(ROOT / "recipes" / recipe / "train.py")
-        flags = [args.data, *(QUICK if args.quick else DEMO), "-b", str(args.global_batch // processes),
-                 "--epochs", str(args.epochs), "--out", str(out)]
-        print(f"{recipe}: {processes} process(es), {args.epochs} epochs", flush=True)
-        result = subprocess.run([*python_command(processes), script, *flags], cwd=ROOT)  # its output shows
-        if result.returncode != 0:
-            sys.exit(f"error: the {recipe} run failed (exit code {result.returncode})")
-        shutil.copy(out / "metrics.csv", copies / f"{recipe}.csv")
-        shutil.copy(out / "summary.json", copies / f"{recipe}.json")
+        for seed in args.seeds:
+            out = Path(args.runs) / f"{recipe}-seed{seed}"
+            flags = [args.data, *(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY),
+                     "-b", str(args.global_batch // processes), "--epochs", str(args.epochs), "--seed", str(seed)]
+            summary = measuring.train(recipe, processes, flags, out, threads=1)
+            print(f"{recipe} seed {seed}: {processes} process(es), {args.epochs} epochs, top-1 "
+                  f"{summary['top1']:.2f} %", flush=True)
+            shutil.copy(out / "metrics.csv", copies / f"{recipe}-seed{seed}.csv")
+            shutil.copy(out / "summary.json", copies / f"{recipe}-seed{seed}.json")
+    measuring.record_part(args.figures_data, "curves", started)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,47 @@
 """What the measuring scripts share: the hardware recorded beside every number, the
-command that launches a run on 1 or N processes, and the CSV they write."""
+command that launches a run on 1 or N processes, a run that a stopped `make figures`
+skips when it starts again, the set-up of the accuracy tables, and the CSVs they write."""
 
+import argparse
 import csv
+import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
 # the demo's model and augmentation (as `make demo`), and a small stand-in for tests and QUICK=1;
 # each script adds its own batch size, learning rate, workers and seed
 DEMO_MODEL = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0"]
 QUICK_MODEL = ["-a", "lenet", "--image-size", "16", "--scale", "1", "1", "--hflip", "0"]
+
+# The tables that compare accuracy (learning curves, compression) train lenet on the digits, with a cosine
+# schedule, for long enough that uncompressed DDP's final top-1 moves by less than a point from seed to seed
+# (ResNet-18 would take hours for 3 seeds of every row on 2 cores). Each table reports the mean and the
+# min-max range over SEEDS; each script adds the global batch (split between the processes) and the seed.
+ACCURACY = ["-a", "lenet", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0", "--lr", "0.1",
+            "--lr-schedule", "cosine", "--warmup-epochs", "1", "-j", "0"]
+ACCURACY_EPOCHS = 15
+QUICK_ACCURACY = [*QUICK_MODEL, "--lr", "0.1", "-j", "0"]
+SEEDS = [0, 1, 2]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2, as the recipes' are."""
+
+    def error(self, message):
+        bad_input(message)
+
+
+def bad_input(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def cpu_name():
@@ -40,16 +68,97 @@ def python_command(processes):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
 
 
-def run(processes, script_and_flags, threads, env=None):
+def run(processes, script_and_flags, threads, env=None, check=True):
     """Run a script on `processes` processes of `threads` threads each (with env's variables added);
-    exit with its error if it fails."""
+    exit with its error if it fails (unless check is False: then the caller reads the result)."""
     command = [*python_command(processes), *script_and_flags]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **(env or {}))
-    result = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True,
-                            text=True)
-    if result.returncode != 0:
+    # the recipes import the package `recipes` from this checkout, installed (make setup) or not (PY=python3)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
         sys.exit(f"error: {' '.join(command)} failed:\n{result.stderr[-3000:]}")
     return result
+
+
+counts = {"trained": 0, "reused": 0, "reused_s": 0.0}  # this script's runs: trained now, or kept from before
+
+
+def finished_summary(out, launch):
+    """out's summary.json when out holds a finished run launched as `launch` describes, else None."""
+    try:
+        if json.loads((out / "launch.json").read_text()) == launch:
+            return json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):  # absent, or cut off mid-write
+        pass
+    return None
+
+
+def launch_of(recipe, processes, flags, env=None):
+    """What makes two runs the same run, as train() keeps it in launch.json."""
+    return {"recipe": recipe, "processes": processes, "flags": [str(flag) for flag in flags], "env": env or {}}
+
+
+def train(recipe, processes, flags, out, threads, env=None, check=True):
+    """recipes/<recipe>/train.py FLAGS --out OUT on `processes` processes, unless OUT already holds a finished
+    run of the same recipe, processes, flags and environment: a stopped `make figures` started again skips
+    what it has. A run that did not finish starts afresh. Returns its summary (None when it failed and check
+    is False: its output is then in OUT/failed.log)."""
+    out, launch = Path(out), launch_of(recipe, processes, flags, env)
+    summary = finished_summary(out, launch)
+    if summary is not None:
+        note_reused(out)
+        return summary
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    (out / "launch.json").write_text(json.dumps(launch, indent=2) + "\n")
+    started = time.perf_counter()
+    result = run(processes, [str(ROOT / "recipes" / recipe / "train.py"), *launch["flags"], "--out", str(out)],
+                 threads, env, check)
+    note_trained(out, time.perf_counter() - started)
+    if result.returncode != 0:
+        (out / "failed.log").write_text(result.stdout[-20000:] + result.stderr[-20000:])
+        return None
+    return json.loads((out / "summary.json").read_text())
+
+
+def note_trained(out, seconds):
+    counts["trained"] += 1
+    (Path(out) / "launch_seconds").write_text(f"{seconds:.1f}\n")  # start-up included
+
+
+def note_reused(out):
+    counts["reused"] += 1
+    seconds = Path(out) / "launch_seconds"
+    counts["reused_s"] += float(seconds.read_text()) if seconds.exists() else 0.0
+
+
+def train_seconds(out):
+    """The training epochs' seconds of a run directory, summed (evaluation and start-up left out)."""
+    with open(Path(out) / "metrics.csv", newline="") as f:
+        return sum(float(row["epoch_s"]) for row in csv.DictReader(f) if row["split"] == "train")
+
+
+def record_part(figures_data, part, started):
+    """Keep how long this part of `make figures` takes in <figures_data>/timings.csv (one row per part,
+    replaced each time), for RESULTS.md: the time since `started` plus, for runs kept from an earlier
+    start, the time they took then, so a resumed part still records what a whole one takes."""
+    path = Path(figures_data) / "timings.csv"
+    rows = [row for row in read_csv(path) if row["part"] != part] if path.exists() else []
+    seconds = time.time() - started + counts["reused_s"]
+    rows.append({"part": part, "seconds": round(seconds, 1), "runs_trained": counts["trained"],
+                 "runs_reused": counts["reused"], "date": time.strftime("%Y-%m-%d"), **hardware()})
+    write_csv(path, TIMING_FIELDS, rows)
+    print(f"{part}: {seconds / 60:.1f} minutes ({counts['trained']} run(s) trained now, {counts['reused']} kept "
+          f"from an earlier start)", flush=True)
+
+
+TIMING_FIELDS = ["part", "seconds", "runs_trained", "runs_reused", "date", "cpu", "cores", "gpu", "torch"]
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def write_csv(path, fields, rows):

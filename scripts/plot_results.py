@@ -4,14 +4,18 @@
     python scripts/plot_results.py --data D --figures F --results R.md   # elsewhere (tests)
 
 Reads only the measured files that the benchmark scripts write:
-  curves/<recipe>.csv   per-epoch metrics copied from run directories (learning_curves.py)
+  curves/<recipe>-seed<S>.csv  per-epoch metrics copied from run directories (learning_curves.py)
   scaling.csv           images/s and epoch time per world size, and the bare loop (bench_scaling.py)
   io.csv                input-pipeline images/s and MB/s per decoder and worker count (bench_io.py)
   recovery.json         checkpoint cost and restart time (bench_recovery.py)
-  compression.csv       time, accuracy and bytes per gradient-compression method (compression_table.py)
+  compression.csv       time, accuracy and bytes per gradient-compression method and seed (compression_table.py)
   compile.csv           epoch times, eager against torch.compile (bench_compile.py)
-In RESULTS.md only the text between `<!-- BEGIN name -->` and `<!-- END name -->`
-markers is rewritten; the prose around it is kept.
+  timings.csv           how long each part of make figures took (every script above)
+  gpu/precision.csv, gpu/compression.csv   the GPU sweep (bench_gpu.py, make figures-gpu)
+Accuracy over several seeds is reported as the mean and the min-max range; two
+results differ by more than the seed-to-seed spread when their ranges do not
+overlap. In RESULTS.md only the text between `<!-- BEGIN name -->` and
+`<!-- END name -->` markers is rewritten; the prose around it is kept.
 """
 
 import argparse
@@ -48,13 +52,55 @@ def save(fig, path):
     print(f"wrote {path}")
 
 
+def spread(values):
+    """Mean and min-max range of one result over seeds."""
+    return {"mean": statistics.mean(values), "low": min(values), "high": max(values), "n": len(values)}
+
+
+def with_range(result, digits=2):
+    """'98.53 (98.20-98.90)'; a single seed has no range."""
+    if result["n"] == 1:
+        return f"{result['mean']:.{digits}f}"
+    return f"{result['mean']:.{digits}f} ({result['low']:.{digits}f}\u2013{result['high']:.{digits}f})"
+
+
+def beyond_spread(a, b):
+    """True when two results' ranges over seeds do not overlap: their difference exceeds the spread."""
+    return a["n"] > 1 and b["n"] > 1 and (a["low"] > b["high"] or b["low"] > a["high"])
+
+
+def by_recipe(curve_files):
+    """{recipe: {seed: metrics rows}} from curves/<recipe>-seed<S>.csv (or one seed's curves/<recipe>.csv)."""
+    order = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3}
+    curves = {}
+    for path in sorted(curve_files):
+        recipe, _, seed = path.stem.partition("-seed")
+        curves.setdefault(recipe, {})[seed or "0"] = read_csv(path)
+    return dict(sorted(curves.items(), key=lambda item: order.get(item[0], 9)))
+
+
+def per_epoch(runs, split, metric):
+    """[(epoch, spread over seeds)] of one recipe."""
+    values = {}
+    for rows in runs.values():
+        for r in rows:
+            if r["split"] == split:
+                values.setdefault(int(r["epoch"]), []).append(float(r[metric]))
+    return sorted((epoch, spread(v)) for epoch, v in values.items())
+
+
 def plot_curves(curves, figures):
     for metric, split in CURVES:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for recipe, rows in curves.items():
-            points = [(int(r["epoch"]), float(r[metric])) for r in rows if r["split"] == split]
-            ax.plot(*zip(*points), marker="o", label=recipe)
-        ax.set(xlabel="epoch", ylabel=f"{metric} accuracy (%)", title=f"{metric} accuracy, {split} set")
+        for recipe, runs in curves.items():
+            points = per_epoch(runs, split, metric)
+            epochs = [e for e, _ in points]
+            line, = ax.plot(epochs, [p["mean"] for _, p in points], marker="o", markersize=3,
+                            label=f"{recipe} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+            ax.fill_between(epochs, [p["low"] for _, p in points], [p["high"] for _, p in points],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set(xlabel="epoch", ylabel=f"{metric} accuracy (%)",
+               title=f"{metric} accuracy, {split} set (mean; band: min-max over seeds)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -62,16 +108,42 @@ def plot_curves(curves, figures):
 
 
 def curves_tables(curves, summaries):
-    rows = []
-    for recipe, rows_of in curves.items():
-        val = [r for r in rows_of if r["split"] == "val"]
-        summary = summaries.get(recipe, {})
-        rows.append([recipe, summary.get("world_size", ""), len(val), f"{float(val[-1]['top1']):.2f}",
-                     f"{float(val[-1]['top5']):.2f}", f"{max(float(r['top1']) for r in val):.2f}",
-                     f"{summary['images_per_s']:.1f}" if summary.get("images_per_s") else "",
-                     f"{summary['wall_s']:.0f}" if summary.get("wall_s") else ""])
-    return table(["recipe", "processes", "epochs", "final val top-1 (%)", "final val top-5 (%)",
+    """The final and best validation accuracy of each recipe over its seeds, and what differs beyond the
+    spread."""
+    rows, finals = [], {}
+    for recipe, runs in curves.items():
+        final = {metric: spread([float([r for r in rows_of if r["split"] == "val"][-1][metric])
+                                 for rows_of in runs.values()]) for metric in ("top1", "top5")}
+        best = spread([max(float(r["top1"]) for r in rows_of if r["split"] == "val") for rows_of in runs.values()])
+        finals[recipe] = final["top1"]
+        runs_summaries = [summaries[recipe, seed] for seed in runs if (recipe, seed) in summaries]
+        rate = [s["images_per_s"] for s in runs_summaries if s.get("images_per_s")]
+        wall = [s["wall_s"] for s in runs_summaries if s.get("wall_s")]
+        epochs = len([r for r in next(iter(runs.values())) if r["split"] == "val"])
+        rows.append([recipe, runs_summaries[0]["world_size"] if runs_summaries else "", len(runs), epochs,
+                     with_range(final["top1"]), with_range(final["top5"]), with_range(best),
+                     f"{statistics.mean(rate):.1f}" if rate else "", f"{statistics.mean(wall):.0f}" if wall else ""])
+    text = table(["recipe", "processes", "seeds", "epochs", "final val top-1 (%)", "final val top-5 (%)",
                   "best val top-1 (%)", "train images/s", "wall time (s)"], rows)
+    first = next(iter(summaries.values()), {})
+    text += (f"\n\n{first.get('arch', '?')}, global batch {first.get('global_batch', '?')}; top-1 and top-5: mean "
+             f"over the seeds, and in brackets the lowest and highest (the min-max range).")
+    spreads = [f"{recipe} {result['high'] - result['low']:.2f}" for recipe, result in finals.items()
+               if result["n"] > 1]
+    if spreads:
+        text += " Seed-to-seed spread of the final top-1 (points): " + ", ".join(spreads) + "."
+    names = list(finals)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    beyond = [f"{a} and {b} ({finals[a]['mean'] - finals[b]['mean']:+.2f})" for a, b in pairs
+              if beyond_spread(finals[a], finals[b])]
+    within = [f"{a} and {b} ({finals[a]['mean'] - finals[b]['mean']:+.2f})" for a, b in pairs
+              if not beyond_spread(finals[a], finals[b])]
+    if beyond:
+        text += " Differences beyond the spread (ranges that do not overlap): " + "; ".join(beyond) + "."
+    if within and all(finals[name]["n"] > 1 for name in names):
+        text += (" Within the spread (ranges that overlap), so not told apart from noise: " + "; ".join(within)
+                 + ".")
+    return text
 
 
 def scaling_points(scaling, recipe, data):
@@ -207,19 +279,29 @@ def method_label(row):
     return row["method"] + (" + error feedback" if row["error_feedback"] == "1" else "")
 
 
+def compression_groups(rows):
+    """{(label, processes): that row's runs, one per seed}, in the order the script ran them."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((method_label(r), int(r["processes"])), []).append(r)
+    return groups
+
+
 def plot_compression(rows, figures):
-    labels = list(dict.fromkeys(method_label(r) for r in rows))
-    processes = sorted({int(r["processes"]) for r in rows})
+    groups = compression_groups(rows)
+    labels = list(dict.fromkeys(label for label, _ in groups))
+    processes = sorted({count for _, count in groups})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     width = 0.8 / len(processes)
-    for column, (key, xlabel) in enumerate((("top1", "final validation top-1 (%)"),
-                                            ("train_s", "training time (s)"))):
+    for column, (key, xlabel) in enumerate((("top1", "final validation top-1 (%): mean, min-max"),
+                                            ("train_s", "training time (s): mean, min-max"))):
         ax = axes[column]
         for i, count in enumerate(processes):
-            values = {method_label(r): float(r[key]) for r in rows if int(r["processes"]) == count}
-            ys = [y + i * width for y, label in enumerate(labels) if label in values]
-            ax.barh(ys, [values[label] for label in labels if label in values], height=width,
-                    label=f"{count} process{'es' if count > 1 else ''}")
+            present = [(y, spread([float(r[key]) for r in groups[label, count]]))
+                       for y, label in enumerate(labels) if (label, count) in groups]
+            ax.barh([y + i * width for y, _ in present], [v["mean"] for _, v in present], height=width,
+                    xerr=[[v["mean"] - v["low"] for _, v in present], [v["high"] - v["mean"] for _, v in present]],
+                    capsize=2, label=f"{count} process{'es' if count > 1 else ''}")
         ax.set(xlabel=xlabel)
         ax.grid(axis="x", alpha=0.3)
         if key == "top1":  # the differences are small: start the axis near the lowest accuracy
@@ -228,8 +310,9 @@ def plot_compression(rows, figures):
     axes[0].set_yticks([y + width * (len(processes) - 1) / 2 for y in range(len(labels))], labels)
     axes[0].invert_yaxis()
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(processes))
+    seeds = len({r.get("seed", "0") for r in rows})
     fig.suptitle(f"Gradient compression: {rows[0]['arch']} on the digits, {rows[0]['epochs']} epoch(s), "
-                 f"global batch {rows[0]['global_batch']}")
+                 f"global batch {rows[0]['global_batch']}, {seeds} seed(s)")
     fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below
     fig.savefig(figures / "compression.png", dpi=120)
     plt.close(fig)
@@ -237,16 +320,35 @@ def plot_compression(rows, figures):
 
 
 def compression_table(rows):
-    uncompressed = {r["processes"]: float(r["top1"]) for r in rows if r["method"] == "none"}
-    body = []
-    for r in rows:
-        gap = (f"{float(r['top1']) - uncompressed[r['processes']]:+.2f}"
-               if r["method"] != "none" and r["processes"] in uncompressed else "")
-        body.append([method_label(r), r["processes"], f"{float(r['train_s']):.1f}", f"{float(r['top1']):.2f}", gap,
+    groups = compression_groups(rows)
+    top1 = {key: spread([float(r["top1"]) for r in runs]) for key, runs in groups.items()}
+    body, beyond, within = [], [], []
+    for (label, count), runs in groups.items():
+        r, none = runs[0], top1.get(("none", count))
+        gap = exceeds = ""
+        if label not in ("none", "serial") and none:
+            difference = top1[label, count]["mean"] - none["mean"]
+            gap, exceeds = f"{difference:+.2f}", "yes" if beyond_spread(top1[label, count], none) else "no"
+            (beyond if exceeds == "yes" else within).append(f"{label} at {count} ({difference:+.2f})")
+        body.append([label, count, len(runs), f"{statistics.mean(float(x['train_s']) for x in runs):.1f}",
+                     with_range(top1[label, count]), gap, exceeds,
                      f"{float(r['bytes_per_step']):,.0f}" if r["bytes_per_step"] else "",
                      f"{float(r['compression_ratio']):.2f}" if r["compression_ratio"] else ""])
-    return table(["method", "processes", "training time (s)", "val top-1 (%)", "top-1 vs none (points)",
-                  "bytes per step", "compression ratio"], body)
+    text = table(["method", "processes", "seeds", "training time (s)", "val top-1 (%)", "top-1 vs none (points)",
+                  "beyond the spread", "bytes per step", "compression ratio"], body)
+    r = rows[0]
+    text += (f"\n\n{r['arch']}, {r['epochs']} epochs, global batch {r['global_batch']}. Top-1: the mean over the "
+             f"seeds, and in brackets the lowest and highest (the min-max range); training time: the mean. "
+             f"\"Beyond the spread\": the method's range of top-1 does not overlap uncompressed DDP's at the same "
+             f"number of processes.")
+    spreads = [f"{none['high'] - none['low']:.2f} points at {count} processes"
+               for (label, count), none in top1.items() if label == "none" and none["n"] > 1]
+    if spreads:
+        text += " Uncompressed DDP's top-1 spreads over " + " and ".join(spreads) + " from seed to seed."
+    if any(v["n"] > 1 for v in top1.values()):
+        text += (" Beyond the spread: " + ("; ".join(beyond) if beyond else "none") + ". Within it (not told "
+                 "apart from noise): " + ("; ".join(within) if within else "none") + ".")
+    return text
 
 
 COMPILE_MODES = {"eager": "eager (no --compile)", "cold": "--compile, empty Inductor cache",
@@ -280,6 +382,133 @@ def hardware_line(rows):
             f"torch {r['torch']}.")
 
 
+TIMED_PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression"]  # make figures' order
+
+
+def timings_table(rows):
+    """How long each part of make figures takes, and all of them."""
+    by_part = {r["part"]: r for r in rows}
+    body = [[f"`make figures ONLY={part}`", f"{float(by_part[part]['seconds']) / 60:.1f}",
+             by_part[part]["runs_trained"], by_part[part]["runs_reused"], by_part[part]["date"]]
+            for part in TIMED_PARTS if part in by_part]
+    total = sum(float(by_part[part]["seconds"]) for part in TIMED_PARTS if part in by_part)
+    missing = [part for part in TIMED_PARTS if part not in by_part]
+    body.append(["`make figures` (the parts summed)" + (f", without {', '.join(missing)}" if missing else ""),
+                 f"{total / 60:.1f}", "", "", ""])
+    r = rows[0]
+    return (table(["command", "minutes", "runs trained", "runs kept from an earlier start", "measured on"], body) +
+            f"\n\nOn CPU {r['cpu']} ({r['cores']} cores). A part resumed after a stop counts its kept runs at the "
+            f"time they took when they were trained.")
+
+
+PRECISION_LABELS = {"fp32": "fp32", "fp16": "O1 fp16", "bf16": "O1 bf16"}
+
+
+def gpu_config(row):
+    """'apex O1 fp16, channels_last' and the like."""
+    if row["recipe"] != "apex":
+        return f"{row['recipe']} fp32"
+    precision = "O0 fp32" if row["precision"] == "fp32" else PRECISION_LABELS[row["precision"]]
+    return f"apex {precision}" + (", channels_last" if row["channels_last"] == "1" else "")
+
+
+def gpu_precision_table(rows):
+    rate = {(gpu_config(r), r["data"], int(r["gpus"])): r for r in rows}
+    configs = list(dict.fromkeys(gpu_config(r) for r in rows))
+    counts = sorted({int(r["gpus"]) for r in rows})
+    body = []
+    for config in configs:
+        for gpus in counts:
+            synthetic, jpeg = rate.get((config, "synthetic", gpus)), rate.get((config, "jpeg", gpus))
+            if not synthetic and not jpeg:
+                continue
+            baseline = rate.get(("ddp fp32", "synthetic", gpus))
+            first = rate.get((config, "synthetic", counts[0]))
+            row = [config, gpus, (synthetic or jpeg)["batch_size"]]
+            if synthetic:
+                images = float(synthetic["images_per_s"])
+                row += [f"{images:.0f}", f"{images / float(baseline['images_per_s']):.2f}x" if baseline else "",
+                        f"{100 * images / (float(first['images_per_s']) * gpus / counts[0]):.0f} %" if first else ""]
+            else:
+                row += ["", "", ""]
+            row += ([f"{float(jpeg['images_per_s']):.0f}", f"{100 * float(jpeg['data_wait_share']):.0f} %"]
+                    if jpeg else ["", ""])
+            body.append(row)
+    r = rows[0]
+    return (table(["recipe and precision", "GPUs", "batch per GPU", "synthetic images/s", "vs ddp fp32",
+                   f"scaling efficiency (vs {counts[0]} GPU)", "JPEG images/s", "JPEG: time waiting for data"],
+                  body) +
+            f"\n\n{r['arch']} at {r['image_size']} px. Images/s: all GPUs together, the median over the epochs after "
+            f"the first of the epoch's images over its whole time (loader start-up included).")
+
+
+def gpu_compression_table(rows):
+    rate = {(method_label(r), int(r["gpus"])): float(r["images_per_s"]) for r in rows}
+    body = [[method_label(r), r["gpus"], r["batch_size"], f"{float(r['images_per_s']):.0f}",
+             f"{float(r['images_per_s']) / rate[('none', int(r['gpus']))]:.2f}x" if ("none", int(r["gpus"])) in rate
+             else "", f"{float(r['bytes_per_step']):,.0f}",
+             f"{float(r['compression_ratio']):.2f}" if float(r["compression_ratio"]) else ""] for r in rows]
+    return table(["method", "GPUs", "batch per GPU", "synthetic images/s", "vs none", "bytes per step",
+                  "compression ratio"], body)
+
+
+def plot_gpu(rows, figures):
+    """Images/s per recipe and precision on the fewest GPUs measured, synthetic and JPEG; and against the
+    number of GPUs when more than one number was measured."""
+    counts = sorted({int(r["gpus"]) for r in rows})
+    configs = list(dict.fromkeys(gpu_config(r) for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(configs) + 1.5))
+    for i, data in enumerate(("synthetic", "jpeg")):
+        rate = {gpu_config(r): float(r["images_per_s"]) for r in rows
+                if r["data"] == data and int(r["gpus"]) == counts[0]}
+        ys = [y + 0.4 * i for y, config in enumerate(configs) if config in rate]
+        if ys:
+            ax.barh(ys, [rate[c] for c in configs if c in rate], height=0.4, label=f"{data} data")
+    ax.set_yticks([y + 0.2 for y in range(len(configs))], configs)
+    ax.invert_yaxis()
+    ax.set(xlabel="training images/s", title=f"{rows[0]['arch']} at {rows[0]['image_size']} px on {counts[0]} "
+           f"x {rows[0]['gpu'].split(' x ', 1)[-1]}")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend()
+    save(fig, figures / "gpu_throughput.png")
+    if len(counts) < 2:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for config in configs:
+        points = sorted((int(r["gpus"]), float(r["images_per_s"])) for r in rows
+                        if gpu_config(r) == config and r["data"] == "synthetic")
+        if len(points) > 1:
+            ax.plot(*zip(*points), marker="o", label=config)
+    ax.set(xlabel="GPUs", ylabel="training images/s (synthetic)", title="Scaling on GPUs")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, figures / "gpu_scaling.png")
+
+
+def gpu_sections(gpu_data, figures):
+    """The GPU section of RESULTS.md from gpu/*.csv; {} when the GPU sweep has not run."""
+    sections = {}
+    if (gpu_data / "precision.csv").exists():
+        rows = read_csv(gpu_data / "precision.csv")
+        plot_gpu(rows, figures)
+        sections["gpu-precision"] = gpu_precision_table(rows)
+    if (gpu_data / "compression.csv").exists():
+        sections["gpu-compression"] = gpu_compression_table(read_csv(gpu_data / "compression.csv"))
+    measured = [read_csv(gpu_data / name)[0] for name in ("precision.csv", "compression.csv")
+                if (gpu_data / name).exists()]
+    if measured:
+        r = measured[0]
+        line = f"GPU {r['gpu']}, CPU {r['cpu']} ({r['cores']} cores), torch {r['torch']}."
+        if (gpu_data / "timings.csv").exists():
+            timing = read_csv(gpu_data / "timings.csv")[0]
+            line += (f" The sweep took {float(timing['seconds']) / 60:.1f} minutes ({timing['runs_trained']} runs "
+                     f"trained, {timing['runs_reused']} kept from an earlier start).")
+        sections["gpu-hardware"] = line
+    return sections
+
+
 def rewrite(results, sections):
     text = results.read_text() if results.exists() else ""
     for name, body in sections.items():
@@ -305,11 +534,12 @@ def main():
 
     curve_files = sorted((data / "curves").glob("*.csv"))
     if curve_files:
-        order = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3}
-        curve_files.sort(key=lambda p: order.get(p.stem, 9))
-        curves = {p.stem: read_csv(p) for p in curve_files}
-        summaries = {p.stem: json.loads(p.with_suffix(".json").read_text()) for p in curve_files
-                     if p.with_suffix(".json").exists()}
+        curves = by_recipe(curve_files)
+        summaries = {}
+        for path in curve_files:
+            if path.with_suffix(".json").exists():
+                recipe, _, seed = path.stem.partition("-seed")
+                summaries[recipe, seed or "0"] = json.loads(path.with_suffix(".json").read_text())
         plot_curves(curves, figures)
         sections["curves"] = curves_tables(curves, summaries)
     else:
@@ -342,6 +572,9 @@ def main():
         sections["compile"] = compile_table(read_csv(data / "compile.csv"))
     else:
         missing.append("compile.csv (scripts/bench_compile.py)")
+    if (data / "timings.csv").exists():
+        sections["timings"] = timings_table(read_csv(data / "timings.csv"))
+    sections.update(gpu_sections(data / "gpu", figures))
     rewrite(Path(args.results), sections)
     for name in missing:
         print(f"warning: no {data / name.split(' ')[0]}: run {name.split(' ')[1][1:-1]} to measure it",

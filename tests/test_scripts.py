@@ -10,6 +10,9 @@ import pytest
 from conftest import ROOT, child_env
 from PIL import Image
 
+sys.path.insert(0, str(ROOT))
+from scripts import bench_gpu, measuring  # noqa: E402
+
 
 def test_digits_folder(tmp_path):
     out = tmp_path / "mnist5k"
@@ -40,7 +43,8 @@ def test_imagenet_like_folder(tmp_path):
 
 def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     out = tmp_path / "recovery.json"
-    command = [sys.executable, "scripts/bench_recovery.py", "--quick", str(tiny_data), "--json", str(out)]
+    command = [sys.executable, "scripts/bench_recovery.py", "--quick", str(tiny_data), "--json", str(out), "--runs",
+               str(tmp_path / "runs")]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     measured = json.loads(out.read_text())
@@ -54,13 +58,15 @@ def write_figures_data(data):
     """Measured-data files as the benchmark scripts write them, with round numbers to check the tables by."""
     machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
     (data / "curves").mkdir(parents=True)
-    for recipe, world_size in (("nd", 1), ("ddp", 2), ("apex", 2)):
-        rows = ["epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr"]
-        rows += [f"{e},{split},1.0,{40 + 10 * e},{80 + 5 * e},100,0.1,2.0,0.05" for e in (1, 2) for split in
-                 ("train", "val")]
-        (data / "curves" / f"{recipe}.csv").write_text("\n".join(rows) + "\n")
-        (data / "curves" / f"{recipe}.json").write_text(json.dumps(
-            {"world_size": world_size, "images_per_s": 123.4, "wall_s": 56.0}))
+    for recipe, world_size, offset in (("nd", 1, 0), ("ddp", 2, 0.5), ("apex", 2, 5)):
+        for seed in (0, 1, 2):  # final val top-1: nd 60, 61, 62; ddp 60.5, 61.5, 62.5; apex 65, 66, 67
+            rows = ["epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr"]
+            rows += [f"{e},{split},1.0,{40 + 10 * e + seed + offset},{80 + 5 * e},100,0.1,2.0,0.05" for e in (1, 2)
+                     for split in ("train", "val")]
+            (data / "curves" / f"{recipe}-seed{seed}.csv").write_text("\n".join(rows) + "\n")
+            (data / "curves" / f"{recipe}-seed{seed}.json").write_text(json.dumps(
+                {"world_size": world_size, "images_per_s": 120 + seed, "wall_s": 55.0 + seed, "arch": "lenet",
+                 "global_batch": 64}))
     header = "kind,recipe,data,processes,threads,arch,image_size,batch_size,images_per_s,epoch_s,cpu,cores,gpu,torch"
     rows = [("recipe", "nd", "synthetic", 1, 97, 10), ("recipe", "ddp", "synthetic", 1, 100, 10),
             ("recipe", "ddp", "jpeg", 1, 50, 2), ("recipe", "ddp", "synthetic", 2, 180, 6),
@@ -80,13 +86,17 @@ def write_figures_data(data):
         {"arch": "resnet18", "processes": 2, "checkpoint_mb": 89.5, "seconds_per_save": 0.3,
          "save_share_of_epoch": 0.01, "kill_to_first_step_s": 14.0, "steps_redone": 20, "stop_check_us": 150.0,
          "stop_check_share_of_step": 0.0015}))
-    header = ("method,error_feedback,processes,threads,arch,epochs,global_batch,train_s,wall_s,top1,top5,"
+    header = ("method,error_feedback,processes,seed,threads,arch,epochs,global_batch,train_s,wall_s,top1,top5,"
               "bytes_per_step,compression_ratio,cpu,cores,gpu,torch")
-    rows = [("serial", 0, 1, 60, 95.0, "", ""), ("none", 0, 2, 40, 94.5, 4000, 1.0),
-            ("fp8-e4m3", 0, 2, 45, 93.25, 1004, 3.984), ("fp8-e4m3", 1, 2, 46, 94.0, 1004, 3.984)]
+    rows = [("serial", 0, 1, 60, (95.0, 95.5, 96.0), "", ""), ("none", 0, 2, 40, (94.5, 94.0, 95.0), 4000, 1.0),
+            ("fp8-e4m3", 0, 2, 45, (93.25, 93.0, 93.5), 1004, 3.984),  # below none's range: beyond the spread
+            ("fp8-e4m3", 1, 2, 46, (94.0, 94.75, 94.25), 1004, 3.984)]  # inside it
     (data / "compression.csv").write_text("\n".join([header] + [
-        f"{m},{ef},{p},1,resnet18,2,64,{t},{t + 5},{top1},99,{b},{r},{','.join(map(str, machine.values()))}"
-        for m, ef, p, t, top1, b, r in rows]) + "\n")
+        f"{m},{ef},{p},{seed},1,lenet,15,64,{t + seed},{t + 5},{top1[seed]},99,{b},{r},"
+        f"{','.join(map(str, machine.values()))}" for seed in (0, 1, 2) for m, ef, p, t, top1, b, r in rows]) + "\n")
+    (data / "timings.csv").write_text("part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch\n" + "".join(
+        f"{part},{seconds},{trained},0,2026-11-24,{','.join(map(str, machine.values()))}\n"
+        for part, seconds, trained in (("io", 60, 0), ("curves", 600, 9), ("compression", 3000, 57))))
     rows = [("eager", (12, 10, 10), 100), ("cold", (70, 5, 5), 200), ("warm", (20, 5, 5), 200)]
     (data / "compile.csv").write_text("\n".join(["mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch"] + [
         f"{mode},{e + 1},{t},{rate},resnet18,2,{','.join(map(str, machine.values()))}"
@@ -110,12 +120,22 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "| nd | 1 | 1 | 97.0 | 100.0 | 97.0 % |" in text and "| ddp | 2 | 1 | 180.0 | 200.0 | 90.0 % |" in text
     assert "| unconnected bare loops | memory | 2 | 150.0 |  | 1.50x | 75 % |" in text  # against nd's bare loop
     assert "tensor / PIL images/s: 0 worker(s): 1.50x, 2 worker(s): 1.50x." in text
-    assert "| apex | 2 | 2 | 60.00 | 90.00 | 60.00 | 123.4 | 56 |" in text
+    assert "| nd | 1 | 3 | 2 | 61.00 (60.00\u201362.00) | 90.00 (90.00\u201390.00) | 61.00 (60.00\u201362.00) | 121.0 | 56 |" in text
+    assert "| apex | 2 | 3 | 2 | 66.00 (65.00\u201367.00) |" in text
+    assert "spread of the final top-1 (points): nd 2.00, ddp 2.00, apex 2.00." in text
+    assert "beyond the spread (ranges that do not overlap): nd and apex (-5.00); ddp and apex (-4.50)." in text
+    assert "so not told apart from noise: nd and ddp (-0.50)." in text
     assert "CPU Test CPU (2 cores), GPU none: these results are CPU-only" in text
     assert "| resnet18 | 2 | 89.5 | 0.3 | 1.00 % | 14.0 | 20 | 150 | 0.15 % |" in text
-    assert "| serial | 1 | 60.0 | 95.00 |  |  |  |" in text
-    assert "| fp8-e4m3 | 2 | 45.0 | 93.25 | -1.25 | 1,004 | 3.98 |" in text  # the gap against none at 2 processes
-    assert "| fp8-e4m3 + error feedback | 2 | 46.0 | 94.00 | -0.50 | 1,004 | 3.98 |" in text
+    assert "| serial | 1 | 3 | 61.0 | 95.50 (95.00\u201396.00) |  |  |  |  |" in text
+    assert "| none | 2 | 3 | 41.0 | 94.50 (94.00\u201395.00) |  |  | 4,000 | 1.00 |" in text
+    assert "| fp8-e4m3 | 2 | 3 | 46.0 | 93.25 (93.00\u201393.50) | -1.25 | yes | 1,004 | 3.98 |" in text
+    assert "| fp8-e4m3 + error feedback | 2 | 3 | 47.0 | 94.33 (94.00\u201394.75) | -0.17 | no | 1,004 | 3.98 |" in text
+    assert "Uncompressed DDP's top-1 spreads over 1.00 points at 2 processes from seed to seed." in text
+    assert ("Beyond the spread: fp8-e4m3 at 2 (-1.25). Within it (not told apart from noise): fp8-e4m3 + error "
+            "feedback at 2 (-0.17).") in text
+    assert "| `make figures ONLY=compression` | 50.0 | 57 | 0 | 2026-11-24 |" in text
+    assert "| `make figures` (the parts summed), without scaling, recovery, compile | 61.0 |" in text
     assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
     assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
     assert "| --compile, warm Inductor cache | 20.0 | 5.0 | 200.0 | 2.00x | +13.0 |" in text
@@ -127,7 +147,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
 def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
     out = tmp_path / "compile.csv"
     command = [sys.executable, "scripts/bench_compile.py", str(tiny_data), "--quick", "--epochs", "2", "--threads",
-               "1", "--csv", str(out)]
+               "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(out, newline="") as f:
@@ -159,7 +179,7 @@ def test_bench_io_measures_both_decoders(tmp_path):
 def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path):
     out = tmp_path / "scaling.csv"
     command = [sys.executable, "scripts/bench_scaling.py", "-a", "lenet", "--image-size", "16", "-b", "128",
-               "--processes", "1", "--steps", "5", "--warmup", "1", "--csv", str(out)]
+               "--processes", "1", "--steps", "5", "--warmup", "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
@@ -169,18 +189,178 @@ def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path)
     assert all(float(r["images_per_s"]) > 0 and r["cores"] and r["torch"] for r in rows)
 
 
-def test_compression_table_trains_serial_and_ddp_and_writes_the_table(tiny_data, tmp_path):
-    results = tmp_path / "RESULTS.md"
-    results.write_text("prose\n")
+def test_compression_table_trains_serial_and_ddp_and_a_restart_trains_only_what_is_missing(tiny_data, tmp_path):
+    runs, data = tmp_path / "runs", tmp_path / "data"
     command = [sys.executable, "scripts/compression_table.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
-               "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--runs", str(tmp_path / "runs"),
-               "--figures-data", str(tmp_path / "data"), "--figures", str(tmp_path), "--results", str(results)]
+               "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--seeds", "0", "--runs", runs,
+               "--figures-data", data]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    with open(tmp_path / "data" / "compression.csv", newline="") as f:
+    assert "(3 run(s) trained now, 0 kept from an earlier start)" in result.stdout
+    with open(data / "compression.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["method"], r["error_feedback"], r["processes"]) for r in rows] == [
-        ("serial", "0", "1"), ("fp8-e5m2", "0", "2"), ("fp8-e5m2", "1", "2")]
+    assert [(r["method"], r["error_feedback"], r["processes"], r["seed"]) for r in rows] == [
+        ("serial", "0", "1", "0"), ("fp8-e5m2", "0", "2", "0"), ("fp8-e5m2", "1", "2", "0")]
     assert all(3.9 < float(r["compression_ratio"]) <= 4 for r in rows[1:])  # (rounded to 3 decimals)
+    first_top1 = [r["top1"] for r in rows]
+
+    # a stop cut the serial run short: its summary.json is gone; a new start trains it alone again
+    (runs / "serial-seed0" / "summary.json").unlink()
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(1 run(s) trained now, 2 kept from an earlier start)" in result.stdout
+    with open(data / "compression.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["top1"] for r in rows] == first_top1  # the same seed trains to the same accuracy
+    timings = {r["part"]: r for r in csv.DictReader(open(data / "timings.csv"))}
+    assert timings["compression"]["runs_trained"] == "1" and timings["compression"]["runs_reused"] == "2"
+
+    results = tmp_path / "RESULTS.md"
+    results.write_text("prose\n")
+    subprocess.run([sys.executable, "scripts/plot_results.py", "--data", data, "--figures", tmp_path, "--results",
+                    results], cwd=ROOT, env=child_env(), check=True, capture_output=True)
     assert (tmp_path / "compression.png").exists()
-    assert "| fp8-e5m2 + error feedback | 2 |" in results.read_text()
+    assert "| fp8-e5m2 + error feedback | 2 | 1 |" in results.read_text()
+
+
+def test_a_run_is_finished_only_with_a_whole_summary_and_the_same_launch(tmp_path):
+    launch = measuring.launch_of("ddp", 2, ["data", "--seed", 0])
+    assert measuring.finished_summary(tmp_path, launch) is None  # nothing there
+    (tmp_path / "launch.json").write_text(json.dumps(launch))
+    assert measuring.finished_summary(tmp_path, launch) is None  # started, never finished
+    (tmp_path / "summary.json").write_text('{"top1": 9')
+    assert measuring.finished_summary(tmp_path, launch) is None  # cut off while written
+    (tmp_path / "summary.json").write_text('{"top1": 91.5}')
+    assert measuring.finished_summary(tmp_path, launch) == {"top1": 91.5}
+    assert measuring.finished_summary(tmp_path, measuring.launch_of("ddp", 2, ["data", "--seed", 1])) is None
+    assert measuring.finished_summary(tmp_path, measuring.launch_of("ddp", 4, ["data", "--seed", 0])) is None
+
+
+def make(*targets, env=None):
+    return subprocess.run(["make", *targets], cwd=ROOT, env=child_env(env), capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_make_figures_measures_only_the_parts_asked_for():
+    commands = make("-n", "figures", "ONLY=compression curves").stdout
+    assert "learning_curves.py" in commands and "compression_table.py" in commands and "plot_results.py" in commands
+    assert not any(script in commands for script in ("bench_io", "bench_scaling", "bench_recovery", "bench_compile"))
+    assert commands.index("learning_curves.py") < commands.index("compression_table.py") < commands.index(
+        "plot_results.py")  # make figures' own order, whatever ONLY's
+    every_part = make("-n", "figures").stdout
+    assert all(script in every_part for script in ("bench_io", "bench_scaling", "learning_curves", "bench_recovery",
+                                                   "bench_compile", "compression_table"))
+    assert "--quick" not in every_part and "--runs runs/figures/compression" in every_part
+    assert "--quick" not in make("-n", "figures", "QUICK=0").stdout  # QUICK=0 means not quick
+    quick = make("-n", "figures", "QUICK=1", "ONLY=compression").stdout
+    assert "--quick" in quick and "runs/figures-quick/runs/compression" in quick
+    result = make("figures", "ONLY=compression bogus")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and "ONLY=bogus is not a part" in result.stderr
+
+
+def test_make_figures_gpu_without_cuda_says_so_in_one_line():
+    result = make("figures-gpu", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no CUDA GPU here" in result.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "no CUDA GPU here"),
+    (["--gpus", "0"], "--gpus must be at least 1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--jpeg", "no/such/folder"], "has no train/ folder"),
+    (["--parts", "speed"], "invalid choice: 'speed'")])
+def test_bench_gpu_bad_input_and_no_cuda_are_one_line_and_exit_2(flags, message):
+    result = subprocess.run([sys.executable, "scripts/bench_gpu.py", *flags], cwd=ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr
+
+
+def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
+    assert bench_gpu.gpu_counts(1) == [1] and bench_gpu.gpu_counts(8) == [1, 2, 4, 8]
+    assert bench_gpu.gpu_counts(6) == [1, 2, 4, 6] and bench_gpu.gpu_counts(8, [4, 2, 4]) == [2, 4]
+    with pytest.raises(SystemExit) as stopped:
+        bench_gpu.gpu_counts(2, [4])
+    assert stopped.value.code == 2
+    runs = bench_gpu.precision_runs(2, ["synthetic", "jpeg"])
+    assert len(runs) == len({name for name, *_ in runs}) == 2 * (2 + 3 * 2)
+    flags = {(recipe, data, precision, channels_last): extra for _, recipe, data, precision, channels_last, extra in runs}
+    assert flags["dp", "jpeg", "fp32", False] == [] and flags["ddp", "synthetic", "fp32", False] == []
+    assert flags["apex", "synthetic", "fp32", True] == ["--opt-level", "O0", "--channels-last"]
+    assert flags["apex", "jpeg", "fp16", False] == ["--opt-level", "O1", "--amp-dtype", "fp16"]
+    assert flags["apex", "jpeg", "bf16", True] == ["--opt-level", "O1", "--amp-dtype", "bf16", "--channels-last"]
+    compression = bench_gpu.compression_runs(4)
+    assert [(method, ef) for _, method, ef, _ in compression] == bench_gpu.COMPRESSION
+    assert compression[-1][3] == ["--compress", "powersgd", "--error-feedback"]
+    assert bench_gpu.epochs_for(12800, 1, 256, 40) == (2, 50)  # one warm-up epoch, then 50 timed steps
+    assert bench_gpu.epochs_for(12800, 8, 256, 40) == (8, 6)  # 7 epochs of 6 steps after the warm-up
+
+
+def test_bench_gpu_halves_the_batch_until_it_fits(tmp_path, monkeypatch):
+    launched = []
+
+    def fake_train(recipe, processes, flags, out, threads, env=None, check=True):
+        batch = int(flags[flags.index("-b") + 1])
+        launched.append((recipe, processes, batch, env["CUDA_VISIBLE_DEVICES"]))
+        out.mkdir(parents=True)
+        if batch // (2 if recipe == "dp" else 1) > 64:  # per GPU
+            (out / "failed.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+            return None
+        (out / "metrics.csv").write_text("epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr\n"
+                                         "1,train,1,1,1,50,1,30,0.1\n2,train,1,1,1,110,2,10,0.1\n")
+        return {"top1": 1.0}
+
+    monkeypatch.setattr(bench_gpu.measuring, "train", fake_train)
+    args = bench_gpu.parse_args(["--runs", str(tmp_path)])
+    measured = bench_gpu.train(args, "dp-fp32-synthetic-2", "dp", 2, "synthetic", [], cores=16)
+    # DataParallel: one process, one batch for both GPUs; 256 and then 128 per GPU did not fit
+    assert launched == [("dp", 1, 512, "0,1"), ("dp", 1, 256, "0,1"), ("dp", 1, 128, "0,1")]
+    assert measured["batch_size"] == 64 and measured["epochs"] == 2
+    # 12800 images on 2 GPUs at 64 each: 100 steps of 128 images in epoch 2's 10 s
+    assert measured["images_per_s"] == 1280.0 and measured["step_images_per_s"] == 110.0
+    assert measured["data_wait_share"] == 0.2
+    launched.clear()
+    bench_gpu.train(args, "ddp-fp32-synthetic-2", "ddp", 2, "synthetic", [], cores=16)
+    assert launched[-1] == ("ddp", 2, 64, "0,1")  # DDP: one process per GPU, the batch is per process
+
+
+def write_gpu_data(data):
+    machine = "Test CPU,16,1 x Test GPU,2.14.1"
+    header = ("recipe,data,precision,channels_last,gpus,batch_size,epochs,images_per_s,step_images_per_s,"
+              "data_wait_share,arch,image_size,workers,cpu,cores,gpu,torch")
+    rows = [("ddp", "synthetic", "fp32", 0, 1, 1000, 0), ("ddp", "jpeg", "fp32", 0, 1, 800, 0.25),
+            ("apex", "synthetic", "fp16", 1, 1, 2500, 0), ("apex", "jpeg", "fp16", 1, 1, 900, 0.6),
+            ("ddp", "synthetic", "fp32", 0, 2, 1900, 0), ("apex", "synthetic", "fp16", 1, 2, 4500, 0)]
+    (data / "gpu").mkdir(parents=True)
+    (data / "gpu" / "precision.csv").write_text("\n".join([header] + [
+        f"{recipe},{d},{precision},{cl},{gpus},256,2,{rate},{rate},{wait},resnet50,224,16,{machine}"
+        for recipe, d, precision, cl, gpus, rate, wait in rows]) + "\n")
+    header = ("method,error_feedback,gpus,batch_size,epochs,images_per_s,step_images_per_s,bytes_per_step,"
+              "compression_ratio,arch,image_size,cpu,cores,gpu,torch")
+    (data / "gpu" / "compression.csv").write_text("\n".join([header] + [
+        f"{method},{ef},1,256,2,{rate},{rate},{sent},{ratio},resnet50,224,{machine}"
+        for method, ef, rate, sent, ratio in (("none", 0, 1000, 100000, 1.0), ("powersgd", 1, 950, 1000, 100.0))])
+        + "\n")
+    (data / "gpu" / "timings.csv").write_text("part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch\n"
+                                              f"gpu,720,25,0,2026-11-24,{machine}\n")
+
+
+def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
+    data, figures, results = tmp_path / "data", tmp_path / "figures", tmp_path / "RESULTS.md"
+    write_gpu_data(data)
+    results.write_text("# Results\n")
+    command = [sys.executable, "scripts/plot_results.py", "--data", data, "--figures", figures, "--results", results]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("gpu_throughput", "gpu_scaling"):
+        with Image.open(figures / f"{name}.png") as image:
+            assert image.format == "PNG" and image.size[0] > 300
+    text = results.read_text()
+    assert "| ddp fp32 | 1 | 256 | 1000 | 1.00x | 100 % | 800 | 25 % |" in text
+    assert "| apex O1 fp16, channels_last | 1 | 256 | 2500 | 2.50x | 100 % | 900 | 60 % |" in text
+    assert "| apex O1 fp16, channels_last | 2 | 256 | 4500 | 2.37x | 90 % |  |  |" in text  # 4500 / (2 x 2500)
+    assert "| powersgd + error feedback | 1 | 256 | 950 | 0.95x | 1,000 | 100.00 |" in text
+    assert "| none | 1 | 256 | 1000 | 1.00x | 100,000 | 1.00 |" in text
+    assert "GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The sweep took 12.0 minutes (25 runs" in text

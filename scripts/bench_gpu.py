@@ -1,0 +1,206 @@
+"""The GPU sweep: ResNet-50 at 224 px through every recipe, precision and layout, on 1 to all GPUs.
+
+    make figures-gpu           # data/imagenet-like-gpu, this script, then plot_results.py
+    python scripts/bench_gpu.py --jpeg DIR [--gpus 1 2 4 8] [--parts precision compression]
+
+For each number of GPUs (default 1, 2, 4, ... and all of them) it trains short runs of
+  precision    on --synthetic images and on the JPEG folder: dp and ddp in fp32;
+               apex at O0 (fp32), O1 fp16 and O1 bf16, each with and without
+               --channels-last
+  compression  on --synthetic images: the compression recipe's hooks over NCCL
+               (none, fp16, bf16, fp8-e4m3, fp8-e5m2, powersgd; the fp8s and
+               powersgd with --error-feedback too)
+with a batch of 256 per GPU (a run that runs out of GPU memory is tried again at
+half its batch, down to 16). Each run trains enough epochs for --min-steps timed
+steps. Its images/s is the median, over the epochs after the first (which pays
+for cuDNN's autotuning), of the epoch's images over the epoch's whole time:
+worker start-up and the first batch included, since the recipes start their
+loader workers anew each epoch. The recipes' own figure, which leaves out only
+the first step, is kept beside it (step_images_per_s). No --seed: it would select
+slower deterministic kernels. fp32 convolutions run on TF32 tensor cores, as
+PyTorch allows by default.
+
+Writes <figures-data>/precision.csv and compression.csv (with the hardware) after
+every run, so a stopped sweep keeps what it measured; a run whose summary.json in
+runs/figures-gpu/ is complete is not trained again. plot_results.py draws them
+into figures/gpu_*.png and the GPU section of RESULTS.md. Without CUDA it says so
+in one line and exits 2.
+"""
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts import measuring  # noqa: E402
+
+PARTS = ["precision", "compression"]
+# apex's three precisions: (name, --opt-level, --amp-dtype)
+PRECISIONS = [("fp32", "O0", None), ("fp16", "O1", "fp16"), ("bf16", "O1", "bf16")]
+COMPRESSION = [("none", False), ("fp16", False), ("bf16", False), ("fp8-e4m3", False), ("fp8-e4m3", True),
+               ("fp8-e5m2", False), ("fp8-e5m2", True), ("powersgd", False), ("powersgd", True)]
+SYNTHETIC_TRAIN_IMAGES = 12800  # recipes/common/data.py's --synthetic set
+PRECISION_FIELDS = ["recipe", "data", "precision", "channels_last", "gpus", "batch_size", "epochs", "images_per_s",
+                    "step_images_per_s", "data_wait_share", "arch", "image_size", "workers", "cpu", "cores", "gpu",
+                    "torch"]
+COMPRESSION_FIELDS = ["method", "error_feedback", "gpus", "batch_size", "epochs", "images_per_s",
+                      "step_images_per_s", "bytes_per_step", "compression_ratio", "arch", "image_size", "cpu",
+                      "cores", "gpu", "torch"]
+
+
+def parse_args(argv=None):
+    parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jpeg", help="an ImageNet-style JPEG folder (make figures-gpu writes data/imagenet-like-gpu"
+                                       "); without it, --synthetic images only")
+    parser.add_argument("--gpus", type=int, nargs="+", help="numbers of GPUs (default: 1, 2, 4, ... and all)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("-a", "--arch", default="resnet50")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("-b", "--batch-size", type=int, default=256, help="per GPU (default: 256)")
+    parser.add_argument("--min-steps", type=int, default=40,
+                        help="timed steps per run at least, in the epochs after the first (default: 40)")
+    parser.add_argument("-j", "--workers", type=int, help="loader workers per GPU on the JPEG folder (default: "
+                                                          "the cores shared between the GPUs)")
+    parser.add_argument("--figures-data", default="figures/data/gpu", help="where the CSVs go")
+    parser.add_argument("--runs", default="runs/figures-gpu", help="where the run directories go")
+    args = parser.parse_args(argv)
+    for flag, value, low in (("--batch-size", args.batch_size, 1), ("--image-size", args.image_size, 8),
+                             ("--min-steps", args.min_steps, 1), ("--workers", args.workers, 0)):
+        if value is not None and value < low:
+            parser.error(f"{flag} must be at least {low}, got {value}")
+    if args.gpus and min(args.gpus) < 1:
+        parser.error(f"--gpus must be at least 1 each, got {args.gpus}")
+    if args.jpeg and not (Path(args.jpeg) / "train").is_dir():
+        parser.error(f"--jpeg {args.jpeg} has no train/ folder (make figures-gpu writes data/imagenet-like-gpu)")
+    return args
+
+
+def gpu_counts(available, asked=None):
+    """1, 2, 4, ... up to the GPUs there are, and all of them; or the counts asked for (at most all)."""
+    if asked:
+        too_many = [n for n in asked if n > available]
+        if too_many:
+            measuring.bad_input(f"--gpus {' '.join(map(str, too_many))}: this machine has {available} GPU(s)")
+        return sorted(set(asked))
+    return sorted({2 ** k for k in range(available.bit_length()) if 2 ** k <= available} | {available})
+
+
+def precision_runs(gpus, datasets):
+    """(name, recipe, data, precision, channels_last, extra flags) of the precision part at this many GPUs."""
+    runs = []
+    for data in datasets:
+        for recipe in ("dp", "ddp"):
+            runs.append((f"{recipe}-fp32-{data}-{gpus}", recipe, data, "fp32", False, []))
+        for precision, opt_level, dtype in PRECISIONS:
+            for channels_last in (False, True):
+                flags = ["--opt-level", opt_level, *(["--amp-dtype", dtype] if dtype else []),
+                         *(["--channels-last"] if channels_last else [])]
+                name = f"apex-{precision}{'-cl' if channels_last else ''}-{data}-{gpus}"
+                runs.append((name, "apex", data, precision, channels_last, flags))
+    return runs
+
+
+def compression_runs(gpus):
+    """(name, method, error feedback, extra flags) of the compression part at this many GPUs."""
+    return [(f"compression-{method}{'-ef' if ef else ''}-{gpus}", method, ef,
+             ["--compress", method, *(["--error-feedback"] if ef else [])]) for method, ef in COMPRESSION]
+
+
+def epochs_for(train_images, gpus, batch_size, min_steps):
+    """The first epoch warms up; enough epochs after it for min_steps steps."""
+    steps = math.ceil(train_images / gpus) // batch_size  # DistributedSampler pads, the loader drops the rest
+    return 1 + math.ceil(min_steps / max(steps, 1)), steps
+
+
+def train_images(args, data):
+    if data == "synthetic":
+        return SYNTHETIC_TRAIN_IMAGES
+    return sum(1 for path in (Path(args.jpeg) / "train").rglob("*") if path.is_file())
+
+
+def throughput(out, steps, images_per_step):
+    """(whole-epoch images/s, the recipe's images/s, share of the time spent waiting for data), each the
+    median over the epochs after the first."""
+    with open(out / "metrics.csv", newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row["split"] == "train"][1:]
+    return (statistics.median(steps * images_per_step / float(r["epoch_s"]) for r in rows),
+            statistics.median(float(r["images_per_s"]) for r in rows),
+            statistics.median(float(r["data_s"]) / float(r["epoch_s"]) for r in rows))
+
+
+def train(args, name, recipe, gpus, data, flags, cores):
+    """One run, at batch 256 per GPU or the largest half of it that fits; returns what the CSV rows need."""
+    batch = args.batch_size
+    processes = 1 if recipe == "dp" else gpus  # DataParallel: one process drives every GPU
+    threads = max(1, cores // processes)
+    workers = args.workers if args.workers is not None else max(1, cores // processes)
+    data_flags = ["--synthetic", "-j", "0"] if data == "synthetic" else [args.jpeg, "-j", str(workers)]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
+    while True:
+        epochs, steps = epochs_for(train_images(args, data), gpus, batch, args.min_steps)
+        per_process = batch * gpus if recipe == "dp" else batch  # dp splits one batch between its GPUs
+        run_flags = [*data_flags, "-a", args.arch, "--image-size", str(args.image_size), "-b", str(per_process),
+                     "--epochs", str(epochs), "-p", "10", *flags]
+        out = Path(args.runs) / f"{name}-b{batch}"
+        summary = measuring.train(recipe, processes, run_flags, out, threads, env, check=False)
+        if summary is not None:
+            rate, step_rate, waiting = throughput(out, steps, batch * gpus)
+            return {"summary": summary, "batch_size": batch, "epochs": epochs, "images_per_s": round(rate, 1),
+                    "step_images_per_s": round(step_rate, 1), "data_wait_share": round(waiting, 4),
+                    "workers": 0 if data == "synthetic" else workers}
+        log = (out / "failed.log").read_text()
+        if "out of memory" not in log or batch <= 16:
+            sys.exit(f"error: {recipe} {' '.join(run_flags)} failed:\n{log[-3000:]}")
+        print(f"{name}: out of GPU memory at batch {batch} per GPU; trying {batch // 2}", flush=True)
+        batch //= 2
+
+
+def main(argv=None):
+    started = time.time()
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        measuring.bad_input("no CUDA GPU here (torch.cuda.is_available() is False): this sweep measures GPUs; "
+                            "make figures measures the CPU")
+    counts = gpu_counts(torch.cuda.device_count(), args.gpus)
+    cores = os.cpu_count() or 1
+    machine = measuring.hardware()
+    common = {"arch": args.arch, "image_size": args.image_size, **machine}
+    datasets = ["synthetic", "jpeg"] if args.jpeg else ["synthetic"]
+    figures_data = Path(args.figures_data)
+    precision_rows, compression_rows = [], []
+    for gpus in counts:
+        if "precision" in args.parts:
+            for name, recipe, data, precision, channels_last, flags in precision_runs(gpus, datasets):
+                measured = train(args, name, recipe, gpus, data, flags, cores)
+                measured.pop("summary")
+                precision_rows.append({"recipe": recipe, "data": data, "precision": precision,
+                                       "channels_last": int(channels_last), "gpus": gpus, **measured, **common})
+                measuring.write_csv(figures_data / "precision.csv", PRECISION_FIELDS, precision_rows)
+                print(f"{name:>28}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
+                      f"GPU, data wait {100 * measured['data_wait_share']:.0f} %)", flush=True)
+        if "compression" in args.parts:
+            for name, method, error_feedback, flags in compression_runs(gpus):
+                measured = train(args, name, "compression", gpus, "synthetic", flags, cores)
+                summary = measured.pop("summary")
+                compression_rows.append({"method": method, "error_feedback": int(error_feedback), "gpus": gpus,
+                                         "bytes_per_step": round(summary.get("bytes_per_step") or 0),
+                                         "compression_ratio": round(summary.get("compression_ratio") or 0, 3),
+                                         **measured, **common})
+                measuring.write_csv(figures_data / "compression.csv", COMPRESSION_FIELDS, compression_rows)
+                print(f"{name:>28}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
+                      f"GPU)", flush=True)
+    print(f"wrote {figures_data}/")
+    measuring.record_part(figures_data, "gpu", started)
+
+
+if __name__ == "__main__":
+    main()
