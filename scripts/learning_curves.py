@@ -5,14 +5,16 @@
 
 nd trains with batch 64 in one process; ddp and apex with 2 processes of 32 (on a
 machine with one GPU, one process), so the three see the same global batch and
-learning rate. (On a CPU the apex recipe runs in fp32, as it does by default
-where there is no fast low precision; on a GPU it is fp16.) The set-up is
-scripts/measuring.py's ACCURACY. Each run directory is runs/figures/curves/<recipe>-seed<S>;
-its metrics.csv and summary.json are copied to <figures-data>/curves/<recipe>-seed<S>.csv
-and .json. A run whose summary.json is complete is not trained again.
+learning rate; each process gets cores / processes threads. (On a CPU the apex
+recipe runs in fp32, as it does by default where there is no fast low precision;
+on a GPU it is fp16.) The set-up is scripts/measuring.py's ACCURACY. Each run
+directory is runs/figures/curves/<recipe>-seed<S>; its metrics.csv and
+summary.json are copied to <figures-data>/curves/<recipe>-seed<S>.csv and .json.
+A run whose summary.json is complete is not trained again.
 """
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -50,7 +52,8 @@ def main():
             out = Path(args.runs) / f"{recipe}-seed{seed}"
             flags = [args.data, *(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY),
                      "-b", str(args.global_batch // processes), "--epochs", str(args.epochs), "--seed", str(seed)]
-            summary = measuring.train(recipe, processes, flags, out, threads=1)
+            threads = max(1, (os.cpu_count() or 1) // processes)
+            summary = measuring.train(recipe, processes, flags, out, threads)
             print(f"{recipe} seed {seed}: {processes} process(es), {args.epochs} epochs, top-1 "
                   f"{summary['top1']:.2f} %", flush=True)
             shutil.copy(out / "metrics.csv", copies / f"{recipe}-seed{seed}.csv")

@@ -92,10 +92,11 @@ def per_epoch(runs, split, metric):
 def plot_curves(curves, figures):
     for metric, split in CURVES:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for recipe, runs in curves.items():
+        for i, (recipe, runs) in enumerate(curves.items()):
             points = per_epoch(runs, split, metric)
             epochs = [e for e, _ in points]
             line, = ax.plot(epochs, [p["mean"] for _, p in points], marker="o", markersize=3,
+                            linestyle=("-", "--", ":", "-.")[i % 4],  # curves that coincide stay visible
                             label=f"{recipe} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
             ax.fill_between(epochs, [p["low"] for _, p in points], [p["high"] for _, p in points],
                             color=line.get_color(), alpha=0.2, linewidth=0)
@@ -493,7 +494,10 @@ def gpu_sections(gpu_data, figures):
     if (gpu_data / "precision.csv").exists():
         rows = read_csv(gpu_data / "precision.csv")
         plot_gpu(rows, figures)
-        sections["gpu-precision"] = gpu_precision_table(rows)
+        charts = "![GPU throughput](figures/gpu_throughput.png)\n\n"
+        if len({r["gpus"] for r in rows}) > 1:
+            charts += "![GPU scaling](figures/gpu_scaling.png)\n\n"
+        sections["gpu-precision"] = charts + gpu_precision_table(rows)
     if (gpu_data / "compression.csv").exists():
         sections["gpu-compression"] = gpu_compression_table(read_csv(gpu_data / "compression.csv"))
     measured = [read_csv(gpu_data / name)[0] for name in ("precision.csv", "compression.csv")

@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, child_env
@@ -103,24 +104,30 @@ def write_figures_data(data):
         for mode, times, rate in rows for e, t in enumerate(times)]) + "\n")
 
 
+def plot_results(data, figures, results, pngs):
+    """Run plot_results.py on data; check that it drew the figures named; return RESULTS.md's text."""
+    command = [sys.executable, "scripts/plot_results.py", "--data", data, "--figures", figures, "--results", results]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in pngs:
+        with Image.open(Path(figures) / f"{name}.png") as image:
+            assert image.format == "PNG" and image.size[0] > 300
+    return Path(results).read_text()
+
+
 def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     data, figures, results = tmp_path / "data", tmp_path / "figures", tmp_path / "RESULTS.md"
     write_figures_data(data)
     results.write_text("# Prose stays\n\n<!-- BEGIN scaling -->\nstale table\n<!-- END scaling -->\n\nMore prose.\n")
-    command = [sys.executable, "scripts/plot_results.py", "--data", data, "--figures", figures, "--results", results]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("top1_train", "top1_val", "top5_train", "top5_val", "training_throughput", "training_time", "IO",
-                 "compression"):
-        with Image.open(figures / f"{name}.png") as image:
-            assert image.format == "PNG" and image.size[0] > 300
-    text = results.read_text()
+    text = plot_results(data, figures, results, ("top1_train", "top1_val", "top5_train", "top5_val",
+                                                 "training_throughput", "training_time", "IO", "compression"))
     assert text.startswith("# Prose stays") and "More prose." in text and "stale table" not in text
     assert "| ddp | synthetic | 2 | 180.0 | 6.0 | 1.80x | 90 % |" in text  # 180 / (2 x 100)
     assert "| nd | 1 | 1 | 97.0 | 100.0 | 97.0 % |" in text and "| ddp | 2 | 1 | 180.0 | 200.0 | 90.0 % |" in text
     assert "| unconnected bare loops | memory | 2 | 150.0 |  | 1.50x | 75 % |" in text  # against nd's bare loop
     assert "tensor / PIL images/s: 0 worker(s): 1.50x, 2 worker(s): 1.50x." in text
-    assert "| nd | 1 | 3 | 2 | 61.00 (60.00\u201362.00) | 90.00 (90.00\u201390.00) | 61.00 (60.00\u201362.00) | 121.0 | 56 |" in text
+    assert ("| nd | 1 | 3 | 2 | 61.00 (60.00\u201362.00) | 90.00 (90.00\u201390.00) | 61.00 (60.00\u201362.00) | 121.0 "
+            "| 56 |") in text
     assert "| apex | 2 | 3 | 2 | 66.00 (65.00\u201367.00) |" in text
     assert "spread of the final top-1 (points): nd 2.00, ddp 2.00, apex 2.00." in text
     assert "beyond the spread (ranges that do not overlap): nd and apex (-5.00); ddp and apex (-4.50)." in text
@@ -215,12 +222,24 @@ def test_compression_table_trains_serial_and_ddp_and_a_restart_trains_only_what_
     timings = {r["part"]: r for r in csv.DictReader(open(data / "timings.csv"))}
     assert timings["compression"]["runs_trained"] == "1" and timings["compression"]["runs_reused"] == "2"
 
-    results = tmp_path / "RESULTS.md"
-    results.write_text("prose\n")
-    subprocess.run([sys.executable, "scripts/plot_results.py", "--data", data, "--figures", tmp_path, "--results",
-                    results], cwd=ROOT, env=child_env(), check=True, capture_output=True)
-    assert (tmp_path / "compression.png").exists()
-    assert "| fp8-e5m2 + error feedback | 2 | 1 |" in results.read_text()
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("compression",))
+    assert "| fp8-e5m2 + error feedback | 2 | 1 |" in text
+
+
+def test_learning_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tmp_path):
+    data = tmp_path / "data"
+    (data / "curves").mkdir(parents=True)
+    (data / "curves" / "nd.csv").write_text("stale\n")  # an earlier layout: not drawn beside the new runs
+    command = [sys.executable, "scripts/learning_curves.py", "--data", tiny_data, "--quick", "--epochs", "2",
+               "--global-batch", "16", "--seeds", "3", "--runs", tmp_path / "runs", "--figures-data", data]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (data / "curves").iterdir()) == [
+        f"{recipe}-seed3.{suffix}" for recipe in ("apex", "ddp", "nd") for suffix in ("csv", "json")]
+    for recipe, processes in (("nd", 1), ("ddp", 2), ("apex", 2)):
+        summary = json.loads((data / "curves" / f"{recipe}-seed3.json").read_text())
+        assert summary["world_size"] == processes and summary["global_batch"] == 16 and summary["epochs"] == 2
+        assert json.loads((tmp_path / "runs" / f"{recipe}-seed3" / "args.json").read_text())["seed"] == 3
 
 
 def test_a_run_is_finished_only_with_a_whole_summary_and_the_same_launch(tmp_path):
@@ -237,8 +256,10 @@ def test_a_run_is_finished_only_with_a_whole_summary_and_the_same_launch(tmp_pat
 
 
 def make(*targets, env=None):
-    return subprocess.run(["make", *targets], cwd=ROOT, env=child_env(env), capture_output=True, text=True,
-                          timeout=120)
+    env = child_env(env)
+    for name in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS"):  # under `make test`: a make of its own, not a sub-make
+        env.pop(name, None)
+    return subprocess.run(["make", *targets], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_make_figures_measures_only_the_parts_asked_for():
@@ -286,7 +307,8 @@ def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
     assert stopped.value.code == 2
     runs = bench_gpu.precision_runs(2, ["synthetic", "jpeg"])
     assert len(runs) == len({name for name, *_ in runs}) == 2 * (2 + 3 * 2)
-    flags = {(recipe, data, precision, channels_last): extra for _, recipe, data, precision, channels_last, extra in runs}
+    flags = {(recipe, data, precision, channels_last): extra
+             for _, recipe, data, precision, channels_last, extra in runs}
     assert flags["dp", "jpeg", "fp32", False] == [] and flags["ddp", "synthetic", "fp32", False] == []
     assert flags["apex", "synthetic", "fp32", True] == ["--opt-level", "O0", "--channels-last"]
     assert flags["apex", "jpeg", "fp16", False] == ["--opt-level", "O1", "--amp-dtype", "fp16"]
@@ -351,13 +373,7 @@ def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
     data, figures, results = tmp_path / "data", tmp_path / "figures", tmp_path / "RESULTS.md"
     write_gpu_data(data)
     results.write_text("# Results\n")
-    command = [sys.executable, "scripts/plot_results.py", "--data", data, "--figures", figures, "--results", results]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("gpu_throughput", "gpu_scaling"):
-        with Image.open(figures / f"{name}.png") as image:
-            assert image.format == "PNG" and image.size[0] > 300
-    text = results.read_text()
+    text = plot_results(data, figures, results, ("gpu_throughput", "gpu_scaling"))
     assert "| ddp fp32 | 1 | 256 | 1000 | 1.00x | 100 % | 800 | 25 % |" in text
     assert "| apex O1 fp16, channels_last | 1 | 256 | 2500 | 2.50x | 100 % | 900 | 60 % |" in text
     assert "| apex O1 fp16, channels_last | 2 | 256 | 4500 | 2.37x | 90 % |  |  |" in text  # 4500 / (2 x 2500)
