@@ -88,8 +88,10 @@ $(GPU_JPEG_DATA)/.complete: | $(SETUP)
 	$(PY) scripts/make_demo_data.py --imagenet-like $(GPU_JPEG_DATA) --classes 100 --images 250
 	touch $@
 
+gpu_count = $(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo none)
 gpu-check: $(SETUP)
-	$(if $(filter-out 0,$(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null)),,$(error \
+	$(if $(filter none,$(gpu_count)),$(error $(PY) cannot import torch: make setup, or PY=a Python that has it))
+	$(if $(filter 0,$(gpu_count)),$(error \
 	no CUDA GPU here (torch.cuda.device_count() is 0): make figures-gpu needs one; make figures measures this CPU))
 
 figures-gpu: gpu-check $(GPU_JPEG_DATA)/.complete

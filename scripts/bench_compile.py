@@ -55,7 +55,8 @@ def main():
         out = runs / mode
         flags = [args.data, *model, "--epochs", str(args.epochs), *([] if mode == "eager" else ["--compile"])]
         env = {"TORCHINDUCTOR_CACHE_DIR": str(cache.resolve())}
-        if mode == "cold" and measuring.finished_summary(out, measuring.launch_of("nd", 1, flags, env)) is None:
+        launch = measuring.launch_of("nd", 1, flags, env, args.threads)
+        if mode == "cold" and measuring.finished_summary(out, launch) is None:
             shutil.rmtree(cache, ignore_errors=True)  # a first run on a machine: nothing compiled yet
         print(f"{mode}: nd, {model[1]}, {args.epochs} epochs", flush=True)
         measuring.train("nd", 1, flags, out, args.threads, env)

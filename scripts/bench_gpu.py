@@ -11,24 +11,33 @@ For each number of GPUs (default 1, 2, 4, ... and all of them) it trains short r
                (none, fp16, bf16, fp8-e4m3, fp8-e5m2, powersgd; the fp8s and
                powersgd with --error-feedback too)
 with a batch of 256 per GPU (a run that runs out of GPU memory is tried again at
-half its batch, down to 16). Each run trains enough epochs for --min-steps timed
-steps. Its images/s is the median, over the epochs after the first (which pays
-for cuDNN's autotuning), of the epoch's images over the epoch's whole time:
-worker start-up and the first batch included, since the recipes start their
-loader workers anew each epoch. The recipes' own figure, which leaves out only
-the first step, is kept beside it (step_images_per_s). No --seed: it would select
-slower deterministic kernels. fp32 convolutions run on TF32 tensor cores, as
-PyTorch allows by default.
+half its batch, down to 16), on the GPUs CUDA_VISIBLE_DEVICES lets it use (the
+first N of them), with loader workers (the synthetic images too: collating and
+pinning 150 MB per step in the training process would slow it). Each run trains
+enough epochs for --min-steps timed steps. Its images/s is the recipes' own
+steady-state figure (every step after the first of each epoch, as in the CPU
+tables), the median over the epochs after the first, which pays for cuDNN's
+autotuning. Beside it, whole_epoch_images_per_s counts each epoch's loader start-up
+and first batch too: with many workers and short epochs, the batches they prepare
+while the first one loads flatter the steady figure of a run that waits for data.
+Both are kept, with the share of the time spent waiting for data. No --seed: it
+would select slower deterministic kernels; a small fixed --lr: throughput does not
+depend on it, and the synthetic labels must not make a run diverge. fp32
+convolutions run on TF32 tensor cores, as PyTorch allows by default.
 
 Writes <figures-data>/precision.csv and compression.csv (with the hardware) after
-every run, so a stopped sweep keeps what it measured; a run whose summary.json in
-runs/figures-gpu/ is complete is not trained again. plot_results.py draws them
-into figures/gpu_*.png and the GPU section of RESULTS.md. Without CUDA it says so
-in one line and exits 2.
+every run, so a stopped sweep keeps what it measured (rows of GPU counts this
+invocation does not measure are kept); a run whose summary.json in
+runs/figures-gpu/ is complete is not trained again, nor a batch that ran out of
+memory; checkpoints are deleted once a run has finished. plot_results.py draws
+them into figures/gpu_*.png and the GPU section of RESULTS.md. Without CUDA it
+says so in one line and exits 2.
 """
 
 import argparse
 import csv
+import importlib.util
+import json
 import math
 import os
 import statistics
@@ -39,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from recipes.common.data import SYNTHETIC_TRAIN_IMAGES  # noqa: E402
 from scripts import measuring  # noqa: E402
 
 PARTS = ["precision", "compression"]
@@ -46,13 +56,14 @@ PARTS = ["precision", "compression"]
 PRECISIONS = [("fp32", "O0", None), ("fp16", "O1", "fp16"), ("bf16", "O1", "bf16")]
 COMPRESSION = [("none", False), ("fp16", False), ("bf16", False), ("fp8-e4m3", False), ("fp8-e4m3", True),
                ("fp8-e5m2", False), ("fp8-e5m2", True), ("powersgd", False), ("powersgd", True)]
-SYNTHETIC_TRAIN_IMAGES = 12800  # recipes/common/data.py's --synthetic set
+NEEDED = ["torchvision", "tensorboard", "tqdm", "matplotlib", "numpy", "PIL"]  # besides torch: the recipes, plots
+SYNTHETIC_WORKERS = 4  # enough to collate in-memory images; they decode nothing
 PRECISION_FIELDS = ["recipe", "data", "precision", "channels_last", "gpus", "batch_size", "epochs", "images_per_s",
-                    "step_images_per_s", "data_wait_share", "arch", "image_size", "workers", "cpu", "cores", "gpu",
-                    "torch"]
+                    "whole_epoch_images_per_s", "data_wait_share", "arch", "image_size", "workers", "cpu", "cores",
+                    "gpu", "torch"]
 COMPRESSION_FIELDS = ["method", "error_feedback", "gpus", "batch_size", "epochs", "images_per_s",
-                      "step_images_per_s", "bytes_per_step", "compression_ratio", "arch", "image_size", "cpu",
-                      "cores", "gpu", "torch"]
+                      "whole_epoch_images_per_s", "data_wait_share", "bytes_per_step", "compression_ratio", "arch",
+                      "image_size", "workers", "cpu", "cores", "gpu", "torch"]
 
 
 def parse_args(argv=None):
@@ -67,7 +78,8 @@ def parse_args(argv=None):
     parser.add_argument("--min-steps", type=int, default=40,
                         help="timed steps per run at least, in the epochs after the first (default: 40)")
     parser.add_argument("-j", "--workers", type=int, help="loader workers per GPU on the JPEG folder (default: "
-                                                          "the cores shared between the GPUs)")
+                                                          "the cores this process may use, shared between the GPUs)")
+    parser.add_argument("--lr", type=float, default=0.01, help="for a batch of 256, as the recipes' (default: 0.01)")
     parser.add_argument("--figures-data", default="figures/data/gpu", help="where the CSVs go")
     parser.add_argument("--runs", default="runs/figures-gpu", help="where the run directories go")
     args = parser.parse_args(argv)
@@ -126,13 +138,29 @@ def train_images(args, data):
 
 
 def throughput(out, steps, images_per_step):
-    """(whole-epoch images/s, the recipe's images/s, share of the time spent waiting for data), each the
+    """(the recipe's steady images/s, whole-epoch images/s, share of the time spent waiting for data), each the
     median over the epochs after the first."""
     with open(out / "metrics.csv", newline="") as f:
         rows = [row for row in csv.DictReader(f) if row["split"] == "train"][1:]
-    return (statistics.median(steps * images_per_step / float(r["epoch_s"]) for r in rows),
-            statistics.median(float(r["images_per_s"]) for r in rows),
+    return (statistics.median(float(r["images_per_s"]) for r in rows),
+            statistics.median(steps * images_per_step / float(r["epoch_s"]) for r in rows),
             statistics.median(float(r["data_s"]) / float(r["epoch_s"]) for r in rows))
+
+
+def visible_gpus(count):
+    """CUDA_VISIBLE_DEVICES for the first `count` GPUs this process may use (a scheduler may have chosen them)."""
+    allowed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in allowed.split(",") if i.strip()] if allowed else [str(i) for i in range(count)]
+    return ",".join(ids[:count])
+
+
+def ran_out_of_memory(out, launch):
+    """Whether out holds this very launch, failed for want of GPU memory (kept, so a restart does not retry it)."""
+    try:
+        return (json.loads((out / "launch.json").read_text()) == launch
+                and "out of memory" in (out / "failed.log").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def train(args, name, recipe, gpus, data, flags, cores):
@@ -140,26 +168,39 @@ def train(args, name, recipe, gpus, data, flags, cores):
     batch = args.batch_size
     processes = 1 if recipe == "dp" else gpus  # DataParallel: one process drives every GPU
     threads = max(1, cores // processes)
-    workers = args.workers if args.workers is not None else max(1, cores // processes)
-    data_flags = ["--synthetic", "-j", "0"] if data == "synthetic" else [args.jpeg, "-j", str(workers)]
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
+    if data == "synthetic":
+        workers_per_gpu = min(SYNTHETIC_WORKERS, max(1, cores // gpus))
+    else:
+        workers_per_gpu = args.workers if args.workers is not None else max(1, cores // gpus)
+    workers = workers_per_gpu * gpus // processes  # dp's one process loads for every GPU
+    data_flags = ["--synthetic"] if data == "synthetic" else [args.jpeg]
+    env = {"CUDA_VISIBLE_DEVICES": visible_gpus(gpus)}
     while True:
         epochs, steps = epochs_for(train_images(args, data), gpus, batch, args.min_steps)
         per_process = batch * gpus if recipe == "dp" else batch  # dp splits one batch between its GPUs
-        run_flags = [*data_flags, "-a", args.arch, "--image-size", str(args.image_size), "-b", str(per_process),
-                     "--epochs", str(epochs), "-p", "10", *flags]
+        run_flags = [*data_flags, "-j", str(workers), "-a", args.arch, "--image-size", str(args.image_size),
+                     "-b", str(per_process), "--lr", str(args.lr), "--epochs", str(epochs), "-p", "10", *flags]
         out = Path(args.runs) / f"{name}-b{batch}"
-        summary = measuring.train(recipe, processes, run_flags, out, threads, env, check=False)
+        launch = measuring.launch_of(recipe, processes, run_flags, env, threads)
+        summary = None if ran_out_of_memory(out, launch) else measuring.train(
+            recipe, processes, run_flags, out, threads, env, check=False)
         if summary is not None:
-            rate, step_rate, waiting = throughput(out, steps, batch * gpus)
+            for checkpoint in out.glob("*.pt"):  # 200 MB each for ResNet-50; the sweep needs only the metrics
+                checkpoint.unlink()
+            rate, whole_epoch_rate, waiting = throughput(out, steps, batch * gpus)
             return {"summary": summary, "batch_size": batch, "epochs": epochs, "images_per_s": round(rate, 1),
-                    "step_images_per_s": round(step_rate, 1), "data_wait_share": round(waiting, 4),
-                    "workers": 0 if data == "synthetic" else workers}
+                    "whole_epoch_images_per_s": round(whole_epoch_rate, 1), "data_wait_share": round(waiting, 4),
+                    "workers": workers}
         log = (out / "failed.log").read_text()
         if "out of memory" not in log or batch <= 16:
             sys.exit(f"error: {recipe} {' '.join(run_flags)} failed:\n{log[-3000:]}")
         print(f"{name}: out of GPU memory at batch {batch} per GPU; trying {batch // 2}", flush=True)
         batch //= 2
+
+
+def kept_rows(path, counts):
+    """The rows of an earlier sweep for GPU counts this one does not measure."""
+    return [r for r in measuring.read_csv(path) if int(r["gpus"]) not in counts] if path.exists() else []
 
 
 def main(argv=None):
@@ -170,13 +211,18 @@ def main(argv=None):
     if not torch.cuda.is_available():
         measuring.bad_input("no CUDA GPU here (torch.cuda.is_available() is False): this sweep measures GPUs; "
                             "make figures measures the CPU")
+    missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+    if missing:
+        measuring.bad_input(f"this Python ({sys.executable}) lacks {', '.join(missing)}, which the recipes and the "
+                            f"plots need: install them, or use make setup's .venv")
     counts = gpu_counts(torch.cuda.device_count(), args.gpus)
-    cores = os.cpu_count() or 1
+    cores = measuring.usable_cores()
     machine = measuring.hardware()
     common = {"arch": args.arch, "image_size": args.image_size, **machine}
     datasets = ["synthetic", "jpeg"] if args.jpeg else ["synthetic"]
     figures_data = Path(args.figures_data)
-    precision_rows, compression_rows = [], []
+    precision_rows = kept_rows(figures_data / "precision.csv", counts)
+    compression_rows = kept_rows(figures_data / "compression.csv", counts)
     for gpus in counts:
         if "precision" in args.parts:
             for name, recipe, data, precision, channels_last, flags in precision_runs(gpus, datasets):
@@ -197,7 +243,7 @@ def main(argv=None):
                                          **measured, **common})
                 measuring.write_csv(figures_data / "compression.csv", COMPRESSION_FIELDS, compression_rows)
                 print(f"{name:>28}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
-                      f"GPU)", flush=True)
+                      f"GPU, data wait {100 * measured['data_wait_share']:.0f} %)", flush=True)
     print(f"wrote {figures_data}/")
     measuring.record_part(figures_data, "gpu", started)
 

@@ -97,7 +97,7 @@ def killed_run(data, flags, out, steps_per_epoch, into_epoch_2):
                "--step", str(steps_per_epoch + into_epoch_2), "--rank", "1", "--times", str(times), "--",
                str(ROOT / "recipes" / "ddp" / "train.py"), str(data), *flags, "--epochs", "2", "--auto-resume",
                "--out", str(out / "run")]
-    launch = measuring.launch_of("ddp", 2, command)
+    launch = measuring.launch_of("ddp", 2, command, threads=1)
     finished = measuring.finished_summary(out, launch) is not None  # (from an earlier start)
     if finished:
         measuring.note_reused(out)

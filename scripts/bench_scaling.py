@@ -141,14 +141,14 @@ def main():
     args.arch = args.arch or ("resnet50" if cuda else "resnet18")
     args.image_size = args.image_size or (224 if cuda else 32)
     args.workers = args.workers if args.workers is not None else (
-        max(1, (os.cpu_count() or 1) // torch.cuda.device_count()) if cuda else 1)
+        max(1, measuring.usable_cores() // torch.cuda.device_count()) if cuda else 1)
     if args.bare_worker:
         return bare_loop(args)
 
     world_sizes = args.processes or (list(range(1, torch.cuda.device_count() + 1)) if cuda else [1, 2])
-    if not cuda and max(world_sizes) * args.threads > (os.cpu_count() or 1):
+    if not cuda and max(world_sizes) * args.threads > measuring.usable_cores():
         print(f"warning: {max(world_sizes)} processes x {args.threads} threads oversubscribe "
-              f"{os.cpu_count()} cores", file=sys.stderr)
+              f"{measuring.usable_cores()} cores", file=sys.stderr)
     if args.jpeg and not (Path(args.jpeg) / "train").is_dir():
         sys.exit(f"error: {args.jpeg} has no train/ folder")
     main_recipe = "apex" if cuda else "ddp"

@@ -16,7 +16,6 @@ summary.json is complete is not trained again.
 """
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -61,7 +60,7 @@ def main():
                  "-b", str(args.global_batch // processes)]
         if method != "serial":
             flags += ["--compress", method, *(["--error-feedback"] if error_feedback else [])]
-        threads = max(1, (os.cpu_count() or 1) // processes)
+        threads = max(1, measuring.usable_cores() // processes)
         out = runs / f"{name}-seed{seed}"
         summary = measuring.train("nd" if method == "serial" else "compression", processes, flags, out, threads)
         train_s = measuring.train_seconds(out)

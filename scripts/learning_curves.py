@@ -14,7 +14,6 @@ A run whose summary.json is complete is not trained again.
 """
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -52,7 +51,7 @@ def main():
             out = Path(args.runs) / f"{recipe}-seed{seed}"
             flags = [args.data, *(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY),
                      "-b", str(args.global_batch // processes), "--epochs", str(args.epochs), "--seed", str(seed)]
-            threads = max(1, (os.cpu_count() or 1) // processes)
+            threads = max(1, measuring.usable_cores() // processes)
             summary = measuring.train(recipe, processes, flags, out, threads)
             print(f"{recipe} seed {seed}: {processes} process(es), {args.epochs} epochs, top-1 "
                   f"{summary['top1']:.2f} %", flush=True)

@@ -54,10 +54,15 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
+def usable_cores():
+    """The cores this process may use (under SLURM or taskset, fewer than the machine has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def hardware():
-    """CPU model and cores, GPUs ("2 x NVIDIA H100", or None), torch version."""
+    """CPU model and the cores this process may use, GPUs ("2 x NVIDIA H100", or None), torch version."""
     gpus = torch.cuda.device_count()
-    return {"cpu": cpu_name(), "cores": os.cpu_count(),
+    return {"cpu": cpu_name(), "cores": usable_cores(),
             "gpu": f"{gpus} x {torch.cuda.get_device_name()}" if gpus else None, "torch": torch.__version__}
 
 
@@ -94,17 +99,18 @@ def finished_summary(out, launch):
     return None
 
 
-def launch_of(recipe, processes, flags, env=None):
+def launch_of(recipe, processes, flags, env=None, threads=None):
     """What makes two runs the same run, as train() keeps it in launch.json."""
-    return {"recipe": recipe, "processes": processes, "flags": [str(flag) for flag in flags], "env": env or {}}
+    return {"recipe": recipe, "processes": processes, "threads": threads, "flags": [str(flag) for flag in flags],
+            "env": env or {}}
 
 
 def train(recipe, processes, flags, out, threads, env=None, check=True):
     """recipes/<recipe>/train.py FLAGS --out OUT on `processes` processes, unless OUT already holds a finished
-    run of the same recipe, processes, flags and environment: a stopped `make figures` started again skips
+    run of the same recipe, processes, threads, flags and environment: a stopped `make figures` started again skips
     what it has. A run that did not finish starts afresh. Returns its summary (None when it failed and check
     is False: its output is then in OUT/failed.log)."""
-    out, launch = Path(out), launch_of(recipe, processes, flags, env)
+    out, launch = Path(out), launch_of(recipe, processes, flags, env, threads)
     summary = finished_summary(out, launch)
     if summary is not None:
         note_reused(out)

@@ -429,18 +429,20 @@ def gpu_precision_table(rows):
             if synthetic:
                 images = float(synthetic["images_per_s"])
                 row += [f"{images:.0f}", f"{images / float(baseline['images_per_s']):.2f}x" if baseline else "",
-                        f"{100 * images / (float(first['images_per_s']) * gpus / counts[0]):.0f} %" if first else ""]
+                        f"{100 * images / (float(first['images_per_s']) * gpus / counts[0]):.0f} %" if first else "",
+                        f"{100 * float(synthetic['data_wait_share']):.0f} %"]
             else:
-                row += ["", "", ""]
-            row += ([f"{float(jpeg['images_per_s']):.0f}", f"{100 * float(jpeg['data_wait_share']):.0f} %"]
-                    if jpeg else ["", ""])
+                row += ["", "", "", ""]
+            row += ([f"{float(jpeg['images_per_s']):.0f}", f"{float(jpeg['whole_epoch_images_per_s']):.0f}",
+                     f"{100 * float(jpeg['data_wait_share']):.0f} %"] if jpeg else ["", "", ""])
             body.append(row)
     r = rows[0]
     return (table(["recipe and precision", "GPUs", "batch per GPU", "synthetic images/s", "vs ddp fp32",
-                   f"scaling efficiency (vs {counts[0]} GPU)", "JPEG images/s", "JPEG: time waiting for data"],
-                  body) +
-            f"\n\n{r['arch']} at {r['image_size']} px. Images/s: all GPUs together, the median over the epochs after "
-            f"the first of the epoch's images over its whole time (loader start-up included).")
+                   f"scaling efficiency (vs {counts[0]} GPU)", "synthetic: waiting for data", "JPEG images/s",
+                   "JPEG images/s, whole epochs", "JPEG: waiting for data"], body) +
+            f"\n\n{r['arch']} at {r['image_size']} px. Images/s: all GPUs together, every step after the first of "
+            f"an epoch, the median over the epochs after the first; \"whole epochs\" also counts each epoch's loader "
+            f"start-up and first batch.")
 
 
 def gpu_compression_table(rows):
@@ -489,8 +491,12 @@ def plot_gpu(rows, figures):
 
 
 def gpu_sections(gpu_data, figures):
-    """The GPU section of RESULTS.md from gpu/*.csv; {} when the GPU sweep has not run."""
-    sections = {}
+    """The GPU section of RESULTS.md from gpu/*.csv; a line saying so when the GPU sweep has not run."""
+    measured = [name for name in ("precision.csv", "compression.csv") if (gpu_data / name).exists()]
+    if not measured:
+        return {"gpu-hardware": "Not measured yet: no GPU was available. `make figures-gpu` on a machine with CUDA "
+                                "fills this section.", "gpu-precision": "", "gpu-compression": ""}
+    sections = {"gpu-precision": "", "gpu-compression": ""}
     if (gpu_data / "precision.csv").exists():
         rows = read_csv(gpu_data / "precision.csv")
         plot_gpu(rows, figures)
@@ -500,16 +506,13 @@ def gpu_sections(gpu_data, figures):
         sections["gpu-precision"] = charts + gpu_precision_table(rows)
     if (gpu_data / "compression.csv").exists():
         sections["gpu-compression"] = gpu_compression_table(read_csv(gpu_data / "compression.csv"))
-    measured = [read_csv(gpu_data / name)[0] for name in ("precision.csv", "compression.csv")
-                if (gpu_data / name).exists()]
-    if measured:
-        r = measured[0]
-        line = f"GPU {r['gpu']}, CPU {r['cpu']} ({r['cores']} cores), torch {r['torch']}."
-        if (gpu_data / "timings.csv").exists():
-            timing = read_csv(gpu_data / "timings.csv")[0]
-            line += (f" The sweep took {float(timing['seconds']) / 60:.1f} minutes ({timing['runs_trained']} runs "
-                     f"trained, {timing['runs_reused']} kept from an earlier start).")
-        sections["gpu-hardware"] = line
+    r = read_csv(gpu_data / measured[0])[0]
+    line = f"GPU {r['gpu']}, CPU {r['cpu']} ({r['cores']} cores), torch {r['torch']}."
+    if (gpu_data / "timings.csv").exists():
+        timing = read_csv(gpu_data / "timings.csv")[0]
+        line += (f" The sweep took {float(timing['seconds']) / 60:.1f} minutes ({timing['runs_trained']} runs "
+                 f"trained, {timing['runs_reused']} kept from an earlier start).")
+    sections["gpu-hardware"] = line
     return sections
 
 

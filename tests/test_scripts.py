@@ -133,6 +133,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "beyond the spread (ranges that do not overlap): nd and apex (-5.00); ddp and apex (-4.50)." in text
     assert "so not told apart from noise: nd and ddp (-0.50)." in text
     assert "CPU Test CPU (2 cores), GPU none: these results are CPU-only" in text
+    assert "Not measured yet: no GPU was available." in text  # the GPU section, without gpu/*.csv
     assert "| resnet18 | 2 | 89.5 | 0.3 | 1.00 % | 14.0 | 20 | 150 | 0.15 % |" in text
     assert "| serial | 1 | 3 | 61.0 | 95.50 (95.00\u201396.00) |  |  |  |  |" in text
     assert "| none | 2 | 3 | 41.0 | 94.50 (94.00\u201395.00) |  |  | 4,000 | 1.00 |" in text
@@ -320,49 +321,60 @@ def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
     assert bench_gpu.epochs_for(12800, 8, 256, 40) == (8, 6)  # 7 epochs of 6 steps after the warm-up
 
 
-def test_bench_gpu_halves_the_batch_until_it_fits(tmp_path, monkeypatch):
+def test_bench_gpu_halves_the_batch_until_it_fits_and_a_restart_skips_what_did_not(tmp_path, monkeypatch):
     launched = []
 
     def fake_train(recipe, processes, flags, out, threads, env=None, check=True):
-        batch = int(flags[flags.index("-b") + 1])
-        launched.append((recipe, processes, batch, env["CUDA_VISIBLE_DEVICES"]))
-        out.mkdir(parents=True)
-        if batch // (2 if recipe == "dp" else 1) > 64:  # per GPU
+        """measuring.train's files, without a recipe: a run that does not fit 64 images per GPU runs out of memory."""
+        batch, workers = int(flags[flags.index("-b") + 1]), int(flags[flags.index("-j") + 1])
+        launched.append((recipe, processes, batch, workers, env["CUDA_VISIBLE_DEVICES"]))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "launch.json").write_text(json.dumps(measuring.launch_of(recipe, processes, flags, env, threads)))
+        if batch // (2 if recipe == "dp" else 1) > 64:
             (out / "failed.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
             return None
         (out / "metrics.csv").write_text("epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr\n"
-                                         "1,train,1,1,1,50,1,30,0.1\n2,train,1,1,1,110,2,10,0.1\n")
+                                         "1,train,1,1,1,50,1,30,0.1\n2,train,1,1,1,1400,2,10,0.1\n")
+        (out / "checkpoint.pt").write_bytes(b"weights")
         return {"top1": 1.0}
 
     monkeypatch.setattr(bench_gpu.measuring, "train", fake_train)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the GPUs a scheduler gave this job
     args = bench_gpu.parse_args(["--runs", str(tmp_path)])
     measured = bench_gpu.train(args, "dp-fp32-synthetic-2", "dp", 2, "synthetic", [], cores=16)
-    # DataParallel: one process, one batch for both GPUs; 256 and then 128 per GPU did not fit
-    assert launched == [("dp", 1, 512, "0,1"), ("dp", 1, 256, "0,1"), ("dp", 1, 128, "0,1")]
-    assert measured["batch_size"] == 64 and measured["epochs"] == 2
+    # DataParallel: one process, one batch and the loader workers of both GPUs; 256, then 128 per GPU did not fit
+    assert launched == [("dp", 1, 512, 8, "4,5"), ("dp", 1, 256, 8, "4,5"), ("dp", 1, 128, 8, "4,5")]
+    assert measured["batch_size"] == 64 and measured["epochs"] == 2 and measured["workers"] == 8
     # 12800 images on 2 GPUs at 64 each: 100 steps of 128 images in epoch 2's 10 s
-    assert measured["images_per_s"] == 1280.0 and measured["step_images_per_s"] == 110.0
+    assert measured["images_per_s"] == 1400.0 and measured["whole_epoch_images_per_s"] == 1280.0
     assert measured["data_wait_share"] == 0.2
+    assert not list(tmp_path.rglob("*.pt"))  # a finished run keeps its metrics, not its checkpoints
+
+    launched.clear()  # a restart: the batches that ran out of memory are not tried again
+    bench_gpu.train(args, "dp-fp32-synthetic-2", "dp", 2, "synthetic", [], cores=16)
+    assert launched == [("dp", 1, 128, 8, "4,5")]
     launched.clear()
-    bench_gpu.train(args, "ddp-fp32-synthetic-2", "ddp", 2, "synthetic", [], cores=16)
-    assert launched[-1] == ("ddp", 2, 64, "0,1")  # DDP: one process per GPU, the batch is per process
+    bench_gpu.train(args, "ddp-fp32-jpeg-2", "ddp", 2, "synthetic", [], cores=16)
+    assert launched[-1] == ("ddp", 2, 64, 4, "4,5")  # DDP: one process per GPU, batch and workers per process
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert bench_gpu.visible_gpus(3) == "0,1,2"
 
 
 def write_gpu_data(data):
     machine = "Test CPU,16,1 x Test GPU,2.14.1"
-    header = ("recipe,data,precision,channels_last,gpus,batch_size,epochs,images_per_s,step_images_per_s,"
+    header = ("recipe,data,precision,channels_last,gpus,batch_size,epochs,images_per_s,whole_epoch_images_per_s,"
               "data_wait_share,arch,image_size,workers,cpu,cores,gpu,torch")
-    rows = [("ddp", "synthetic", "fp32", 0, 1, 1000, 0), ("ddp", "jpeg", "fp32", 0, 1, 800, 0.25),
-            ("apex", "synthetic", "fp16", 1, 1, 2500, 0), ("apex", "jpeg", "fp16", 1, 1, 900, 0.6),
+    rows = [("ddp", "synthetic", "fp32", 0, 1, 1000, 0.01), ("ddp", "jpeg", "fp32", 0, 1, 800, 0.25),
+            ("apex", "synthetic", "fp16", 1, 1, 2500, 0.02), ("apex", "jpeg", "fp16", 1, 1, 900, 0.6),
             ("ddp", "synthetic", "fp32", 0, 2, 1900, 0), ("apex", "synthetic", "fp16", 1, 2, 4500, 0)]
     (data / "gpu").mkdir(parents=True)
     (data / "gpu" / "precision.csv").write_text("\n".join([header] + [
-        f"{recipe},{d},{precision},{cl},{gpus},256,2,{rate},{rate},{wait},resnet50,224,16,{machine}"
+        f"{recipe},{d},{precision},{cl},{gpus},256,2,{rate},{rate - 100},{wait},resnet50,224,16,{machine}"
         for recipe, d, precision, cl, gpus, rate, wait in rows]) + "\n")
-    header = ("method,error_feedback,gpus,batch_size,epochs,images_per_s,step_images_per_s,bytes_per_step,"
-              "compression_ratio,arch,image_size,cpu,cores,gpu,torch")
+    header = ("method,error_feedback,gpus,batch_size,epochs,images_per_s,whole_epoch_images_per_s,data_wait_share,"
+              "bytes_per_step,compression_ratio,arch,image_size,workers,cpu,cores,gpu,torch")
     (data / "gpu" / "compression.csv").write_text("\n".join([header] + [
-        f"{method},{ef},1,256,2,{rate},{rate},{sent},{ratio},resnet50,224,{machine}"
+        f"{method},{ef},1,256,2,{rate},{rate},0,{sent},{ratio},resnet50,224,4,{machine}"
         for method, ef, rate, sent, ratio in (("none", 0, 1000, 100000, 1.0), ("powersgd", 1, 950, 1000, 100.0))])
         + "\n")
     (data / "gpu" / "timings.csv").write_text("part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch\n"
@@ -374,9 +386,9 @@ def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
     write_gpu_data(data)
     results.write_text("# Results\n")
     text = plot_results(data, figures, results, ("gpu_throughput", "gpu_scaling"))
-    assert "| ddp fp32 | 1 | 256 | 1000 | 1.00x | 100 % | 800 | 25 % |" in text
-    assert "| apex O1 fp16, channels_last | 1 | 256 | 2500 | 2.50x | 100 % | 900 | 60 % |" in text
-    assert "| apex O1 fp16, channels_last | 2 | 256 | 4500 | 2.37x | 90 % |  |  |" in text  # 4500 / (2 x 2500)
+    assert "| ddp fp32 | 1 | 256 | 1000 | 1.00x | 100 % | 1 % | 800 | 700 | 25 % |" in text
+    assert "| apex O1 fp16, channels_last | 1 | 256 | 2500 | 2.50x | 100 % | 2 % | 900 | 800 | 60 % |" in text
+    assert "| apex O1 fp16, channels_last | 2 | 256 | 4500 | 2.37x | 90 % | 0 % |  |  |  |" in text  # 4500 / (2 x 2500)
     assert "| powersgd + error feedback | 1 | 256 | 950 | 0.95x | 1,000 | 100.00 |" in text
     assert "| none | 1 | 256 | 1000 | 1.00x | 100,000 | 1.00 |" in text
     assert "GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The sweep took 12.0 minutes (25 runs" in text
