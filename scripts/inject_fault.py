@@ -72,7 +72,7 @@ def main():
 
     should_stop = faults.should_stop
 
-    def should_stop_with_fault(loss, epoch, step):
+    def should_stop_with_fault(loss, epoch, step, group=None):
         nonlocal steps
         steps += 1
         if attempt != args.attempt and steps == 1:
@@ -88,7 +88,7 @@ def main():
                 os.killpg(os.getpgid(0), signal.SIGTERM)
             else:
                 os.kill(os.getpid(), SIGNALS[fault])
-        return should_stop(loss, epoch, step)
+        return should_stop(loss, epoch, step, group)
 
     faults.should_stop = should_stop_with_fault
     if armed and fault == "hang-init":

@@ -36,13 +36,16 @@ elif mode == "run":
     os.execv(command[0], command)
 sys.exit(int(mode.split()[1]))
 """
+# one write per answer, as the real scontrol does: under PYTHONUNBUFFERED, print() writes the text and its
+# newline apart, and `| head -n 1` may close the pipe in between (BrokenPipeError, a failed pipeline)
 SCONTROL = f"""#!{sys.executable}
 import json, os, sys
 args = sys.argv[1:]
 if args[:2] == ["show", "hostnames"]:
-    print(os.environ.get("STANDIN_HOSTS", "node-a\\nnode-b"))
+    sys.stdout.write(os.environ.get("STANDIN_HOSTS", "node-a\\nnode-b") + "\\n")
 elif args[:2] == ["show", "job"]:
-    print(f"JobId={{args[2]}} JobName=train\\n   Command={{os.environ['STANDIN_SUBMITTED']}}\\n   WorkDir=/somewhere")
+    sys.stdout.write(f"JobId={{args[2]}} JobName=train\\n   Command={{os.environ['STANDIN_SUBMITTED']}}\\n   "
+                     "WorkDir=/somewhere\\n")
 elif args[0] == "requeue":
     with open(os.environ["STANDIN_LOG"], "a") as f:
         f.write(json.dumps({{"requeue": args[1]}}) + "\\n")

@@ -29,17 +29,19 @@ from recipes.common import checkpoint, data, faults, metrics, schedule
 
 class Run:
     def __init__(self, args, log, device, model, optimizer, scheduler, ema, num_classes, global_batch,
-                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext):
+                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None):
         """model: the unwrapped model (the one checkpoints and evaluation use); ema: None without --ema-decay;
-        scaler: a GradScaler, saved with the checkpoint; autocast: what evaluation runs under."""
+        scaler: a GradScaler, saved with the checkpoint; autocast: what evaluation runs under; group: the ranks
+        that run the Run together (default: all; the parameter server's servers)."""
         self.args, self.log, self.device, self.autocast = args, log, device, autocast
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
         self.accum_steps, self.steps_per_epoch = args.accum_steps, steps_per_epoch
         self.checkpoint = checkpoint.Checkpoint(args, model, optimizer, scheduler, ema, scaler,
                                                 num_classes=num_classes, global_batch=global_batch,
-                                                steps_per_epoch=steps_per_epoch, device=device)
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+                                                steps_per_epoch=steps_per_epoch, device=device, group=group)
+        self.group = group
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.epoch, self.step, self.first_step, self.epoch_lr = 0, 0, 0, 0.0
         self.meter = self.val_stats = self.ema_stats = None
 
@@ -80,7 +82,7 @@ class Run:
         """This epoch's batches of the loader (resumed mid-epoch: only those not yet trained on), behind a
         progress bar; starts a new self.meter and times the wait for each batch. The step count moves on
         when the next batch is asked for: call step_done once for every batch."""
-        self.meter = metrics.EpochMeter(self.device)
+        self.meter = metrics.EpochMeter(self.device, self.group)
         self.step = self.first_step
         batches = data.skip_batches(loader, self.first_step)  # the skipped images are never loaded
         for batch in self.log.progress(batches, f"epoch {self.epoch + 1}/{self.args.epochs}"):
@@ -101,7 +103,7 @@ class Run:
         if self.ema is not None:
             self.ema.update_parameters(self.model)  # ema = d x ema + (1 - d) x weights
         self.log.profile_step()
-        if faults.should_stop(loss, self.epoch, step):  # SIGTERM on any rank: all stop here
+        if faults.should_stop(loss, self.epoch, step, self.group):  # SIGTERM on any rank: all stop here
             self.checkpoint.save(self.epoch, step + 1)
             raise faults.Preempted(args.out, self.epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:
@@ -110,8 +112,10 @@ class Run:
     def evaluate(self, val_loader):
         """Exact evaluation of the model, and of the EMA model with --ema-decay (plain cross-entropy)."""
         criterion = nn.CrossEntropyLoss()
-        self.val_stats = metrics.evaluate(self.model, val_loader, criterion, self.device, self.log, self.autocast)
-        self.ema_stats = metrics.evaluate_ema(self.ema, val_loader, criterion, self.device, self.log, self.autocast)
+        self.val_stats = metrics.evaluate(self.model, val_loader, criterion, self.device, self.log, self.autocast,
+                                          self.group)
+        self.ema_stats = metrics.evaluate_ema(self.ema, val_loader, criterion, self.device, self.log, self.autocast,
+                                              self.group)
 
     def end_epoch(self, train_stats, val_loader):
         """Evaluate, log the epoch, save checkpoint.pt (and best.pt); True once --desired-acc is reached."""

@@ -37,8 +37,9 @@ class Checkpoint:
     """
 
     def __init__(self, args, model, optimizer, scheduler=None, ema=None, scaler=None, *, num_classes, global_batch,
-                 steps_per_epoch, device):
-        self.args, self.model, self.optimizer, self.scheduler = args, model, optimizer, scheduler
+                 steps_per_epoch, device, group=None):
+        """group: the ranks that save and resume together (default: all of them)."""
+        self.args, self.model, self.optimizer, self.scheduler, self.group = args, model, optimizer, scheduler, group
         self.ema, self.scaler, self.device = ema, scaler, device
         self.num_classes, self.global_batch, self.steps_per_epoch = num_classes, global_batch, steps_per_epoch
         self.epoch, self.step, self.best_top1 = 0, 0, 0.0
@@ -50,7 +51,7 @@ class Checkpoint:
                 "best_top1": self.best_top1, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "ema": self.ema.state_dict() if self.ema is not None else None, "rng": rng_states()}
+                "ema": self.ema.state_dict() if self.ema is not None else None, "rng": rng_states(self.group)}
 
     def save(self, epoch, step, is_best=False):
         """Every rank calls it at the same point; rank 0 writes checkpoint.pt, and best.pt when is_best.
@@ -60,7 +61,7 @@ class Checkpoint:
         faults.check_finite(self.model, epoch, step)
         self.epoch, self.step = epoch, step
         state = self.state_dict()
-        if not dist.is_initialized() or dist.get_rank() == 0:
+        if not dist.is_initialized() or dist.get_rank() == 0:  # (rank 0 of the world)
             save(state, self.args.out, is_best)
 
     def resume(self, log):
@@ -68,13 +69,13 @@ class Checkpoint:
 
         Every rank loads it onto its own device (a collective: every rank calls it).
         """
-        path = resume_path(self.args)
+        path = resume_path(self.args, self.group)
         if not path:
             return
         state = load(path, self.device)
         self.epoch, self.step, self.best_top1 = restore(
             state, path, self.args.arch, self.num_classes, self.model, self.optimizer, self.scheduler, self.scaler,
-            self.global_batch, self.ema, self.steps_per_epoch)
+            self.global_batch, self.ema, self.steps_per_epoch, self.group)
         log.print(f"resuming {path} (saved by recipes/{state.get('recipe', '?')}): {self.epoch} epoch(s) and "
                   f"{self.step} step(s) done, best top-1 {self.best_top1:.2f} %")
 
@@ -97,8 +98,8 @@ def _replace_atomically(path, write):
         tmp.unlink(missing_ok=True)
 
 
-def rng_states():
-    """Every rank's random state, gathered on all ranks (a collective: every rank calls it).
+def rng_states(group=None):
+    """Every rank's random state, gathered on all ranks of group (a collective: every rank of it calls it).
 
     torchvision's transforms and dropout draw from torch's generators, not Python's.
     """
@@ -106,8 +107,8 @@ def rng_states():
              "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
     if not dist.is_initialized():
         return [state]
-    states = [None] * dist.get_world_size()
-    dist.all_gather_object(states, state)
+    states = [None] * dist.get_world_size(group)
+    dist.all_gather_object(states, state, group=group)
     return states
 
 
@@ -141,7 +142,7 @@ def load(path, device):
     return state
 
 
-def resume_path(args):
+def resume_path(args, group=None):
     """<out>/checkpoint.pt with --auto-resume when it exists (a relaunch continues), else --resume.
 
     -e with --resume evaluates that checkpoint. Every rank must see the same
@@ -152,8 +153,8 @@ def resume_path(args):
         return args.resume
     found = [own.exists()]
     if dist.is_initialized():
-        found = [None] * dist.get_world_size()
-        dist.all_gather_object(found, own.exists())
+        found = [None] * dist.get_world_size(group)
+        dist.all_gather_object(found, own.exists(), group=group)
     if any(found) and not all(found):
         missing = [rank for rank, seen in enumerate(found) if not seen]
         raise RecipeError(f"{own} exists for some ranks but not for ranks {missing}: with --auto-resume, --out "
@@ -169,7 +170,7 @@ def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=Non
 
 
 def restore(state, path, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None, global_batch=None,
-            ema=None, steps_per_epoch=None):
+            ema=None, steps_per_epoch=None, group=None):
     """Load a checkpoint's state into the unwrapped model (and the training state, when given).
 
     Returns (epochs done, steps of global_batch done in the next epoch, best top-1 so far).
@@ -206,9 +207,9 @@ def restore(state, path, arch, num_classes, model, optimizer=None, scheduler=Non
         scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         scheduler.last_epoch = state["epoch"] * steps_per_epoch + step - 1
         scheduler.step()  # (no optimizer.step() before it: schedule.build_scheduler silences torch's warning)
-    _check_every_rank_agrees(path, state["epoch"], step)
+    _check_every_rank_agrees(path, state["epoch"], step, group)
     rng = state.get("rng")
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    rank, world_size = (dist.get_rank(group), dist.get_world_size(group)) if dist.is_initialized() else (0, 1)
     if step and rng and len(rng) == world_size:
         torch.set_rng_state(rng[rank]["cpu"].cpu())
         if rng[rank]["cuda"] is not None and torch.cuda.is_available():
@@ -224,12 +225,12 @@ def _rescale_lr(optimizer, factor):
                 group["initial_lr"] *= factor
 
 
-def _check_every_rank_agrees(path, epoch, step):
+def _check_every_rank_agrees(path, epoch, step, group=None):
     """Ranks that loaded different checkpoints would run different numbers of steps and hang."""
     if not dist.is_initialized():
         return
-    positions = [None] * dist.get_world_size()
-    dist.all_gather_object(positions, (epoch, step))
+    positions = [None] * dist.get_world_size(group)
+    dist.all_gather_object(positions, (epoch, step), group=group)
     if len(set(positions)) > 1:
         raise RecipeError(f"the ranks loaded {path} at different points (epoch, step): {positions}; is --out on a "
                           f"file system that every node sees, with no stale cached copy?")

@@ -138,6 +138,16 @@ def build_datasets(args):
     return train_set, val_set, len(train_set.classes)
 
 
+def hold_out(dataset, fraction, seed):
+    """Split a training set in two at random (the same split for every rank and run with the same seed):
+    (the rest, the held-out `fraction`). The parameter server's validators train-check on the held-out part."""
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed or 0)).tolist()
+    held = max(1, round(fraction * len(dataset)))
+    if held >= len(dataset):
+        raise RecipeError(f"holding out {fraction:g} of {len(dataset)} train images leaves none to train on")
+    return Subset(dataset, sorted(order[held:])), Subset(dataset, sorted(order[:held]))
+
+
 def shuffle_sampler(dataset, seed):
     """One process's sampler: DistributedSampler with a single replica.
 
@@ -179,6 +189,8 @@ def skip_batches(loader, steps):
     """
     if steps == 0:
         return loader
+    if not isinstance(loader, DataLoader):  # (the parameter server's steps: a range)
+        return loader[steps:]
     remaining = list(loader.sampler)[steps * loader.batch_size:]
     return _train_dataloader(loader.dataset, loader.batch_size, remaining, loader.num_workers, loader.collate_fn,
                              generator=torch.Generator().manual_seed(steps))

@@ -47,15 +47,15 @@ def catch_sigterm():
     signal.signal(signal.SIGTERM, request_stop)
 
 
-def should_stop(loss, epoch, step):
-    """True when any rank has received SIGTERM. Every rank calls this after each step.
+def should_stop(loss, epoch, step, group=None):
+    """True when any rank (of group, default all) has received SIGTERM. Every rank calls this after each step.
 
     Raises RunFailed when the loss is NaN or infinite on any rank.
     """
     flags = torch.stack([torch.tensor(float(_sigterm_received), device=loss.device),
                          (~torch.isfinite(loss.detach())).float().reshape(())])
     if dist.is_initialized():
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # one rank's flag is every rank's decision
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)  # one rank's flag is every rank's decision
     sigterm, nonfinite = flags.tolist()
     if nonfinite:
         raise RunFailed(f"non-finite loss at epoch {epoch + 1} step {step + 1}: {_DIVERGED}")

@@ -19,12 +19,12 @@ class EpochMeter:
     """Sums over one epoch: loss, top-1/top-5 hits, images, time waiting for data.
 
     Sums stay on the device (no sync per step). summary() adds them up across
-    ranks, so every rank reports the metrics of the whole epoch, not its shard.
-    Throughput skips the first step, which pays for loader start-up.
+    ranks (of group, default all), so every rank reports the metrics of the whole
+    epoch, not its shard. Throughput skips the first step, which pays for loader start-up.
     """
 
-    def __init__(self, device):
-        self.device = device
+    def __init__(self, device, group=None):
+        self.device, self.group = device, group
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss * n, top-1 hits, top-5 hits
         self.steps, self.images, self.timed_images, self.data_s = 0, 0, 0, 0.0
         self.start = self.last = time.perf_counter()
@@ -38,7 +38,11 @@ class EpochMeter:
             target = target.argmax(dim=1)
         top1, top5 = correct_counts(output.detach(), target)
         n = target.size(0)
-        self.sums += torch.stack([loss.detach().double() * n, top1.double(), top5.double()])
+        self.add(torch.stack([loss.detach().double() * n, top1.double(), top5.double()]), n)
+
+    def add(self, sums, n):
+        """Count a step of n images whose (loss x n, top-1 hits, top-5 hits) are sums (computed elsewhere)."""
+        self.sums += sums.to(self.sums)
         self.steps += 1
         self.images += n
         if self.steps == 1:
@@ -63,9 +67,9 @@ class EpochMeter:
         longest = torch.tensor([end - self.start, timed_s], dtype=torch.float64, device=self.device)
         world_size = 1
         if dist.is_initialized():
-            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-            dist.all_reduce(longest, op=dist.ReduceOp.MAX)  # the epoch lasts as long as its slowest rank
-            world_size = dist.get_world_size()
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=self.group)
+            dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)  # as long as its slowest rank
+            world_size = dist.get_world_size(self.group)
         loss_sum, top1, top5, images, timed_images, data_s = totals.tolist()
         epoch_s, timed_s = longest.tolist()
         images_per_s = timed_images / timed_s if timed_images else images / max(epoch_s, 1e-9)
@@ -76,14 +80,14 @@ class EpochMeter:
 
 
 @torch.no_grad()
-def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcontext):
-    """Exact evaluation: each rank scores its shard, then the counts are summed.
+def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcontext, group=None):
+    """Exact evaluation: each rank (of group, default all) scores its shard, then the counts are summed.
 
     Pass the unwrapped model: shards may differ by one batch, and a DDP
     wrapper must not be called a different number of times on different ranks.
     """
     model.eval()
-    meter = EpochMeter(device)
+    meter = EpochMeter(device, group)
     for images, target in log.progress(loader, "validate"):
         meter.data_ready()
         images = images.to(device, non_blocking=True)
@@ -95,6 +99,6 @@ def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcont
     return meter.summary()
 
 
-def evaluate_ema(ema, loader, criterion, device, log, autocast=contextlib.nullcontext):
+def evaluate_ema(ema, loader, criterion, device, log, autocast=contextlib.nullcontext, group=None):
     """--ema-decay: the averaged model's exact evaluation; None without it."""
-    return None if ema is None else evaluate(ema.module, loader, criterion, device, log, autocast)
+    return None if ema is None else evaluate(ema.module, loader, criterion, device, log, autocast, group)

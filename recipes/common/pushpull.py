@@ -1,0 +1,140 @@
+"""Push and pull between parameter servers and their clients, on point-to-point send/recv.
+
+The model's parameters, flattened into one vector (torch.nn.utils.parameters_to_vector
+order), are cut into chunks of about --partition-bytes; each server owns some chunks
+and keeps their values (its "shard", the chunks end to end) and a version that it
+bumps at every update. A client (worker or validator) keeps a full copy of the vector.
+
+Every message is a header (HEADER float64 numbers: what it is, the sender's version,
+the training statistics and update counts it carries), then, for a push or a changed
+pull, the payload: a slice of the flat vector. Headers have one size, so a server can
+take them from any source in arrival order (dist.recv without src); the payload then
+comes from that source. torch.distributed.rpc is in maintenance mode upstream; this
+needs nothing but send/recv.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from recipes.common import RecipeError
+
+PUSH, SKIP, PULL, BYE = 0, 1, 2, 3  # a gradient; a worker's step with no gradient (rejected); a request; leaving
+HEADER = 12
+# header fields: kind; version (of the model the gradient was computed on; in a pull, of the client's copy);
+# age (a pull: send the shard once it is this many versions newer); the sender's training statistics
+# (loss x images, top-1 hits, top-5 hits, images); update counts (honest pushed, byzantine pushed, honest
+# rejected, byzantine rejected); stop (in a pull's answer: training is over)
+KIND, VERSION, AGE, STATS, COUNTS, STOP = 0, 1, 2, slice(3, 7), slice(7, 11), 11
+
+
+def partition(sizes, partition_bytes, servers, element_bytes=4):
+    """Cut tensors of `sizes` elements, laid end to end, into chunks of at most about partition_bytes (each
+    tensor into equal pieces, as BytePS does), and deal the chunks to the servers, largest first to the least
+    loaded: loads then differ by at most one chunk. Returns each server's chunks, [(start, end), ...], in
+    flat order."""
+    chunks, start = [], 0
+    for size in sizes:
+        pieces = max(1, math.ceil(size * element_bytes / partition_bytes))
+        bounds = [start + size * i // pieces for i in range(pieces + 1)]
+        chunks += list(zip(bounds[:-1], bounds[1:]))
+        start += size
+    if len(chunks) < servers:
+        raise RecipeError(f"the parameters make {len(chunks)} chunk(s) of --partition-bytes {partition_bytes}, "
+                          f"fewer than the {servers} servers: lower --partition-bytes, or use fewer servers")
+    owned, loads = [[] for _ in range(servers)], [0] * servers
+    for chunk in sorted(chunks, key=lambda c: c[0] - c[1]):  # largest first
+        server = loads.index(min(loads))
+        owned[server].append(chunk)
+        loads[server] += chunk[1] - chunk[0]
+    return [sorted(chunks) for chunks in owned]
+
+
+def take(vector, chunks):
+    """The server's shard: its chunks of the flat vector, end to end."""
+    return torch.cat([vector[start:end] for start, end in chunks])
+
+
+def put(vector, chunks, shard):
+    """Write a server's shard back into its chunks of the flat vector."""
+    offset = 0
+    for start, end in chunks:
+        vector[start:end] = shard[offset:offset + end - start]
+        offset += end - start
+
+
+def header(kind, version=0, stats=None, counts=None, stop=False, age=1):
+    message = torch.zeros(HEADER, dtype=torch.float64)
+    message[KIND], message[VERSION], message[AGE], message[STOP] = kind, version, age, float(stop)
+    if stats is not None:
+        message[STATS] = stats
+    if counts is not None:
+        message[COUNTS] = counts
+    return message
+
+
+def send(message, dst, payload=None):
+    dist.send(message, dst)
+    if payload is not None:
+        dist.send(payload.contiguous(), dst)
+
+
+def recv_header(src=None):
+    """The next header, from src or (None) from whoever sends first; returns (header, sender)."""
+    message = torch.zeros(HEADER, dtype=torch.float64)
+    sender = dist.recv(message, src)
+    return message, sender
+
+
+def recv_payload(src, numel, dtype=torch.float32):
+    payload = torch.empty(numel, dtype=dtype)
+    dist.recv(payload, src)
+    return payload
+
+
+def pull(vector, chunks, versions, age=1):
+    """Ask every server for its shard: each answers with its version, and with its shard when that is at
+    least `age` versions newer than this client's copy (`versions`, updated here). Returns True when a
+    server said that training is over."""
+    stop = False
+    for server, server_chunks in enumerate(chunks):
+        send(header(PULL, versions[server], age=age), server)
+        answer, _ = recv_header(server)
+        stop = stop or bool(answer[STOP])
+        if answer[VERSION] != versions[server]:
+            put(vector, server_chunks, recv_payload(server, sum(end - start for start, end in server_chunks)))
+            versions[server] = int(answer[VERSION])
+    return stop
+
+
+def answer_pull(request, client, shard, version, stop=False):
+    """A server's answer to a pull: its version, and its shard when the client's copy is old enough (a shard
+    not sent leaves the client's version as it was)."""
+    fresh = version - int(request[VERSION]) < max(1, int(request[AGE]))
+    send(header(PULL, int(request[VERSION]) if fresh else version, stop=stop), client, None if fresh else shard)
+
+
+def serve(shard, version, stop=False):
+    """One message of an asynchronous server: a pull is answered here (with stop: training is over).
+    Returns (header, sender, payload: a push's gradient, else None). A client that dies mid-message comes
+    back as a BYE from it (what it was sending never arrived); no message within the process group's
+    timeout raises."""
+    for _ in range(100):  # a header cut off by a dying client: take the next one
+        try:
+            message, sender = recv_header()
+            break
+        except RuntimeError as error:
+            if "timed out" in str(error).lower():
+                raise
+    else:
+        raise RuntimeError("gloo: every client's connection failed")
+    try:
+        kind = int(message[KIND])
+        if kind == PULL:
+            answer_pull(message, sender, shard, version, stop)
+        return message, sender, recv_payload(sender, shard.numel()) if kind == PUSH else None
+    except RuntimeError as error:
+        if "timed out" in str(error).lower():
+            raise
+        return header(BYE), sender, None
