@@ -12,7 +12,7 @@ from conftest import ROOT, child_env
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_gpu, measuring  # noqa: E402
+from scripts import bench_gpu, measuring, ps_table  # noqa: E402
 
 
 def test_digits_folder(tmp_path):
@@ -392,3 +392,21 @@ def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
     assert "| powersgd + error feedback | 1 | 256 | 950 | 0.95x | 1,000 | 100.00 |" in text
     assert "| none | 1 | 256 | 1000 | 1.00x | 100,000 | 1.00 |" in text
     assert "GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The sweep took 12.0 minutes (25 runs" in text
+
+
+def test_ps_table_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path):
+    runs = ps_table.plan([0, 1, 2])
+    assert len(runs) == 3 * (8 * 6 + 3 * 6 + 7 + 2) and len(set(runs)) == len(runs)
+    sync = {(aggregate, attack) for part, _, aggregate, attack, byzantine, _, seed in runs if part == "sync"}
+    assert len(sync) == 8 * 6 and ("zeno", "alie") in sync and ("krum", "none") in sync
+    assert {seed for *_, seed in runs} == {0, 1, 2}
+    args = ps_table.argparse.Namespace(data="data", epochs=3)
+    recipe, processes, flags = ps_table.flags_of("sync", "zenops", "signflip", 2, None, 0, args)
+    assert (recipe, processes) == ("ps", 11) and flags[flags.index("--validators") + 1] == "2"
+    recipe, processes, flags = ps_table.flags_of("async", "mean", "gaussian", 2, None, 1, args)
+    assert (recipe, processes) == ("ps", 9) and flags[flags.index("--zeno-b") + 1] == "2"
+    assert ps_table.flags_of("ddp", "ddp", "none", 0, None, 0, args)[:2] == ("ddp", 8)
+    folder = ps_table.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
+    assert len(list((folder / "train").rglob("*.png"))) == 24  # half of the 48 train images
+    assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]
+

@@ -29,17 +29,19 @@ from recipes.common import checkpoint, data, faults, metrics, schedule
 
 class Run:
     def __init__(self, args, log, device, model, optimizer, scheduler, ema, num_classes, global_batch,
-                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None):
+                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None, gather=None):
         """model: the unwrapped model (the one checkpoints and evaluation use); ema: None without --ema-decay;
         scaler: a GradScaler, saved with the checkpoint; autocast: what evaluation runs under; group: the ranks
-        that run the Run together (default: all; the parameter server's servers)."""
+        that run the Run together (default: all; the parameter server's servers); gather: called by them before
+        each evaluation and save, to put the model together (the parameter server's, from the servers' shards)."""
         self.args, self.log, self.device, self.autocast = args, log, device, autocast
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
         self.accum_steps, self.steps_per_epoch = args.accum_steps, steps_per_epoch
         self.checkpoint = checkpoint.Checkpoint(args, model, optimizer, scheduler, ema, scaler,
                                                 num_classes=num_classes, global_batch=global_batch,
-                                                steps_per_epoch=steps_per_epoch, device=device, group=group)
-        self.group = group
+                                                steps_per_epoch=steps_per_epoch, device=device, group=group,
+                                                gather=gather)
+        self.group, self.gather = group, gather
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.epoch, self.step, self.first_step, self.epoch_lr = 0, 0, 0, 0.0
@@ -112,6 +114,8 @@ class Run:
     def evaluate(self, val_loader):
         """Exact evaluation of the model, and of the EMA model with --ema-decay (plain cross-entropy)."""
         criterion = nn.CrossEntropyLoss()
+        if self.gather is not None:
+            self.gather()
         self.val_stats = metrics.evaluate(self.model, val_loader, criterion, self.device, self.log, self.autocast,
                                           self.group)
         self.ema_stats = metrics.evaluate_ema(self.ema, val_loader, criterion, self.device, self.log, self.autocast,

@@ -21,12 +21,13 @@ import torch.distributed as dist
 from recipes.common import RecipeError
 
 PUSH, SKIP, PULL, BYE = 0, 1, 2, 3  # a gradient; a worker's step with no gradient (rejected); a request; leaving
-HEADER = 12
-# header fields: kind; version (of the model the gradient was computed on; in a pull, of the client's copy);
+HEADER = 14
+# header fields: kind; version (of the weights a gradient was computed on; in a pull, of the client's copy);
 # age (a pull: send the shard once it is this many versions newer); the sender's training statistics
 # (loss x images, top-1 hits, top-5 hits, images); update counts (honest pushed, byzantine pushed, honest
-# rejected, byzantine rejected); stop (in a pull's answer: training is over)
-KIND, VERSION, AGE, STATS, COUNTS, STOP = 0, 1, 2, slice(3, 7), slice(7, 11), 11
+# rejected, byzantine rejected); stop and lr (a pull's answer: training is over; the server's learning
+# rate); accepted (a validator's push: how many gradients its sum holds)
+KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, ACCEPTED = 0, 1, 2, slice(3, 7), slice(7, 11), 11, 12, 13
 
 
 def partition(sizes, partition_bytes, servers, element_bytes=4):
@@ -64,9 +65,9 @@ def put(vector, chunks, shard):
         offset += end - start
 
 
-def header(kind, version=0, stats=None, counts=None, stop=False, age=1):
+def header(kind, version=0, stats=None, counts=None, age=1, accepted=0):
     message = torch.zeros(HEADER, dtype=torch.float64)
-    message[KIND], message[VERSION], message[AGE], message[STOP] = kind, version, age, float(stop)
+    message[KIND], message[VERSION], message[AGE], message[ACCEPTED] = kind, version, age, accepted
     if stats is not None:
         message[STATS] = stats
     if counts is not None:
@@ -95,46 +96,77 @@ def recv_payload(src, numel, dtype=torch.float32):
 
 def pull(vector, chunks, versions, age=1):
     """Ask every server for its shard: each answers with its version, and with its shard when that is at
-    least `age` versions newer than this client's copy (`versions`, updated here). Returns True when a
-    server said that training is over."""
-    stop = False
+    least `age` versions newer than this client's copy, or the client has none yet (`versions`, updated
+    here). Returns (training is over, the servers' learning rate)."""
+    stop, lr = False, 0.0
     for server, server_chunks in enumerate(chunks):
         send(header(PULL, versions[server], age=age), server)
         answer, _ = recv_header(server)
-        stop = stop or bool(answer[STOP])
+        stop, lr = stop or bool(answer[STOP]), float(answer[LR])
         if answer[VERSION] != versions[server]:
             put(vector, server_chunks, recv_payload(server, sum(end - start for start, end in server_chunks)))
             versions[server] = int(answer[VERSION])
-    return stop
+    return stop, lr
 
 
-def answer_pull(request, client, shard, version, stop=False):
+def answer_pull(request, client, shard, version, lr, stop=False):
     """A server's answer to a pull: its version, and its shard when the client's copy is old enough (a shard
     not sent leaves the client's version as it was)."""
-    fresh = version - int(request[VERSION]) < max(1, int(request[AGE]))
-    send(header(PULL, int(request[VERSION]) if fresh else version, stop=stop), client, None if fresh else shard)
+    known = int(request[VERSION])
+    fresh = known >= 0 and version - known < max(1, int(request[AGE]))
+    answer = header(PULL, known if fresh else version)
+    answer[STOP], answer[LR] = float(stop), lr
+    send(answer, client, None if fresh else shard)
 
 
-def serve(shard, version, stop=False):
-    """One message of an asynchronous server: a pull is answered here (with stop: training is over).
+def push_candidate(validator, message, versions, g):
+    """A worker's push to its validator: the header, the versions of the servers' chunks it used, g."""
+    send(message, validator, torch.tensor(versions, dtype=torch.float32))
+    dist.send(g, validator)
+
+
+def recv_candidate(src, servers, numel):
+    """A validator's side of push_candidate: (header, sender, versions, g), or a BYE's (header, sender, None,
+    None); a worker that dies mid-message comes back as a BYE from it."""
+    message, sender = recv_header(src)
+    if message[KIND] == BYE:
+        return message, sender, None, None
+    try:
+        return message, sender, recv_payload(sender, servers).long().tolist(), recv_payload(sender, numel)
+    except RuntimeError as error:
+        if _timed_out(error):
+            raise
+        return header(BYE), sender, None, None
+
+
+def serve(shard, version, lr, stop=False):
+    """One message of a server after any client: a pull is answered here (with stop: training is over).
     Returns (header, sender, payload: a push's gradient, else None). A client that dies mid-message comes
     back as a BYE from it (what it was sending never arrived); no message within the process group's
     timeout raises."""
-    for _ in range(100):  # a header cut off by a dying client: take the next one
-        try:
-            message, sender = recv_header()
-            break
-        except RuntimeError as error:
-            if "timed out" in str(error).lower():
-                raise
-    else:
-        raise RuntimeError("gloo: every client's connection failed")
+    message, sender = recv_header_from_any()
     try:
         kind = int(message[KIND])
         if kind == PULL:
-            answer_pull(message, sender, shard, version, stop)
+            answer_pull(message, sender, shard, version, lr, stop)
         return message, sender, recv_payload(sender, shard.numel()) if kind == PUSH else None
     except RuntimeError as error:
-        if "timed out" in str(error).lower():
+        if _timed_out(error):
             raise
         return header(BYE), sender, None
+
+
+def recv_header_from_any(tries=100):
+    """recv_header() from any client, past headers cut off by clients that die while sending them (each
+    failed header is one dead client: more failures than that are a broken network, raised)."""
+    for _ in range(tries - 1):
+        try:
+            return recv_header()
+        except RuntimeError as error:
+            if _timed_out(error):
+                raise
+    return recv_header()
+
+
+def _timed_out(error):
+    return "timed out" in str(error).lower()

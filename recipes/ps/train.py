@@ -52,7 +52,9 @@ from recipes.ps import zeno
 ROBUST = ["mean", "median", "trimmed-mean", "krum", "centered-clipping", "phocas"]  # on the servers
 VALIDATED = ["zenops", "zeno", "zeno++"]  # by validators
 ATTACKS = ["none", "signflip", "gaussian", "labelflip", "alie", "ipm"]
-RHO = {"zenops": 0.6, "zeno": 5e-4, "zeno++": 1e-3}  # ZenoPS's code uses 0.6; the others' rho is a small penalty
+# rho: ZenoPS's code uses 0.6 (a bound on the norm); for zeno and zeno++ rho is a small penalty on ||g||^2, which
+# against lr <v, g> must stay well below the learning rate (zeno++ accepts when cos(v, g) >= rho / lr - eps / ||v||^2)
+RHO = {"zenops": 0.6, "zeno": 5e-4, "zeno++": 5e-5}
 
 
 def parse_args(argv=None):
@@ -98,6 +100,8 @@ def check_roles(args, world_size=None):
                             "--zeno-delay": (lambda v: v >= 1, "must be at least 1"),
                             "--byzantine": (lambda v: v >= 0, "must be 0 or more"),
                             "--zeno-b": (lambda v: v >= 0, "must be 0 or more")})
+    if args.attack == "labelflip" and (args.mixup_alpha or args.cutmix_alpha):
+        raise RecipeError("--attack labelflip flips class labels: not with --mixup-alpha or --cutmix-alpha")
     if args.attack == "none" and args.byzantine:
         raise RecipeError(f"--byzantine {args.byzantine} needs an --attack")
     if args.validators and args.aggregate not in VALIDATED:
@@ -119,6 +123,8 @@ def check_roles(args, world_size=None):
     if workers < 1:
         raise RecipeError(f"{args.servers} server(s) and {args.validators} validator(s) leave no worker in a "
                           f"world of {world_size} processes")
+    if args.validators > workers:
+        raise RecipeError(f"{args.validators} validators for {workers} worker(s): each validator needs a worker")
     if args.byzantine >= workers:
         raise RecipeError(f"--byzantine {args.byzantine} must be smaller than the {workers} worker(s)")
     b = args.zeno_b
@@ -177,18 +183,20 @@ def attack_gradient(args, model, criterion, images, target, num_classes):
     return attack(quarters).float(), loss, output
 
 
-def worker(args, ctx, model, loader, sampler, chunks, start, num_classes):
+def worker(args, ctx, model, batches, chunks, steps, num_classes):
+    """Pull the weights that changed, compute a gradient on the next batch, push it: to every server its
+    chunks, or all of it to this worker's validator. Sync: for `steps` steps; both: until a pull says stop."""
     index = ctx.rank - args.servers - args.validators
     byzantine = index < args.byzantine
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     vector = parameters_to_vector(model.parameters()).detach()
-    versions = [-1] * args.servers  # of this worker's copy of each server's chunks
+    versions = [-1] * args.servers  # of this worker's copy of each server's chunks: none yet
     validator = args.servers + index % args.validators if args.validators else None
-    counts = torch.tensor([0, 1, 0, 0] if byzantine else [1, 0, 0, 0], dtype=torch.float64)
-    steps = len(loader) * (args.epochs - start[0]) - start[1] if args.mode == "sync" else None
+    counts = torch.tensor([0, 1, 0, 0] if byzantine else [1, 0, 0, 0], dtype=torch.float64)  # (for the counts only)
     model.train()
-    for images, target in itertools.islice(forever(loader, sampler, start[0], args.seed, index, start[1]), steps):
-        if pushpull.pull(vector, chunks, versions):  # (async) the servers have trained enough
+    for images, target in itertools.islice(batches, steps):
+        stop, _ = pushpull.pull(vector, chunks, versions)
+        if stop:  # the servers have trained enough (async), or reached --desired-acc
             break
         vector_to_parameters(vector, model.parameters())
         images, target = images.to(ctx.device), target.to(ctx.device)
@@ -198,116 +206,108 @@ def worker(args, ctx, model, loader, sampler, chunks, start, num_classes):
             g, loss, output = flat_gradient(model, criterion, images, target)
         stats = batch_stats(loss, output, target)
         if validator is not None:  # the validator forwards it, or not
-            pushpull.send(pushpull.header(pushpull.PUSH, stats=stats, counts=counts), validator,
-                          torch.tensor(versions, dtype=torch.float32))
-            dist.send(g, validator)
+            pushpull.push_candidate(validator, pushpull.header(pushpull.PUSH, stats=stats, counts=counts), versions,
+                                    g)
             continue
         for server, server_chunks in enumerate(chunks):
             message = pushpull.header(pushpull.PUSH, versions[server], stats, counts)
             pushpull.send(message, server, pushpull.take(g, server_chunks))
-    if args.mode == "async":  # leaving: the servers and the validator stop waiting for this worker
-        for peer in [*range(args.servers), *([validator] if validator is not None else [])]:
-            pushpull.send(pushpull.header(pushpull.BYE), peer)
+    # leaving: the servers (and an async validator, which waits for any of its workers) stop waiting for it
+    for peer in [*range(args.servers), *([validator] if validator is not None and args.mode == "async" else [])]:
+        pushpull.send(pushpull.header(pushpull.BYE), peer)
 
 
 # ---- validators: score each candidate against their own gradient, forward what passes ---------------
 
-def validator(args, ctx, model, loader, sampler, chunks, start, lr_at, steps_per_epoch, validators_group):
-    index = ctx.rank - args.servers
-    first_worker = args.servers + args.validators
-    workers = [w for w in range(first_worker, ctx.world_size) if (w - first_worker) % args.validators == index]
-    criterion = nn.CrossEntropyLoss()
-    vector = parameters_to_vector(model.parameters()).detach()
-    versions = [-1] * args.servers
-    batches = forever(loader, sampler, start[0], args.seed, first_worker + index)
+def own_gradient(model, criterion, vector, batches, device):
+    """A validator's v at the weights `vector`, on its next held-out batch, and f: the loss on that batch as a
+    function of the weights (zeno)."""
+    vector_to_parameters(vector, model.parameters())
+    images, target = (t.to(device) for t in next(batches))
+
+    def loss_at(weights):
+        vector_to_parameters(weights, model.parameters())
+        with torch.no_grad():
+            return criterion(model(images), target).item()
+    return flat_gradient(model, criterion, images, target)[0], loss_at
+
+
+def validator_sync(args, model, batches, chunks, workers, steps, validators_group, device):
+    """Each step: pull, compute v, take every assigned worker's candidate, forward the sum of those accepted."""
+    index, criterion = dist.get_rank(validators_group), nn.CrossEntropyLoss()
+    vector, versions = parameters_to_vector(model.parameters()).detach(), [-1] * args.servers
     model.train()
+    for _ in range(steps):
+        stop, lr = pushpull.pull(vector, chunks, versions)
+        if stop:  # --desired-acc reached
+            break
+        v, loss_at = own_gradient(model, criterion, vector, batches, device)
+        candidates = [pushpull.recv_candidate(w, args.servers, vector.numel()) for w in workers]
+        gradients = [g for _, _, _, g in candidates]
+        if args.aggregate == "zenops":
+            accepted = [zeno.zenops_sync(g, v, args.zeno_eta, args.rho) for g in gradients]
+        else:  # zeno: the n - b highest scores among all validators' candidates
+            scores = zeno.zeno_scores(loss_at, vector, gradients, lr, args.rho)
+            every = [None] * args.validators
+            dist.all_gather_object(every, scores, group=validators_group)
+            kept = set(zeno.zeno_keep([score for scores_of in every for score in scores_of], args.zeno_b))
+            offset = sum(len(scores_of) for scores_of in every[:index])
+            accepted = [offset + i in kept for i in range(len(scores))]
+        counts = sum(rejection_counts(message, ok) for (message, *_), ok in zip(candidates, accepted))
+        stats = sum(message[pushpull.STATS] for message, *_ in candidates)
+        total = sum((g for g, ok in zip(gradients, accepted) if ok), torch.zeros_like(vector))
+        for server, server_chunks in enumerate(chunks):
+            message = pushpull.header(pushpull.PUSH, stats=stats, counts=counts, accepted=sum(accepted))
+            pushpull.send(message, server, pushpull.take(total, server_chunks))
+    for server in range(args.servers):
+        pushpull.send(pushpull.header(pushpull.BYE), server)
 
-    def own_gradient():  # v, on the next held-out batch; and the batch's loss as a function of the weights (zeno)
-        vector_to_parameters(vector, model.parameters())
-        images, target = (t.to(ctx.device) for t in next(batches))
 
-        def loss_at(weights):
-            vector_to_parameters(weights, model.parameters())
-            with torch.no_grad():
-                return criterion(model(images), target).item()
-        return flat_gradient(model, criterion, images, target)[0], loss_at
-
-    def receive(worker_rank):  # (header, sender, the worker's versions of the servers' chunks, g); BYE: no g
-        message, sender = pushpull.recv_header(worker_rank)
-        if message[pushpull.KIND] == pushpull.BYE:
-            return message, sender, None, None
-        try:
-            worker_versions = pushpull.recv_payload(sender, args.servers).long().tolist()
-            return message, sender, worker_versions, pushpull.recv_payload(sender, vector.numel())
-        except RuntimeError:
-            if args.mode == "sync":
-                raise
-            return pushpull.header(pushpull.BYE), sender, None, None  # (async) died mid-message
-
-    if args.mode == "sync":
-        for step in range(start[0] * steps_per_epoch + start[1], args.epochs * steps_per_epoch):
-            pushpull.pull(vector, chunks, versions)
-            v, loss_at = own_gradient()
-            candidates = [receive(w) for w in workers]
-            gradients = [g for _, _, _, g in candidates]
-            if args.aggregate == "zenops":
-                accepted = [zeno.zenops_sync(g, v, args.zeno_eta, args.rho) for g in gradients]
-            else:  # zeno: the n - b highest scores among all validators' candidates
-                scores = zeno.zeno_scores(loss_at, vector, gradients, lr_at(step), args.rho)
-                every = [None] * args.validators
-                dist.all_gather_object(every, scores, group=validators_group)
-                kept = set(zeno.zeno_keep([score for scores_of in every for score in scores_of], args.zeno_b))
-                offset = sum(len(scores_of) for scores_of in every[:index])
-                accepted = [offset + i in kept for i in range(len(scores))]
-            forward_sync(args, candidates, accepted, chunks)
-        return
-    # async: score each candidate as it arrives, forward it, then catch up with the servers (zeno++: once
-    # they are --zeno-delay versions ahead) and recompute v when the weights changed
+def validator_async(args, model, batches, chunks, workers, device):
+    """Score each candidate as it arrives and forward it (rejected: a skip, so that the servers count the
+    worker's step); then catch up with the servers (zeno++: once they are --zeno-delay versions ahead) and
+    recompute v when the weights changed. Until every assigned worker has left."""
+    criterion = nn.CrossEntropyLoss()
+    vector, versions = parameters_to_vector(model.parameters()).detach(), [-1] * args.servers
     age = args.zeno_delay if args.aggregate == "zeno++" else 1
-    pushpull.pull(vector, chunks, versions, age)
-    v, _ = own_gradient()
-    active, step = set(workers), 0
+    model.train()
+    _, lr = pushpull.pull(vector, chunks, versions, age)
+    v, _ = own_gradient(model, criterion, vector, batches, device)
+    active = set(workers)
     while active:
         try:
-            message, sender, worker_versions, g = receive(None)
-        except RuntimeError as error:
-            if "timed out" in str(error).lower():  # none of the remaining workers sent anything: all dead
-                break
-            continue  # a header cut off by a dying worker
+            message, sender, worker_versions, g = pushpull.recv_candidate(None, args.servers, vector.numel())
+        except RuntimeError:  # none of the remaining workers sent anything within --dist-timeout: all dead
+            break
         if g is None:
             active.discard(sender)
             continue
         if args.aggregate == "zenops":
             update, accepted = zeno.zenops_async(g, v, args.zeno_eta, args.zeno_alpha)
         else:
-            update, accepted = zeno.zeno_plus_plus(g, v, lr_at(min(versions)), args.rho, args.eps)
-        byzantine = bool(message[pushpull.COUNTS][1] > 0)
-        counts = torch.tensor([not byzantine, byzantine, not (byzantine or accepted), byzantine and not accepted],
-                              dtype=torch.float64)
+            update, accepted = zeno.zeno_plus_plus(g, v, lr, args.rho, args.eps)
         applied = accepted or args.aggregate == "zenops"  # zenops applies alpha s g to what it rejects
+        counts = rejection_counts(message, accepted)
         for server, server_chunks in enumerate(chunks):
             forward = pushpull.header(pushpull.PUSH if applied else pushpull.SKIP, worker_versions[server],
                                       message[pushpull.STATS], counts)
             pushpull.send(forward, server, pushpull.take(update, server_chunks) if applied else None)
         seen = list(versions)
-        pushpull.pull(vector, chunks, versions, age)
+        _, lr = pushpull.pull(vector, chunks, versions, age)
         if versions != seen:
-            v, _ = own_gradient()
+            v, _ = own_gradient(model, criterion, vector, batches, device)
     for server in range(args.servers):
-        pushpull.send(pushpull.header(pushpull.BYE), server)
+        try:
+            pushpull.send(pushpull.header(pushpull.BYE), server)
+        except RuntimeError:  # the server already gave up on this validator's dead workers and left
+            pass
 
 
-def forward_sync(args, candidates, accepted, chunks):
-    """A sync validator's message to each server: the sum of what it accepted, how many, and the counts."""
-    stats = sum(message[pushpull.STATS] for message, _, _, _ in candidates)
-    counts = torch.zeros(4, dtype=torch.float64)
-    for (message, _, _, _), ok in zip(candidates, accepted):
-        byzantine = bool(message[pushpull.COUNTS][1] > 0)
-        counts += torch.tensor([not byzantine, byzantine, not byzantine and not ok, byzantine and not ok])
-    total = sum((g for (_, _, _, g), ok in zip(candidates, accepted) if ok), torch.zeros_like(candidates[0][3]))
-    for server, server_chunks in enumerate(chunks):
-        message = pushpull.header(pushpull.PUSH, version=sum(accepted), stats=stats, counts=counts)
-        pushpull.send(message, server, pushpull.take(total, server_chunks))
+def rejection_counts(message, accepted):
+    """(honest pushed, byzantine pushed, honest rejected, byzantine rejected) for one candidate."""
+    byzantine = bool(message[pushpull.COUNTS][1] > 0)
+    return torch.tensor([not byzantine, byzantine, not (byzantine or accepted), byzantine and not accepted],
+                        dtype=torch.float64)
 
 
 # ---- servers: apply the updates to their chunks; evaluate and save at each epoch's end ---------------
@@ -328,82 +328,29 @@ def aggregate(args, gradients, clipping):
             "krum": byzfl.Krum(f=args.zeno_b)}[rule](stacked)
 
 
-def server(args, ctx, run, model, shard, optimizer, view, chunks, val_loader, servers_group):
-    s = ctx.rank
-    clients = list(range(args.servers, ctx.world_size))
+def server(args, ctx, run, shard, optimizer, val_loader, servers_group):
+    """Per step, sync: answer every client's pull, take every push, apply their aggregate; async: answer
+    pulls until the next worker step arrives, apply it unless it is too stale. At each epoch's end,
+    evaluate and save. Then tell every client to stop, and write the counts into summary.json."""
     first_worker = args.servers + args.validators
-    senders = list(range(args.servers, first_worker)) if args.validators else list(range(first_worker, ctx.world_size))
-    version, stale, oldest, left = 0, 0, 0, set()  # oldest: the staleness of the oldest gradient applied
-    counts = torch.zeros(4, dtype=torch.float64)  # honest pushed, byzantine pushed, honest rejected, byzantine
-    clipping = None
+    clients = list(range(args.servers, ctx.world_size))
+    senders = clients[:args.validators] if args.validators else clients  # whose pushes reach the servers
+    tally = {"version": 0, "stale": 0, "oldest": 0, "left": set(), "counts": torch.zeros(4, dtype=torch.float64),
+             "clipping": None}
     if args.aggregate == "centered-clipping":
         import byzfl
-        clipping = byzfl.CenteredClipping(tau=10.0)
-
-    def record(message, sender):  # each sender's statistics and counts are kept by one server
-        nonlocal counts
-        if (sender - senders[0]) % args.servers == s:
-            stats = message[pushpull.STATS]
-            run.meter.add(stats[:3], int(stats[3]))
-            counts += message[pushpull.COUNTS]
-            return stats
-        return None
-
-    def apply(update):
-        nonlocal version
-        shard.grad = update
-        optimizer.step()
-        version += 1
-
+        tally["clipping"] = byzfl.CenteredClipping(tau=10.0)
+    step = sync_step if args.mode == "sync" else async_step
     for epoch in run.epochs():
-        losses = []
-        steps = run.steps_per_epoch
-        for _ in run.batches(range(steps)):
-            if args.mode == "sync":
-                for client in clients:  # everyone pulls this step's weights first
-                    request, _ = pushpull.recv_header(client)
-                    pushpull.answer_pull(request, client, shard.detach(), version)
-                received = []
-                for sender in senders:
-                    message, _ = pushpull.recv_header(sender)
-                    received.append((message, pushpull.recv_payload(sender, shard.numel())))
-                    stats = record(message, sender)
-                    if stats is not None:
-                        losses.append(float(stats[0] / stats[3]))
-                if args.validators:  # the sum of what each validator accepted: their mean
-                    accepted = sum(int(m[pushpull.VERSION]) for m, _ in received)
-                    if accepted:
-                        apply(sum(g for _, g in received) / accepted)
-                else:
-                    apply(aggregate(args, [g for _, g in received], clipping))
-            else:
-                kind = pushpull.PULL
-                while kind in (pushpull.PULL, pushpull.BYE):  # until the next worker step: a push, or a skip
-                    message, sender, g = pushpull.serve(shard.detach(), version)
-                    kind = int(message[pushpull.KIND])
-                    if kind == pushpull.BYE:  # (or died)
-                        left.add(sender)
-                stats = record(message, sender)
-                if stats is not None:
-                    losses.append(float(stats[0] / stats[3]))
-                if kind == pushpull.PUSH:
-                    staleness = version - int(message[pushpull.VERSION])  # updates since its weights were pulled
-                    if args.max_staleness is not None and staleness > args.max_staleness:
-                        stale += 1
-                    else:
-                        apply(g)
-                        oldest = max(oldest, staleness)
-            loss = torch.tensor(sum(losses) / len(losses) if losses else 0.0)
-            losses = []
-            run.step_done(loss)
-        gather(model, view, shard, optimizer, chunks, servers_group)
+        for _ in run.batches(range(run.steps_per_epoch)):
+            losses = step(args, run, shard, optimizer, clients, senders, tally)
+            run.step_done(torch.tensor(sum(losses) / len(losses) if losses else 0.0))
         if run.end_epoch(run.meter.summary(), val_loader):
             break
-    if args.mode == "async":
-        drain(clients, left, shard, version)
-    dist.all_reduce(counts, group=servers_group)
-    honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = counts.long().tolist()
-    most = torch.tensor([stale, oldest])  # (every server drops and applies on its own: the most of any)
+    drain(clients, tally, shard, optimizer)
+    dist.all_reduce(tally["counts"], group=servers_group)
+    honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = tally["counts"].long().tolist()
+    most = torch.tensor([tally["stale"], tally["oldest"]])  # (every server drops and applies on its own)
     dist.all_reduce(most, op=dist.ReduceOp.MAX, group=servers_group)
     stale, oldest = most.tolist()
     run.finish(val_loader, mode=args.mode, aggregate=args.aggregate, attack=args.attack, byzantine=args.byzantine,
@@ -412,16 +359,76 @@ def server(args, ctx, run, model, shard, optimizer, view, chunks, val_loader, se
                byzantine_rejected=byzantine_rejected, stale_dropped=stale, max_applied_staleness=oldest)
 
 
-def drain(clients, left, shard, version):
-    """Async, once trained: tell each client that pulls to stop, until every client has left (clients that
-    send nothing within --dist-timeout are taken for dead)."""
-    while len(left) < len(clients):
+def sync_step(args, run, shard, optimizer, clients, senders, tally):
+    """Every client pulls this step's weights, every sender pushes; apply the aggregate (validators: the mean
+    of what they accepted, nothing when they accepted nothing). Returns the losses this server records."""
+    lr = optimizer.param_groups[0]["lr"]
+    for client in clients:
+        request, _ = pushpull.recv_header(client)
+        pushpull.answer_pull(request, client, shard.detach(), tally["version"], lr)
+    received = []
+    for sender in senders:
+        message, _ = pushpull.recv_header(sender)
+        received.append((message, pushpull.recv_payload(sender, shard.numel())))
+    if args.validators:
+        accepted = sum(int(message[pushpull.ACCEPTED]) for message, _ in received)
+        if accepted:
+            apply(shard, optimizer, sum(g for _, g in received) / accepted, tally)
+    else:
+        apply(shard, optimizer, aggregate(args, [g for _, g in received], tally["clipping"]), tally)
+    losses = [record(run, message, sender, senders, tally) for (message, _), sender in zip(received, senders)]
+    return [loss for loss in losses if loss is not None]
+
+
+def async_step(args, run, shard, optimizer, clients, senders, tally):
+    """Answer pulls until the next worker step arrives (a push, or a validator's skip); apply a push unless it
+    was computed more than --max-staleness versions ago. Returns the losses this server records."""
+    kind = pushpull.PULL
+    while kind in (pushpull.PULL, pushpull.BYE):
+        message, sender, g = pushpull.serve(shard.detach(), tally["version"], optimizer.param_groups[0]["lr"])
+        kind = int(message[pushpull.KIND])
+        if kind == pushpull.BYE:  # (or died)
+            tally["left"].add(sender)
+    if kind == pushpull.PUSH:
+        staleness = tally["version"] - int(message[pushpull.VERSION])  # updates since its weights were pulled
+        if args.max_staleness is not None and staleness > args.max_staleness:
+            tally["stale"] += 1
+        else:
+            apply(shard, optimizer, g, tally)
+            tally["oldest"] = max(tally["oldest"], staleness)
+    loss = record(run, message, sender, senders, tally)
+    return [] if loss is None else [loss]
+
+
+def apply(shard, optimizer, update, tally):
+    """One SGD step of this server's chunks: a new version."""
+    shard.grad = update
+    optimizer.step()
+    tally["version"] += 1
+
+
+def record(run, message, sender, senders, tally):
+    """Each sender's training statistics and update counts are kept by one server (sender i by server i mod S),
+    so that the servers' sums count each once. Returns the batch loss, or None when another server keeps it."""
+    if senders.index(sender) % dist.get_world_size(run.group) != dist.get_rank(run.group):
+        return None
+    stats = message[pushpull.STATS]
+    run.meter.add(stats[:3], int(stats[3]))
+    tally["counts"] += message[pushpull.COUNTS]
+    return float(stats[0] / stats[3])
+
+
+def drain(clients, tally, shard, optimizer):
+    """Once trained (or at --desired-acc): answer each pull with stop, until every client has left (clients
+    that send nothing within --dist-timeout are taken for dead); a push now is not applied."""
+    while len(tally["left"]) < len(clients):
         try:
-            message, sender, _ = pushpull.serve(shard.detach(), version, stop=True)  # a push now is not applied
-        except RuntimeError:  # no message within --dist-timeout: the clients still here are dead
+            message, sender, _ = pushpull.serve(shard.detach(), tally["version"], optimizer.param_groups[0]["lr"],
+                                                stop=True)
+        except RuntimeError:
             return
         if message[pushpull.KIND] == pushpull.BYE:
-            left.add(sender)
+            tally["left"].add(sender)
 
 
 def gather(model, view, shard, optimizer, chunks, servers_group):
@@ -482,10 +489,7 @@ def main(args):
     global_batch = args.batch_size * (workers if sync else 1)  # what one update averages over
     lr = args.lr * global_batch / 256  # linear scaling rule: --lr is for a global batch of 256
     chunks = pushpull.partition([p.numel() for p in model.parameters()], args.partition_bytes, args.servers)
-    update_steps = steps_per_epoch * (1 if sync else workers)  # server updates per epoch
-
-    def lr_at(step):
-        return lr * schedule.lr_factor(step, update_steps, args)
+    update_steps = steps_per_epoch * (1 if sync else workers)  # server updates per epoch (async: pushes)
 
     start = [0, 0]
     if role == "server":
@@ -494,8 +498,11 @@ def main(args):
         view = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
         view.param_groups[0]["initial_lr"] = lr  # the checkpoint's optimizer, as the other recipes save it
         scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=update_steps)
+
+        def gather_model():  # before each evaluation and save: the whole model, from every server's shard
+            gather(model, view, shard, optimizer, chunks, servers_group)
         run = bookkeeping.Run(args, log, device, model, view, scheduler, None, num_classes, global_batch,
-                              steps_per_epoch=update_steps, group=servers_group)
+                              steps_per_epoch=update_steps, group=servers_group, gather=gather_model)
         run.resume()  # --resume, or <out>/checkpoint.pt with --auto-resume: then take this server's chunks
         vector = parameters_to_vector(model.parameters()).detach()
         shard.data = pushpull.take(vector, chunks[ctx.rank])
@@ -519,15 +526,23 @@ def main(args):
         if role == "server":
             run.finish(val_loader)
     elif role == "server":
-        server(args, ctx, run, model, shard, optimizer, view, chunks, val_loader, servers_group)
+        server(args, ctx, run, shard, optimizer, val_loader, servers_group)
     elif role == "validator":
-        sampler = DistributedSampler(held_out, num_replicas=args.validators, rank=ctx.rank - args.servers,
-                                     seed=args.seed or 0)
+        index = ctx.rank - args.servers
+        sampler = DistributedSampler(held_out, num_replicas=args.validators, rank=index, seed=args.seed or 0)
         loader = data.train_loader(held_out, args, sampler, num_classes)
-        validator(args, ctx, model, loader, sampler, chunks, start, lr_at, steps_per_epoch, validators_group)
+        batches = forever(loader, sampler, start[0], args.seed, ctx.world_size + index)  # (a seed of its own)
+        assigned = [w for w in range(first_worker, ctx.world_size) if (w - first_worker) % args.validators == index]
+        if sync:
+            steps = args.epochs * steps_per_epoch - start[0] * steps_per_epoch - start[1]
+            validator_sync(args, model, batches, chunks, assigned, steps, validators_group, device)
+        else:
+            validator_async(args, model, batches, chunks, assigned, device)
     else:
         loader = data.train_loader(train_set, args, worker_sampler, num_classes)
-        worker(args, ctx, model, loader, worker_sampler, chunks, start, num_classes)
+        batches = forever(loader, worker_sampler, start[0], args.seed, ctx.rank - first_worker, start[1])
+        steps = args.epochs * steps_per_epoch - start[0] * steps_per_epoch - start[1] if sync else None
+        worker(args, ctx, model, batches, chunks, steps, num_classes)
     distributed.cleanup()
 
 

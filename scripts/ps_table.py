@@ -1,0 +1,131 @@
+"""The parameter server against Byzantine workers, on the digits: accuracy, rejections and speed.
+
+    python scripts/ps_table.py     # figures/data/ps.csv (then plot_results.py draws it)
+
+On data/mnist5k, 8 workers and 1 server (and 2 validators for the Zeno rules), each row for
+every seed (3 by default):
+  sync    every aggregation (mean, median, trimmed-mean, krum, centered-clipping, phocas,
+          zeno, zenops) with no Byzantine worker, and with 2 under every attack
+  async   mean, zenops and zeno++ with none, and with 2 under every attack
+  eta     ZenoPS's eta sweep (zenops, async, 2 sign-flipping workers, --zeno-eta 0.1 ...
+          -0.1), beside "validation data only": nd trained on the validators' held-out
+          share of train/ alone (the split of the same seed)
+  speed   ddp on 8 processes, the throughput the ps sync rows are compared with
+The robust rules are set for b = 2 Byzantine workers in every row (--zeno-b 2), so the
+rows without an attack show what robustness costs. The set-up is scripts/measuring.py's
+ACCURACY (lenet, 28 px) at a batch of 8 per worker, for --epochs epochs. Each run keeps
+its final top-1, the update counts and images/s in ps.csv, one row per run. Run
+directories go to runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete
+is not trained again.
+"""
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts import measuring  # noqa: E402
+
+WORKERS, BYZANTINE, VALIDATORS = 8, 2, 2
+SYNC = ["mean", "median", "trimmed-mean", "krum", "centered-clipping", "phocas", "zeno", "zenops"]
+ASYNC = ["mean", "zenops", "zeno++"]
+ATTACKS = ["signflip", "gaussian", "labelflip", "alie", "ipm"]
+ETAS = [0.1, 0.01, 0.001, 0, -0.001, -0.01, -0.1]
+VALIDATED = {"zeno", "zenops", "zeno++"}
+FIELDS = ["part", "mode", "aggregate", "attack", "byzantine", "zeno_eta", "seed", "processes", "epochs", "top1",
+          "honest_pushed", "honest_rejected", "byzantine_pushed", "byzantine_rejected", "stale_dropped",
+          "images_per_s", "train_s", "cpu", "cores", "gpu", "torch"]
+
+
+def plan(seeds):
+    """Every run of the table: (part, mode, aggregate, attack, byzantine, zeno_eta, seed), seed by seed so that a
+    stopped table leaves whole seeds of every row behind it."""
+    runs = []
+    for seed in seeds:
+        for aggregate in SYNC:
+            runs += [("sync", "sync", aggregate, "none", 0, None, seed)]
+            runs += [("sync", "sync", aggregate, attack, BYZANTINE, None, seed) for attack in ATTACKS]
+        for aggregate in ASYNC:
+            runs += [("async", "async", aggregate, "none", 0, None, seed)]
+            runs += [("async", "async", aggregate, attack, BYZANTINE, None, seed) for attack in ATTACKS]
+        runs += [("eta", "async", "zenops", "signflip", BYZANTINE, eta, seed) for eta in ETAS]
+        runs += [("eta", "nd", "validation data only", "none", 0, None, seed), ("speed", "ddp", "ddp", "none", 0,
+                                                                               None, seed)]
+    return runs
+
+
+def flags_of(mode, aggregate, attack, byzantine, zeno_eta, seed, args):
+    """The recipe, its processes and its flags for one run."""
+    common = [*measuring.ACCURACY, "--epochs", str(args.epochs), "--seed", str(seed), "-b", "8",
+              "-p", "1000", "--dist-timeout", "120"]
+    if mode == "ddp":
+        return "ddp", WORKERS, [args.data, *common]
+    validators = VALIDATORS if aggregate in VALIDATED else 0
+    flags = [args.data, *common, "--mode", mode, "--aggregate", aggregate, "--validators", str(validators),
+             "--zeno-b", str(BYZANTINE), "--byzantine", str(byzantine), "--attack", attack]
+    if zeno_eta is not None:
+        flags += ["--zeno-eta", str(zeno_eta)]
+    return "ps", 1 + validators + WORKERS, flags
+
+
+def validation_only_data(data, seed, split, folder):
+    """A folder whose train/ is the validators' held-out share of data/train (for this seed), val/ the same."""
+    from recipes.common.data import hold_out
+    from torchvision.datasets import ImageFolder
+
+    if (folder / ".complete").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    train = ImageFolder(Path(data) / "train")
+    _, held = hold_out(train, split, seed)
+    for index in held.indices:
+        path, label = train.samples[index]
+        target = folder / "train" / train.classes[label] / Path(path).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(Path(path).resolve())
+    (folder / "val").symlink_to((Path(data) / "val").resolve())
+    (folder / ".complete").touch()
+    return folder
+
+
+def main():
+    started = time.time()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="data/mnist5k")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
+    parser.add_argument("--runs", default="runs/figures/ps", help="where the run directories go")
+    parser.add_argument("--figures-data", default="figures/data", help="where ps.csv goes")
+    args = parser.parse_args()
+    if not (Path(args.data) / "train").is_dir():
+        sys.exit(f"error: {args.data} has no train/ folder; run `python scripts/make_demo_data.py` first")
+    machine, rows, runs = measuring.hardware(), [], Path(args.runs)
+    for part, mode, aggregate, attack, byzantine, zeno_eta, seed in plan(args.seeds):
+        name = f"{part}-{mode}-{aggregate}-{attack}-{byzantine}" + (f"-eta{zeno_eta:g}" if zeno_eta is not None else "")
+        out = runs / f"{name.replace(' ', '_')}-seed{seed}"
+        if mode == "nd":  # the validators' data alone, in one process
+            folder = validation_only_data(args.data, seed, 0.1, runs / f"validation-data-seed{seed}")
+            recipe, processes = "nd", 1
+            flags = [folder, *measuring.ACCURACY, "--epochs", str(args.epochs), "--seed", str(seed), "-b", "8"]
+        else:
+            recipe, processes, flags = flags_of(mode, aggregate, attack, byzantine, zeno_eta, seed, args)
+        summary = measuring.train(recipe, processes, flags, out, threads=1)
+        rows.append({"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "byzantine": byzantine,
+                     "zeno_eta": "" if zeno_eta is None else zeno_eta, "seed": seed, "processes": processes,
+                     "epochs": summary["epochs"], "top1": round(summary["top1"], 2),
+                     **{key: summary.get(key, "") for key in FIELDS[10:15]},
+                     "images_per_s": round(summary["images_per_s"], 1),
+                     "train_s": round(measuring.train_seconds(out), 2), **machine})
+        measuring.write_csv(Path(args.figures_data) / "ps.csv", FIELDS, rows)
+        print(f"{name} seed {seed}: top-1 {summary['top1']:.2f} %  " + json.dumps(
+            {key: summary.get(key) for key in FIELDS[10:15]}), flush=True)
+    measuring.record_part(args.figures_data, "ps", started)
+
+
+if __name__ == "__main__":
+    main()
