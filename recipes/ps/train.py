@@ -1,7 +1,7 @@
 """Parameter server with Zeno validators: servers hold the model, workers push gradients and pull
 weights, and validators between them drop the updates that would hurt (Byzantine workers).
 
-    torchrun --nproc_per_node=11 recipes/ps/train.py data/mnist5k -a lenet -b 32 --servers 1 \\
+    torchrun --nproc_per_node=11 recipes/ps/train.py data/mnist5k -a lenet -b 8 --servers 1 \\
         --validators 2 --aggregate zenops --byzantine 2 --attack signflip
 
 Roles by rank: 0..S-1 are servers (--servers S), the next V are validators (--validators V),
