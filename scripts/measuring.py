@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from recipes.common.cli import usable_cores  # noqa: F401 (the cores a run may use, as the recipes count them)
+
 ROOT = Path(__file__).resolve().parents[1]
 # the demo's model and augmentation (as `make demo`), and a small stand-in for tests and QUICK=1;
 # each script adds its own batch size, learning rate, workers and seed
@@ -52,11 +54,6 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def usable_cores():
-    """The cores this process may use (under SLURM or taskset, fewer than the machine has)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def hardware():

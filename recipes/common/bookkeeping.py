@@ -39,8 +39,7 @@ class Run:
         self.accum_steps, self.steps_per_epoch = args.accum_steps, steps_per_epoch
         self.checkpoint = checkpoint.Checkpoint(args, model, optimizer, scheduler, ema, scaler,
                                                 num_classes=num_classes, global_batch=global_batch,
-                                                steps_per_epoch=steps_per_epoch, device=device, group=group,
-                                                gather=gather)
+                                                steps_per_epoch=steps_per_epoch, device=device, group=group)
         self.group, self.gather = group, gather
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -106,13 +105,20 @@ class Run:
             self.ema.update_parameters(self.model)  # ema = d x ema + (1 - d) x weights
         self.log.profile_step()
         if faults.should_stop(loss, self.epoch, step, self.group):  # SIGTERM on any rank: all stop here
-            self.checkpoint.save(self.epoch, step + 1)
+            self.save_mid_epoch(step + 1)
             raise faults.Preempted(args.out, self.epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:
-            self.checkpoint.save(self.epoch, step + 1)
+            self.save_mid_epoch(step + 1)
+
+    def save_mid_epoch(self, step):
+        """checkpoint.pt after `step` steps of this epoch (the model gathered first, where it is sharded)."""
+        if self.gather is not None:
+            self.gather()
+        self.checkpoint.save(self.epoch, step)
 
     def evaluate(self, val_loader):
-        """Exact evaluation of the model, and of the EMA model with --ema-decay (plain cross-entropy)."""
+        """Exact evaluation of the model, and of the EMA model with --ema-decay (plain cross-entropy); the
+        epoch's checkpoint, saved after it, holds the model as gathered here."""
         criterion = nn.CrossEntropyLoss()
         if self.gather is not None:
             self.gather()

@@ -37,11 +37,10 @@ class Checkpoint:
     """
 
     def __init__(self, args, model, optimizer, scheduler=None, ema=None, scaler=None, *, num_classes, global_batch,
-                 steps_per_epoch, device, group=None, gather=None):
-        """group: the ranks that save and resume together (default: all of them); gather: what they call before
-        a save to put the model together (the parameter server's servers: from their shards)."""
+                 steps_per_epoch, device, group=None):
+        """group: the ranks that save and resume together (default: all of them)."""
         self.args, self.model, self.optimizer, self.scheduler, self.group = args, model, optimizer, scheduler, group
-        self.ema, self.scaler, self.device, self.gather = ema, scaler, device, gather
+        self.ema, self.scaler, self.device = ema, scaler, device
         self.num_classes, self.global_batch, self.steps_per_epoch = num_classes, global_batch, steps_per_epoch
         self.epoch, self.step, self.best_top1 = 0, 0, 0.0
 
@@ -59,8 +58,6 @@ class Checkpoint:
 
         A diverged run stops here (RunFailed) rather than save NaN weights.
         """
-        if self.gather is not None:
-            self.gather()
         faults.check_finite(self.model, epoch, step)
         self.epoch, self.step = epoch, step
         state = self.state_dict()

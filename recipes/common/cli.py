@@ -178,10 +178,15 @@ def parse_args(parser, argv=None):
 def default_workers(spawns_per_device):
     """At most 4 loader workers per training process, and no more than the cores each process has: more only
     compete for the cores (and PyTorch warns). Under SLURM and taskset, the cores are those this process may use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (distributed.local_device_count()
                                                                 if spawns_per_device else 1)
     return min(4, max(1, cores // processes))
+
+
+def usable_cores():
+    """The cores this process may use: under SLURM or taskset, fewer than the machine has."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def check_ranges(args, ranges):

@@ -15,6 +15,15 @@ def correct_counts(output, target, topk=(1, 5)):
     return [hits[:, :min(k, maxk)].any(dim=1).sum() for k in topk]
 
 
+def batch_sums(loss, output, target):
+    """(loss x n, top-1 hits, top-5 hits) of a batch of n images, and n: what an EpochMeter adds up."""
+    if target.ndim == 2:  # mixup/cutmix soft targets: count hits on each image's larger share
+        target = target.argmax(dim=1)
+    top1, top5 = correct_counts(output.detach(), target)
+    n = target.size(0)
+    return torch.stack([loss.detach().double() * n, top1.double(), top5.double()]), n
+
+
 class EpochMeter:
     """Sums over one epoch: loss, top-1/top-5 hits, images, time waiting for data.
 
@@ -34,11 +43,7 @@ class EpochMeter:
         self.data_s += time.perf_counter() - self.last
 
     def update(self, loss, output, target):
-        if target.ndim == 2:  # mixup/cutmix soft targets: count hits on each image's larger share
-            target = target.argmax(dim=1)
-        top1, top5 = correct_counts(output.detach(), target)
-        n = target.size(0)
-        self.add(torch.stack([loss.detach().double() * n, top1.double(), top5.double()]), n)
+        self.add(*batch_sums(loss, output, target))
 
     def add(self, sums, n):
         """Count a step of n images whose (loss x n, top-1 hits, top-5 hits) are sums (computed elsewhere)."""

@@ -52,6 +52,11 @@ def partition(sizes, partition_bytes, servers, element_bytes=4):
     return [sorted(chunks) for chunks in owned]
 
 
+def shard_size(chunks):
+    """The elements of a server's chunks together."""
+    return sum(end - start for start, end in chunks)
+
+
 def take(vector, chunks):
     """The server's shard: its chunks of the flat vector, end to end."""
     return torch.cat([vector[start:end] for start, end in chunks])
@@ -104,7 +109,7 @@ def pull(vector, chunks, versions, age=1):
         answer, _ = recv_header(server)
         stop, lr = stop or bool(answer[STOP]), float(answer[LR])
         if answer[VERSION] != versions[server]:
-            put(vector, server_chunks, recv_payload(server, sum(end - start for start, end in server_chunks)))
+            put(vector, server_chunks, recv_payload(server, shard_size(server_chunks)))
             versions[server] = int(answer[VERSION])
     return stop, lr
 
@@ -126,9 +131,10 @@ def push_candidate(validator, message, versions, g):
 
 
 def recv_candidate(src, servers, numel):
-    """A validator's side of push_candidate: (header, sender, versions, g), or a BYE's (header, sender, None,
-    None); a worker that dies mid-message comes back as a BYE from it."""
-    message, sender = recv_header(src)
+    """A validator's side of push_candidate, from src or (None) from whichever worker sends first: (header,
+    sender, versions, g), or a BYE's (header, sender, None, None); a worker that dies mid-message comes back as
+    a BYE from it."""
+    message, sender = recv_header(src) if src is not None else recv_header_from_any()
     if message[KIND] == BYE:
         return message, sender, None, None
     try:

@@ -149,11 +149,9 @@ def flat_gradient(model, criterion, images, target):
 
 
 def batch_stats(loss, output, target):
-    """(loss x n, top-1 hits, top-5 hits, n) of a batch, for a header."""
-    if target.ndim == 2:  # mixup/cutmix soft targets
-        target = target.argmax(dim=1)
-    top1, top5 = metrics.correct_counts(output.detach(), target)
-    return torch.tensor([loss.item() * len(target), top1.item(), top5.item(), len(target)], dtype=torch.float64)
+    """(loss x n, top-1 hits, top-5 hits, n) of a batch, for a header: what the servers' meters add up."""
+    sums, n = metrics.batch_sums(loss, output, target)
+    return torch.cat([sums.cpu(), torch.tensor([n], dtype=torch.float64)])
 
 
 def forever(loader, sampler, first_epoch, seed, rank, first_step=0):
@@ -278,7 +276,7 @@ def validator_async(args, model, batches, chunks, workers, device):
         try:
             message, sender, worker_versions, g = pushpull.recv_candidate(None, args.servers, vector.numel())
         except RuntimeError:  # none of the remaining workers sent anything within --dist-timeout: all dead
-            break
+            break  # (a header cut off by a dying worker is passed over by recv_candidate)
         if g is None:
             active.discard(sender)
             continue
@@ -434,25 +432,21 @@ def drain(clients, tally, shard, optimizer):
 def gather(model, view, shard, optimizer, chunks, servers_group):
     """Every server puts together the whole model, and the checkpoint's optimizer (view) its momentum,
     from all servers' shards: for evaluation and the checkpoint."""
-    momentum = optimizer.state[shard].get("momentum_buffer")
-    for values, target in ((shard.detach(), "weights"), (momentum, "momentum")):
-        if values is None:
-            continue
-        longest = max(sum(e - b for b, e in c) for c in chunks)
-        padded = torch.zeros(longest)
-        padded[:values.numel()] = values
+    longest = max(pushpull.shard_size(server_chunks) for server_chunks in chunks)
+
+    def whole(values):  # every server's shard of a flat vector, put together (shards padded to one length)
         every = [torch.zeros(longest) for _ in chunks]
-        dist.all_gather(every, padded, group=servers_group)
-        vector = parameters_to_vector(model.parameters()).detach()
+        dist.all_gather(every, nn.functional.pad(values, (0, longest - values.numel())), group=servers_group)
+        vector = torch.empty(sum(pushpull.shard_size(server_chunks) for server_chunks in chunks))
         for server_chunks, values_of in zip(chunks, every):
             pushpull.put(vector, server_chunks, values_of)
-        if target == "weights":
-            vector_to_parameters(vector, model.parameters())
-        else:
-            offset = 0
-            for p in model.parameters():
-                view.state[p]["momentum_buffer"] = vector[offset:offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
+        return vector
+
+    vector_to_parameters(whole(shard.detach()), model.parameters())
+    momentum = optimizer.state[shard].get("momentum_buffer")  # (none before the first step)
+    if momentum is not None:
+        for p, buffer in zip(model.parameters(), whole(momentum).split([p.numel() for p in model.parameters()])):
+            view.state[p]["momentum_buffer"] = buffer.view_as(p).clone()
     view.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"]
 
 
@@ -515,13 +509,14 @@ def main(args):
         log.print(f"ps: {args.servers} server(s), {args.validators} validator(s), {workers} worker(s) on {device} "
                   f"({ctx.backend}), {args.mode}, --aggregate {args.aggregate}, {args.byzantine} Byzantine "
                   f"({args.attack}); chunks per server {[len(c) for c in chunks]}, "
-                  f"{[sum(e - b for b, e in c) for c in chunks]} parameters; {run.describe(train_set, val_set)}")
+                  f"{[pushpull.shard_size(c) for c in chunks]} parameters; {run.describe(train_set, val_set)}")
     byzantine_worker = role == "worker" and ctx.rank - first_worker < args.byzantine
     if byzantine_worker or (role == "server" and args.aggregate in ROBUST[1:]):
         import byzfl  # noqa: F401 (seconds to import: before the start, so that no worker starts late)
     positions = [start]
     dist.broadcast_object_list(positions, src=0)  # where a resumed run starts, for the workers and validators
     start = positions[0]
+    remaining_steps = (args.epochs - start[0]) * steps_per_epoch - start[1]  # (sync: a worker's and validator's)
     if args.evaluate:
         if role == "server":
             run.finish(val_loader)
@@ -534,15 +529,13 @@ def main(args):
         batches = forever(loader, sampler, start[0], args.seed, ctx.world_size + index)  # (a seed of its own)
         assigned = [w for w in range(first_worker, ctx.world_size) if (w - first_worker) % args.validators == index]
         if sync:
-            steps = args.epochs * steps_per_epoch - start[0] * steps_per_epoch - start[1]
-            validator_sync(args, model, batches, chunks, assigned, steps, validators_group, device)
+            validator_sync(args, model, batches, chunks, assigned, remaining_steps, validators_group, device)
         else:
             validator_async(args, model, batches, chunks, assigned, device)
     else:
         loader = data.train_loader(train_set, args, worker_sampler, num_classes)
         batches = forever(loader, worker_sampler, start[0], args.seed, ctx.rank - first_worker, start[1])
-        steps = args.epochs * steps_per_epoch - start[0] * steps_per_epoch - start[1] if sync else None
-        worker(args, ctx, model, batches, chunks, steps, num_classes)
+        worker(args, ctx, model, batches, chunks, remaining_steps if sync else None, num_classes)
     distributed.cleanup()
 
 
