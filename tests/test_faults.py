@@ -163,6 +163,24 @@ def test_no_process_outlives_a_trainer_killed_by_sigkill(tiny_data, tmp_path):
     assert not {pid: name for pid, name in below.items() if alive(pid)}
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_a_worker_whose_parent_died_before_it_asked_to_die_with_it_ends():
+    """A loader worker forked just before the trainer (and so the fork server) dies is left to init before
+    its worker_init_fn runs; it must end there, not wait for a parent that is already gone."""
+    child = ("import os, sys, time\nfrom recipes.common import workers\nparent = int(sys.argv[1])\n"
+             "while os.getppid() == parent: time.sleep(0.05)\n"
+             "workers.die_with_parent(parent)\nprint('outlived its parent', flush=True)\n")
+    parent = ("import os, subprocess, sys, time\n"
+              f"subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())])\n"
+              "print('started', flush=True)\ntime.sleep(300)\n")
+    process = subprocess.Popen([sys.executable, "-c", parent], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    assert process.stdout.readline() == "started\n"
+    process.kill()
+    output, _ = process.communicate(timeout=60)  # returns once the child, which holds the pipe too, has ended
+    assert output == ""  # neither "outlived its parent" nor a traceback
+
+
 def test_sigterm_to_the_loader_processes_alone_leaves_the_run_going(tiny_data, tmp_path):
     """SLURM signals every process: the fork server and the workers must leave SIGTERM to the trainer, even
     while new workers start (each epoch's loaders and each validation fork new ones from the server)."""

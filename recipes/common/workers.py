@@ -28,18 +28,21 @@ _TRAINER_PID = "RECIPES_LOADER_TRAINER_PID"  # set by the trainer for the fork s
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def die_with_parent():
-    """The kernel SIGKILLs this process when its parent dies (Linux; elsewhere nothing happens)."""
+def die_with_parent(parent):
+    """The kernel SIGKILLs this process when its parent, pid `parent`, dies (Linux; elsewhere nothing happens)."""
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before the request was made: end as it would have ended us
+    # Compared with the pid the parent had, not with getppid() read here: a parent that died since the fork
+    # (and so before the request) leaves this process to init, and the request would then never fire.
+    if os.getppid() != parent:
         os._exit(1)
 
 
+_SERVER_PID = None  # set in the fork server, and so known to every worker it forks
 if os.environ.get(_TRAINER_PID) == str(os.getppid()):  # this is the fork server, preloading this module
-    die_with_parent()
+    _SERVER_PID = os.getpid()
+    die_with_parent(int(os.environ[_TRAINER_PID]))
     # Blocked, SIGTERM stays blocked in the workers it forks until they ignore it (leave_sigterm_to_the_trainer):
     # torch's own worker handler, installed first, would let a SIGTERM kill a starting worker.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -70,7 +73,8 @@ def leave_sigterm_to_the_trainer(worker_id):
     and shuts them down; else a scheduler's SIGTERM to the whole job kills them mid-batch.
     And they die with their parent, the fork server (which dies with the trainer)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    die_with_parent()
+    if _SERVER_PID is not None:
+        die_with_parent(_SERVER_PID)
 
 
 @atexit.register  # runs before multiprocessing's exit handler, which would SIGTERM them and wait forever
