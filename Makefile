@@ -1,6 +1,6 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
 # make test   the test suite (CPU, gloo; about 20 minutes on 2 cores)
-# make figures                measure every part (io, scaling, curves, recovery, compile, compression), then
+# make figures                measure every part (io, scaling, curves, recovery, compile, compression, ps), then
 #                             redraw figures/ and RESULTS.md from figures/data/
 # make figures ONLY="curves compression"   measure only these parts, then redraw everything
 # make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
@@ -19,7 +19,7 @@ NPROC = $(shell $(PY) -c "import torch; print(torch.cuda.device_count() or 2)")
 DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
-PARTS := io scaling curves recovery compile compression
+PARTS := io scaling curves recovery compile compression ps
 ONLY ?= $(PARTS)
 QUICK ?=
 # QUICK=1 (anything but empty or 0) leaves the committed figures alone
@@ -72,6 +72,8 @@ figure-part-compile = $(PY) scripts/bench_compile.py $(if $(quick),--quick $(DEM
 	--csv $(FIG_DATA)/compile.csv --runs $(RUNS)/compile
 figure-part-compression = $(PY) scripts/compression_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/compression $(if $(quick),--quick --epochs 2 --processes 2 --methods none fp8-e4m3)
+figure-part-ps = $(PY) scripts/ps_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \
+	$(if $(quick),--quick --epochs 1 --seeds 0)
 define newline
 
 

@@ -10,6 +10,7 @@ Reads only the measured files that the benchmark scripts write:
   recovery.json         checkpoint cost and restart time (bench_recovery.py)
   compression.csv       time, accuracy and bytes per gradient-compression method and seed (compression_table.py)
   compile.csv           epoch times, eager against torch.compile (bench_compile.py)
+  ps.csv                the parameter server against Byzantine workers, per run and seed (ps_table.py)
   timings.csv           how long each part of make figures took (every script above)
   gpu/precision.csv, gpu/compression.csv   the GPU sweep (bench_gpu.py, make figures-gpu)
 Accuracy over several seeds is reported as the mean and the min-max range; two
@@ -383,7 +384,7 @@ def hardware_line(rows):
             f"torch {r['torch']}.")
 
 
-TIMED_PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression"]  # make figures' order
+TIMED_PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression", "ps"]  # make figures' order
 
 
 def timings_table(rows):
@@ -400,6 +401,140 @@ def timings_table(rows):
     return (table(["command", "minutes", "runs trained", "runs kept from an earlier start", "measured on"], body) +
             f"\n\nOn CPU {r['cpu']} ({r['cores']} cores). A part resumed after a stop counts its kept runs at the "
             f"time they took when they were trained.")
+
+
+PS_ATTACKS = ["none", "signflip", "gaussian", "labelflip", "alie", "ipm"]
+
+
+def ps_groups(rows, part):
+    """{(aggregate, attack): that row's runs, one per seed} of one part of ps.csv, in the order the script ran them."""
+    groups = {}
+    for r in rows:
+        if r["part"] == part:
+            groups.setdefault((r["aggregate"], r["attack"]), []).append(r)
+    return groups
+
+
+def rejected(runs, who):
+    """The share (%) of `who`'s (honest or byzantine) pushed updates that the rule dropped, over all seeds' runs."""
+    pushed = sum(int(r[f"{who}_pushed"]) for r in runs)
+    return 100 * sum(int(r[f"{who}_rejected"]) for r in runs) / pushed if pushed else float("nan")
+
+
+def ps_matrix(groups):
+    """The top-1 table of one mode: a row per aggregation, a column per attack; and the sentence comparing each
+    rule with the mean under the same attack (beyond the spread only)."""
+    aggregates = list(dict.fromkeys(aggregate for aggregate, _ in groups))
+    attacks = [a for a in PS_ATTACKS if any(attack == a for _, attack in groups)]
+    top1 = {key: spread([float(r["top1"]) for r in runs]) for key, runs in groups.items()}
+    body = [[f"`{aggregate}`", *(with_range(top1[aggregate, attack], 1) if (aggregate, attack) in top1 else ""
+                                 for attack in attacks)] for aggregate in aggregates]
+    header = ["aggregation", *(f"{attack} (0 Byzantine)" if attack == "none" else attack for attack in attacks)]
+    better, worse = [], []
+    for (aggregate, attack), result in top1.items():
+        mean = top1.get(("mean", attack))
+        if aggregate != "mean" and mean and beyond_spread(result, mean):
+            (better if result["mean"] > mean["mean"] else worse).append(
+                f"{aggregate} under {attack} ({result['mean'] - mean['mean']:+.1f})")
+    return table(header, body), better, worse
+
+
+def ps_tables(rows):
+    """RESULTS.md's parameter-server sections: sync and async top-1, the Zeno rules' rejections, the eta sweep
+    beside the validation-data-only baseline, and ps against ddp in images/s."""
+    sections, r = {}, rows[0]
+    seeds = len({x["seed"] for x in rows})
+    for mode in ("sync", "async"):
+        text, better, worse = ps_matrix(ps_groups(rows, mode))
+        text += (f"\n\nFinal val top-1 (%) after {r['epochs']} epochs: the mean over {seeds} seed(s), in brackets the "
+                 f"lowest and highest.")
+        if seeds > 1:
+            text += (" Beyond the spread of `mean` under the same attack, better: " + ("; ".join(better) or "none") +
+                     ". Worse: " + ("; ".join(worse) or "none") + ".")
+        sections[f"ps-{mode}"] = text
+    validated = [(mode, aggregate) for mode in ("sync", "async") for aggregate in ("zeno", "zenops", "zeno++")
+                 if any(key[0] == aggregate for key in ps_groups(rows, mode))]
+    attacks = [a for a in PS_ATTACKS if any(x["attack"] == a for x in rows if x["part"] in ("sync", "async"))]
+    body = []
+    for mode, aggregate in validated:
+        groups = ps_groups(rows, mode)
+        body.append([mode, f"`{aggregate}`", *(
+            (f"{rejected(groups[aggregate, a], 'honest'):.0f}" +
+             ("" if a == "none" else f" / {rejected(groups[aggregate, a], 'byzantine'):.0f}"))
+            if (aggregate, a) in groups else "" for a in attacks)])
+    sections["ps-rejections"] = (
+        table(["mode", "rule", *(f"{a} (0 Byzantine)" if a == "none" else a for a in attacks)], body) +
+        "\n\nRejected updates (%): honest / Byzantine, of all the updates each kind of worker pushed, over every "
+        "seed. `zeno` drops the b = 2 lowest-scoring of every 8 whatever they are, so it rejects 25 % in all.")
+    eta = ps_groups(rows, "eta")
+    etas = sorted({x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float,
+                  reverse=True)
+    by_eta = {e: [x for x in rows if x["part"] == "eta" and x["zeno_eta"] == e] for e in etas}
+    top1 = {e: spread([float(x["top1"]) for x in runs]) for e, runs in by_eta.items()}
+    body = [[e, with_range(top1[e], 1), f"{rejected(runs, 'honest'):.0f}", f"{rejected(runs, 'byzantine'):.0f}"]
+            for e, runs in by_eta.items()]
+    baseline = spread([float(x["top1"]) for x in eta.get(("validation data only", "none"), [])] or [float("nan")])
+    body.append(["validation data only (nd)", with_range(baseline, 1), "", ""])
+    best = max(top1, key=lambda e: top1[e]["mean"]) if top1 else None
+    text = table(["--zeno-eta", "val top-1 (%)", "honest rejected (%)", "Byzantine rejected (%)"], body)
+    if best is not None:
+        text += (f"\n\nasync `zenops`, 2 of 8 workers sign-flipping. The best eta: {best} "
+                 f"({with_range(top1[best], 1)} %); training on the validators' data alone: "
+                 f"{with_range(baseline, 1)} %.")
+    sections["ps-eta"] = text
+    speed = [("ps sync, `mean`", ps_groups(rows, "sync").get(("mean", "none"), [])),
+             ("ps async, `mean`", ps_groups(rows, "async").get(("mean", "none"), [])),
+             ("ddp", [x for x in rows if x["part"] == "speed"])]
+    ddp = statistics.mean(float(x["images_per_s"]) for x in speed[-1][1]) if speed[-1][1] else float("nan")
+    body = [[name, len(runs), f"{statistics.mean(float(x['images_per_s']) for x in runs):.0f}",
+             f"{statistics.mean(float(x['images_per_s']) for x in runs) / ddp:.2f}x"]
+            for name, runs in speed if runs]
+    sections["ps-speed"] = (table(["run", "seeds", "train images/s", "vs ddp"], body) +
+                            f"\n\n8 workers (ddp: 8 processes), global batch 64, one thread per process, on "
+                            f"{r['cores']} cores; the mean over the seeds of each run's images/s.")
+    return sections
+
+
+def plot_ps(rows, figures):
+    """Top-1 per aggregation and attack, sync and async, as two annotated grids; and the eta sweep."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [8, 3.5]})
+    for ax, mode in zip(axes, ("sync", "async")):
+        groups = ps_groups(rows, mode)
+        aggregates = list(dict.fromkeys(aggregate for aggregate, _ in groups))
+        attacks = [a for a in PS_ATTACKS if any(attack == a for _, attack in groups)]
+        grid = [[statistics.mean(float(x["top1"]) for x in groups[g, a]) if (g, a) in groups else float("nan")
+                 for g in aggregates] for a in attacks]
+        ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+        for i, line in enumerate(grid):
+            for j, value in enumerate(line):
+                ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white" if value < 60 else "black")
+        ax.set_xticks(range(len(aggregates)), aggregates, rotation=45, ha="right")
+        ax.set_yticks(range(len(attacks)), attacks)
+        ax.set_title(f"{mode}: val top-1 (%)")
+    fig.suptitle(f"Parameter server, 8 workers (2 Byzantine under an attack), lenet on the digits, "
+                 f"{rows[0]['epochs']} epochs; mean of {len({x['seed'] for x in rows})} seed(s)")
+    save(fig, figures / "ps.png")
+    by_eta = {}
+    for x in rows:
+        if x["part"] == "eta" and x["zeno_eta"] != "":
+            by_eta.setdefault(float(x["zeno_eta"]), []).append(x)
+    if not by_eta:
+        return
+    etas = sorted(by_eta)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    top1 = [spread([float(x["top1"]) for x in by_eta[e]]) for e in etas]
+    ax.errorbar(etas, [v["mean"] for v in top1], yerr=[[v["mean"] - v["low"] for v in top1],
+                                                      [v["high"] - v["mean"] for v in top1]],
+                marker="o", capsize=3, label="async zenops, 2 of 8 sign-flipping")
+    baseline = [float(x["top1"]) for x in rows if x["aggregate"] == "validation data only"]
+    if baseline:
+        ax.axhspan(min(baseline), max(baseline), color="gray", alpha=0.2)
+        ax.axhline(statistics.mean(baseline), color="gray", linestyle="--", label="validation data only (nd)")
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set(xlabel="--zeno-eta", ylabel="final val top-1 (%)", title="ZenoPS's eta sweep: mean, min-max over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save(fig, figures / "ps_eta.png")
 
 
 PRECISION_LABELS = {"fp32": "fp32", "fp16": "O1 fp16", "bf16": "O1 bf16"}
@@ -579,6 +714,12 @@ def main():
         sections["compile"] = compile_table(read_csv(data / "compile.csv"))
     else:
         missing.append("compile.csv (scripts/bench_compile.py)")
+    if (data / "ps.csv").exists():
+        ps_rows = read_csv(data / "ps.csv")
+        plot_ps(ps_rows, figures)
+        sections.update(ps_tables(ps_rows))
+    else:
+        missing.append("ps.csv (scripts/ps_table.py)")
     if (data / "timings.csv").exists():
         sections["timings"] = timings_table(read_csv(data / "timings.csv"))
     sections.update(gpu_sections(data / "gpu", figures))

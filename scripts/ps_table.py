@@ -1,6 +1,7 @@
 """The parameter server against Byzantine workers, on the digits: accuracy, rejections and speed.
 
     python scripts/ps_table.py     # figures/data/ps.csv (then plot_results.py draws it)
+    python scripts/ps_table.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
 
 On data/mnist5k, 8 workers and 1 server (and 2 validators for the Zeno rules), each row for
 every seed (3 by default):
@@ -9,14 +10,17 @@ every seed (3 by default):
   async   mean, zenops and zeno++ with none, and with 2 under every attack
   eta     ZenoPS's eta sweep (zenops, async, 2 sign-flipping workers, --zeno-eta 0.1 ...
           -0.1), beside "validation data only": nd trained on the validators' held-out
-          share of train/ alone (the split of the same seed)
+          share of train/ alone (the split of the same seed), at the same global batch
+          for about as many steps (10x the epochs of a tenth of the data)
   speed   ddp on 8 processes, the throughput the ps sync rows are compared with
 The robust rules are set for b = 2 Byzantine workers in every row (--zeno-b 2), so the
 rows without an attack show what robustness costs. The set-up is scripts/measuring.py's
-ACCURACY (lenet, 28 px) at a batch of 8 per worker, for --epochs epochs. Each run keeps
-its final top-1, the update counts and images/s in ps.csv, one row per run. Run
-directories go to runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete
-is not trained again.
+ACCURACY (lenet, 28 px) at a batch of 8 per worker, for 2 epochs (125 steps of 64
+images): 225 runs of 9 to 11 processes fit in under an hour of 2 cores only so. Their
+processes are forked from a server that has imported torch once (measuring.run_forked):
+started by torchrun, each run would spend about 25 s importing. Each run keeps its final
+top-1, the update counts and images/s in ps.csv, one row per run. Run directories go to
+runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete is not trained again.
 """
 
 import argparse
@@ -37,23 +41,26 @@ ASYNC = ["mean", "zenops", "zeno++"]
 ATTACKS = ["signflip", "gaussian", "labelflip", "alie", "ipm"]
 ETAS = [0.1, 0.01, 0.001, 0, -0.001, -0.01, -0.1]
 VALIDATED = {"zeno", "zenops", "zeno++"}
+HELD_OUT = 0.1  # the recipe's --validation-split: the validators' share of train/
 FIELDS = ["part", "mode", "aggregate", "attack", "byzantine", "zeno_eta", "seed", "processes", "epochs", "top1",
           "honest_pushed", "honest_rejected", "byzantine_pushed", "byzantine_rejected", "stale_dropped",
           "images_per_s", "train_s", "cpu", "cores", "gpu", "torch"]
 
 
-def plan(seeds):
+def plan(seeds, quick=False):
     """Every run of the table: (part, mode, aggregate, attack, byzantine, zeno_eta, seed), seed by seed so that a
-    stopped table leaves whole seeds of every row behind it."""
+    stopped table leaves whole seeds of every row behind it. quick: a few of each part."""
+    sync, asynchronous, attacks, etas = (["mean", "median", "zeno"], ["mean", "zeno++"], ["signflip"], [0.1, 0]) \
+        if quick else (SYNC, ASYNC, ATTACKS, ETAS)
     runs = []
     for seed in seeds:
-        for aggregate in SYNC:
+        for aggregate in sync:
             runs += [("sync", "sync", aggregate, "none", 0, None, seed)]
-            runs += [("sync", "sync", aggregate, attack, BYZANTINE, None, seed) for attack in ATTACKS]
-        for aggregate in ASYNC:
+            runs += [("sync", "sync", aggregate, attack, BYZANTINE, None, seed) for attack in attacks]
+        for aggregate in asynchronous:
             runs += [("async", "async", aggregate, "none", 0, None, seed)]
-            runs += [("async", "async", aggregate, attack, BYZANTINE, None, seed) for attack in ATTACKS]
-        runs += [("eta", "async", "zenops", "signflip", BYZANTINE, eta, seed) for eta in ETAS]
+            runs += [("async", "async", aggregate, attack, BYZANTINE, None, seed) for attack in attacks]
+        runs += [("eta", "async", "zenops", "signflip", BYZANTINE, eta, seed) for eta in etas]
         runs += [("eta", "nd", "validation data only", "none", 0, None, seed), ("speed", "ddp", "ddp", "none", 0,
                                                                                None, seed)]
     return runs
@@ -61,10 +68,15 @@ def plan(seeds):
 
 def flags_of(mode, aggregate, attack, byzantine, zeno_eta, seed, args):
     """The recipe, its processes and its flags for one run."""
-    common = [*measuring.ACCURACY, "--epochs", str(args.epochs), "--seed", str(seed), "-b", "8",
-              "-p", "1000", "--dist-timeout", "120"]
+    model = measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY
+    common = [*model, "--epochs", str(args.epochs), "--seed", str(seed), "-b", "8", "-p", "1000",
+              "--dist-timeout", "120"]
     if mode == "ddp":
         return "ddp", WORKERS, [args.data, *common]
+    if mode == "nd":  # the validators' share (a tenth) alone, at the workers' global batch for as many steps
+        folder = validation_only_data(args.data, seed, HELD_OUT, Path(args.runs) / f"validation-data-seed{seed}")
+        return "nd", 1, [folder, *model, "--epochs", str(round(args.epochs / HELD_OUT)), "--seed", str(seed),
+                         "-b", str(8 * WORKERS), "-p", "1000"]
     validators = VALIDATORS if aggregate in VALIDATED else 0
     flags = [args.data, *common, "--mode", mode, "--aggregate", aggregate, "--validators", str(validators),
              "--zeno-b", str(BYZANTINE), "--byzantine", str(byzantine), "--attack", attack]
@@ -97,7 +109,8 @@ def main():
     started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/mnist5k")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a few rows of lenet at 16 px, for tests and QUICK=1")
     parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
     parser.add_argument("--runs", default="runs/figures/ps", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where ps.csv goes")
@@ -105,16 +118,11 @@ def main():
     if not (Path(args.data) / "train").is_dir():
         sys.exit(f"error: {args.data} has no train/ folder; run `python scripts/make_demo_data.py` first")
     machine, rows, runs = measuring.hardware(), [], Path(args.runs)
-    for part, mode, aggregate, attack, byzantine, zeno_eta, seed in plan(args.seeds):
+    for part, mode, aggregate, attack, byzantine, zeno_eta, seed in plan(args.seeds, args.quick):
         name = f"{part}-{mode}-{aggregate}-{attack}-{byzantine}" + (f"-eta{zeno_eta:g}" if zeno_eta is not None else "")
         out = runs / f"{name.replace(' ', '_')}-seed{seed}"
-        if mode == "nd":  # the validators' data alone, in one process
-            folder = validation_only_data(args.data, seed, 0.1, runs / f"validation-data-seed{seed}")
-            recipe, processes = "nd", 1
-            flags = [folder, *measuring.ACCURACY, "--epochs", str(args.epochs), "--seed", str(seed), "-b", "8"]
-        else:
-            recipe, processes, flags = flags_of(mode, aggregate, attack, byzantine, zeno_eta, seed, args)
-        summary = measuring.train(recipe, processes, flags, out, threads=1)
+        recipe, processes, flags = flags_of(mode, aggregate, attack, byzantine, zeno_eta, seed, args)
+        summary = measuring.train(recipe, processes, flags, out, threads=1, forked=True)
         rows.append({"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "byzantine": byzantine,
                      "zeno_eta": "" if zeno_eta is None else zeno_eta, "seed": seed, "processes": processes,
                      "epochs": summary["epochs"], "top1": round(summary["top1"], 2),

@@ -271,7 +271,8 @@ def test_make_figures_measures_only_the_parts_asked_for():
         "plot_results.py")  # make figures' own order, whatever ONLY's
     every_part = make("-n", "figures").stdout
     assert all(script in every_part for script in ("bench_io", "bench_scaling", "learning_curves", "bench_recovery",
-                                                   "bench_compile", "compression_table"))
+                                                   "bench_compile", "compression_table", "ps_table"))
+    assert every_part.index("compression_table.py") < every_part.index("ps_table.py")
     assert "--quick" not in every_part and "--runs runs/figures/compression" in every_part
     assert "--quick" not in make("-n", "figures", "QUICK=0").stdout  # QUICK=0 means not quick
     quick = make("-n", "figures", "QUICK=1", "ONLY=compression").stdout
@@ -400,13 +401,83 @@ def test_ps_table_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path)
     sync = {(aggregate, attack) for part, _, aggregate, attack, byzantine, _, seed in runs if part == "sync"}
     assert len(sync) == 8 * 6 and ("zeno", "alie") in sync and ("krum", "none") in sync
     assert {seed for *_, seed in runs} == {0, 1, 2}
-    args = ps_table.argparse.Namespace(data="data", epochs=3)
+    args = ps_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
     recipe, processes, flags = ps_table.flags_of("sync", "zenops", "signflip", 2, None, 0, args)
     assert (recipe, processes) == ("ps", 11) and flags[flags.index("--validators") + 1] == "2"
     recipe, processes, flags = ps_table.flags_of("async", "mean", "gaussian", 2, None, 1, args)
     assert (recipe, processes) == ("ps", 9) and flags[flags.index("--zeno-b") + 1] == "2"
     assert ps_table.flags_of("ddp", "ddp", "none", 0, None, 0, args)[:2] == ("ddp", 8)
+    recipe, processes, flags = ps_table.flags_of("nd", "validation data only", "none", 0, None, 0, args)
+    assert (recipe, processes) == ("nd", 1) and flags[flags.index("-b") + 1] == "64"  # 8 workers' global batch
+    assert flags[flags.index("--epochs") + 1] == "30"  # a tenth of the data for 10x the epochs: as many steps
+    assert len(list((flags[0] / "train").rglob("*.png"))) == 5  # a tenth of the 48 train images
+    quick = ps_table.plan([0], quick=True)
+    assert {part for part, *_ in quick} == {"sync", "async", "eta", "speed"} and len(quick) < 20
     folder = ps_table.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
     assert len(list((folder / "train").rglob("*.png"))) == 24  # half of the 48 train images
     assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]
 
+
+
+def test_forked_runs_get_torchruns_environment_and_a_failing_rank_fails_the_run(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text("import os, sys\nrank = int(os.environ['RANK'])\n"
+                      "print(f\"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']} "
+                      "at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} args {sys.argv[1:]}\")\n"
+                      "sys.exit(3 if rank == int(sys.argv[1]) else 0)\n")
+    program = ("import sys\nfrom scripts import measuring\nif __name__ == '__main__':\n"
+               f"    for failing in (-1, 1):\n"
+               f"        result = measuring.run_forked(3, [{str(script)!r}, str(failing)], 1)\n"
+               "        print('returncode', result.returncode)\n        print(result.stdout)\n")
+    result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = result.stdout.split("returncode ")[1:]
+    assert first.startswith("0\n") and second.startswith("3\n")
+    assert all(f"rank {rank} of 3 local {rank} at 127.0.0.1:" in first for rank in range(3))
+    assert "args ['-1']" in first
+
+
+def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    rows = []
+
+    def add(part, mode, aggregate, attack, top1s, eta="", counts=(800, 0, 0, 0), rate=1000.0):
+        for seed, top1 in enumerate(top1s):
+            byzantine = 0 if attack == "none" else 2
+            rows.append({"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "byzantine": byzantine,
+                         "zeno_eta": eta, "seed": seed, "processes": 9, "epochs": 2, "top1": top1,
+                         "honest_pushed": counts[0], "honest_rejected": counts[1], "byzantine_pushed": counts[2],
+                         "byzantine_rejected": counts[3], "stale_dropped": 0, "images_per_s": rate, "train_s": 10,
+                         **machine})
+    add("sync", "sync", "mean", "none", (96, 97, 98), rate=1200.0)
+    add("sync", "sync", "mean", "signflip", (90, 91, 92), counts=(600, 0, 200, 0))
+    add("sync", "sync", "median", "none", (95, 95, 95))
+    add("sync", "sync", "median", "signflip", (94, 94.5, 95), counts=(600, 0, 200, 0))  # above mean's range
+    add("sync", "sync", "zeno", "none", (97, 97, 97), counts=(800, 200, 0, 0))  # inside mean's range
+    add("sync", "sync", "zeno", "signflip", (80, 81, 82), counts=(600, 60, 200, 150))  # below it
+    add("async", "async", "mean", "none", (90, 90, 90), rate=900.0)
+    add("async", "async", "zeno++", "signflip", (87, 87, 87), counts=(600, 30, 200, 180))
+    for eta, top1s in (("0.1", (70, 71, 72)), ("0", (80, 80, 80)), ("-0.1", (60, 60, 60))):
+        add("eta", "async", "zenops", "signflip", top1s, eta=eta, counts=(600, 120, 200, 100))
+    add("eta", "nd", "validation data only", "none", (85, 86, 87), counts=("", "", "", ""))
+    add("speed", "ddp", "ddp", "none", (97, 97, 97), counts=("", "", "", ""))
+    with open(data / "ps.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=ps_table.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("ps", "ps_eta"))
+    assert "| aggregation | none (0 Byzantine) | signflip |" in text
+    assert "| `mean` | 97.0 (96.0\u201398.0) | 91.0 (90.0\u201392.0) |" in text
+    assert "| `zeno` | 97.0 (97.0\u201397.0) | 81.0 (80.0\u201382.0) |" in text
+    assert ("Beyond the spread of `mean` under the same attack, better: median under signflip (+3.5). Worse: median "
+            "under none (-2.0); zeno under signflip (-10.0).") in text
+    assert "| `zeno++` |  | 87.0 (87.0\u201387.0) |" in text  # async: no zeno++ row without an attack
+    assert "| sync | `zeno` | 25 | 10 / 75 |" in text and "| async | `zeno++` |  | 5 / 90 |" in text
+    assert "| 0 | 80.0 (80.0\u201380.0) | 20 | 50 |" in text
+    assert "| validation data only (nd) | 86.0 (85.0\u201387.0) |  |  |" in text
+    assert "The best eta: 0 (80.0 (80.0\u201380.0) %)" in text
+    assert "| ps sync, `mean` | 3 | 1200 | 1.20x |" in text and "| ps async, `mean` | 3 | 900 | 0.90x |" in text
+    assert "| ddp | 3 | 1000 | 1.00x |" in text
