@@ -3,13 +3,14 @@ command that launches a run on 1 or N processes, a run that a stopped `make figu
 skips when it starts again, the set-up of the accuracy tables, and the CSVs they write."""
 
 import argparse
+import atexit
 import csv
 import json
 import os
 import platform
 import runpy
 import shutil
-import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,43 +92,49 @@ def run(processes, script_and_flags, threads, env=None, check=True):
 def run_forked(processes, script_and_flags, threads, env=None):
     """run(), with each process forked from a server that has imported torch and the recipes once, not started
     by torchrun as a fresh interpreter: on 2 cores, the 9 to 11 processes of a parameter-server run spend
-    about 25 s importing torch and torchvision, longer than a short run trains. The same environment reaches
-    the recipe (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK, LOCAL_WORLD_SIZE), and so does its output."""
-    if forkserver_threads.setdefault("threads", threads) == threads and "OMP_NUM_THREADS" not in forkserver_threads:
-        forkserver_threads["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)  # read at torch's import
-        mp.set_forkserver_preload(FORKSERVER_PRELOAD)
-    elif forkserver_threads["threads"] != threads:
+    about 25 s importing torch and torchvision, longer than a short run trains. The recipe sees what torchrun
+    gives it: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT and a store that this process
+    holds (as torchrun's agent does). The processes die with the server, and the server with this process."""
+    if forkserver_threads.setdefault("threads", threads) != threads:
         raise ValueError(f"forked runs have the threads of the first one ({forkserver_threads['threads']})")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(processes),
-           "LOCAL_WORLD_SIZE": str(processes), "PYTHONUNBUFFERED": "1"}
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read when the server imports torch
+    workers.start_server(FORKSERVER_PRELOAD)  # once: later runs find it running
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(processes),
+           "LOCAL_WORLD_SIZE": str(processes), "TORCHELASTIC_USE_AGENT_STORE": "True",
+           "TORCHELASTIC_RESTART_COUNT": "0"}
     with tempfile.NamedTemporaryFile("w+") as log:
         try:
             mp.start_processes(_forked_rank, (script_and_flags, env, log.name), processes, start_method="forkserver")
-            returncode = 0
-        except mp.ProcessExitedException as error:  # the others are stopped; the output says why
-            returncode = error.exit_code or 1
-        except mp.ProcessRaisedException:  # a traceback, already in the output
-            returncode = 1
-        output = log.read()
+            returncode, error = 0, ""
+        except mp.ProcessExitedException as exited:  # the others are stopped; the output says why
+            returncode, error = exited.exit_code or 1, ""
+        except mp.ProcessRaisedException as raised:  # a traceback, which torch hands over here
+            returncode, error = 1, str(raised)
+        output = log.read() + error
     return subprocess.CompletedProcess(script_and_flags, returncode, output, "")
 
 
 # what the recipes import, byzfl included (the parameter server's robust rules and attacks: 2.6 s per process)
-FORKSERVER_PRELOAD = ["torch", "torchvision", "byzfl", "recipes.common.bookkeeping", "scripts.measuring"]
+FORKSERVER_PRELOAD = ["recipes.common.workers", "torch", "torchvision", "byzfl", "recipes.common.bookkeeping",
+                      "scripts.measuring"]
 forkserver_threads = {}  # the server starts on the first forked run, with its threads, and serves every later one
 
 
 def _forked_rank(rank, script_and_flags, env, log):
-    workers.die_with_parent(os.getppid())  # the server, which ends when the measuring script does, however it ends
+    workers.die_with_the_server()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server ignores and blocks SIGTERM; a rank takes it as
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # under torchrun
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
     output = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(output, 1)
     os.dup2(output, 2)
+    sys.stdout.reconfigure(line_buffering=True)  # PYTHONUNBUFFERED is read at start-up only
     sys.argv = list(script_and_flags)
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:  # a forked process ends without them (os._exit)
+        atexit._run_exitfuncs()
 
 
 counts = {"trained": 0, "reused": 0, "reused_s": 0.0}  # this script's runs: trained now, or kept from before

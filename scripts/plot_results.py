@@ -416,9 +416,10 @@ def ps_groups(rows, part):
 
 
 def rejected(runs, who):
-    """The share (%) of `who`'s (honest or byzantine) pushed updates that the rule dropped, over all seeds' runs."""
-    pushed = sum(int(r[f"{who}_pushed"]) for r in runs)
-    return 100 * sum(int(r[f"{who}_rejected"]) for r in runs) / pushed if pushed else float("nan")
+    """'25 (20-30)': the share (%) of `who`'s (honest or byzantine) pushed updates that the rule dropped, its mean
+    over the seeds' runs and its range."""
+    rates = [100 * int(r[f"{who}_rejected"]) / int(r[f"{who}_pushed"]) for r in runs if int(r[f"{who}_pushed"])]
+    return with_range(spread(rates), 0) if rates else ""
 
 
 def ps_matrix(groups):
@@ -459,19 +460,20 @@ def ps_tables(rows):
     for mode, aggregate in validated:
         groups = ps_groups(rows, mode)
         body.append([mode, f"`{aggregate}`", *(
-            (f"{rejected(groups[aggregate, a], 'honest'):.0f}" +
-             ("" if a == "none" else f" / {rejected(groups[aggregate, a], 'byzantine'):.0f}"))
+            (rejected(groups[aggregate, a], "honest") +
+             ("" if a == "none" else f" / {rejected(groups[aggregate, a], 'byzantine')}"))
             if (aggregate, a) in groups else "" for a in attacks)])
     sections["ps-rejections"] = (
         table(["mode", "rule", *(f"{a} (0 Byzantine)" if a == "none" else a for a in attacks)], body) +
-        "\n\nRejected updates (%): honest / Byzantine, of all the updates each kind of worker pushed, over every "
-        "seed. `zeno` drops the b = 2 lowest-scoring of every 8 whatever they are, so it rejects 25 % in all.")
+        "\n\nRejected updates (%): honest / Byzantine, of the updates each kind of worker pushed; the mean over the "
+        "seeds and in brackets the lowest and highest. `zeno` drops the b = 2 lowest-scoring of every 8, whatever "
+        "they are, so it rejects 25 % in all.")
     eta = ps_groups(rows, "eta")
     etas = sorted({x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float,
                   reverse=True)
     by_eta = {e: [x for x in rows if x["part"] == "eta" and x["zeno_eta"] == e] for e in etas}
     top1 = {e: spread([float(x["top1"]) for x in runs]) for e, runs in by_eta.items()}
-    body = [[e, with_range(top1[e], 1), f"{rejected(runs, 'honest'):.0f}", f"{rejected(runs, 'byzantine'):.0f}"]
+    body = [[e, with_range(top1[e], 1), rejected(runs, "honest"), rejected(runs, "byzantine")]
             for e, runs in by_eta.items()]
     baseline = spread([float(x["top1"]) for x in eta.get(("validation data only", "none"), [])] or [float("nan")])
     body.append(["validation data only (nd)", with_range(baseline, 1), "", ""])
@@ -491,7 +493,8 @@ def ps_tables(rows):
             for name, runs in speed if runs]
     sections["ps-speed"] = (table(["run", "seeds", "train images/s", "vs ddp"], body) +
                             f"\n\n8 workers (ddp: 8 processes), global batch 64, one thread per process, on "
-                            f"{r['cores']} cores; the mean over the seeds of each run's images/s.")
+                            f"{r['cores']} cores; the mean over the seeds of each run's images/s. ps: the runs "
+                            f"without an attack of the tables above; ddp: its own runs, trained between them.")
     return sections
 
 
@@ -507,7 +510,8 @@ def plot_ps(rows, figures):
         ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
         for i, line in enumerate(grid):
             for j, value in enumerate(line):
-                ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white" if value < 60 else "black")
+                if value == value:  # not NaN: a rule and attack that were trained
+                    ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white" if value < 60 else "black")
         ax.set_xticks(range(len(aggregates)), aggregates, rotation=45, ha="right")
         ax.set_yticks(range(len(attacks)), attacks)
         ax.set_title(f"{mode}: val top-1 (%)")
@@ -714,8 +718,8 @@ def main():
         sections["compile"] = compile_table(read_csv(data / "compile.csv"))
     else:
         missing.append("compile.csv (scripts/bench_compile.py)")
-    if (data / "ps.csv").exists():
-        ps_rows = read_csv(data / "ps.csv")
+    ps_rows = read_csv(data / "ps.csv") if (data / "ps.csv").exists() else []
+    if ps_rows:
         plot_ps(ps_rows, figures)
         sections.update(ps_tables(ps_rows))
     else:

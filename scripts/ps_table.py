@@ -11,12 +11,13 @@ every seed (3 by default):
   eta     ZenoPS's eta sweep (zenops, async, 2 sign-flipping workers, --zeno-eta 0.1 ...
           -0.1), beside "validation data only": nd trained on the validators' held-out
           share of train/ alone (the split of the same seed), at the same global batch
-          for about as many steps (10x the epochs of a tenth of the data)
+          for about as many steps (10x the epochs, and of the warm-up, on a tenth of the data)
   speed   ddp on 8 processes, the throughput the ps sync rows are compared with
 The robust rules are set for b = 2 Byzantine workers in every row (--zeno-b 2), so the
 rows without an attack show what robustness costs. The set-up is scripts/measuring.py's
-ACCURACY (lenet, 28 px) at a batch of 8 per worker, for 2 epochs (125 steps of 64
-images): 225 runs of 9 to 11 processes fit in under an hour of 2 cores only so. Their
+ACCURACY (lenet, 28 px) at a batch of 8 per worker, for 2 epochs (124 steps of 64
+images; 112 with validators, which hold out a tenth of train/): 225 runs, most of 9 to
+11 processes, fit in under an hour of 2 cores only so. Their
 processes are forked from a server that has imported torch once (measuring.run_forked):
 started by torchrun, each run would spend about 25 s importing. Each run keeps its final
 top-1, the update counts and images/s in ps.csv, one row per run. Run directories go to
@@ -75,6 +76,8 @@ def flags_of(mode, aggregate, attack, byzantine, zeno_eta, seed, args):
         return "ddp", WORKERS, [args.data, *common]
     if mode == "nd":  # the validators' share (a tenth) alone, at the workers' global batch for as many steps
         folder = validation_only_data(args.data, seed, HELD_OUT, Path(args.runs) / f"validation-data-seed{seed}")
+        model = [str(round(float(flag) / HELD_OUT)) if previous == "--warmup-epochs" else flag
+                 for previous, flag in zip(["", *model], model)]
         return "nd", 1, [folder, *model, "--epochs", str(round(args.epochs / HELD_OUT)), "--seed", str(seed),
                          "-b", str(8 * WORKERS), "-p", "1000"]
     validators = VALIDATORS if aggregate in VALIDATED else 0

@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -410,6 +411,7 @@ def test_ps_table_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path)
     recipe, processes, flags = ps_table.flags_of("nd", "validation data only", "none", 0, None, 0, args)
     assert (recipe, processes) == ("nd", 1) and flags[flags.index("-b") + 1] == "64"  # 8 workers' global batch
     assert flags[flags.index("--epochs") + 1] == "30"  # a tenth of the data for 10x the epochs: as many steps
+    assert flags[flags.index("--warmup-epochs") + 1] == "10"  # and 10x the warm-up
     assert len(list((flags[0] / "train").rglob("*.png"))) == 5  # a tenth of the 48 train images
     quick = ps_table.plan([0], quick=True)
     assert {part for part, *_ in quick} == {"sync", "async", "eta", "speed"} and len(quick) < 20
@@ -424,18 +426,48 @@ def test_forked_runs_get_torchruns_environment_and_a_failing_rank_fails_the_run(
     script.write_text("import os, sys\nrank = int(os.environ['RANK'])\n"
                       "print(f\"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']} "
                       "at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} args {sys.argv[1:]}\")\n"
-                      "sys.exit(3 if rank == int(sys.argv[1]) else 0)\n")
+                      "if rank == int(sys.argv[1]):\n    sys.exit(3)\n"
+                      "if rank == int(sys.argv[2]):\n    raise RuntimeError('a bug in rank 2')\n")
     program = ("import sys\nfrom scripts import measuring\nif __name__ == '__main__':\n"
-               f"    for failing in (-1, 1):\n"
-               f"        result = measuring.run_forked(3, [{str(script)!r}, str(failing)], 1)\n"
+               "    for failing in (('-1', '-1'), ('1', '-1'), ('-1', '2')):\n"
+               f"        result = measuring.run_forked(3, [{str(script)!r}, *failing], 1)\n"
                "        print('returncode', result.returncode)\n        print(result.stdout)\n")
     result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=child_env(), capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    first, second = result.stdout.split("returncode ")[1:]
-    assert first.startswith("0\n") and second.startswith("3\n")
-    assert all(f"rank {rank} of 3 local {rank} at 127.0.0.1:" in first for rank in range(3))
-    assert "args ['-1']" in first
+    fine, exited, raised = result.stdout.split("returncode ")[1:]
+    assert fine.startswith("0\n") and exited.startswith("3\n") and raised.startswith("1\n")
+    assert all(f"rank {rank} of 3 local {rank} at 127.0.0.1:" in fine for rank in range(3))
+    assert "args ['-1', '-1']" in fine
+    assert "RuntimeError: a bug in rank 2" in raised  # the traceback reaches the run's output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_no_forked_rank_outlives_the_script_that_forked_it(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(f"import os, time\nopen({str(tmp_path)!r} + f'/pid{{os.environ[\"RANK\"]}}', 'w')"
+                      ".write(str(os.getpid()))\ntime.sleep(300)\n")
+    program = ("from scripts import measuring\nif __name__ == '__main__':\n"
+               f"    measuring.run_forked(2, [{str(script)!r}], 1)\n")
+    measuring_script = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT, env=child_env())
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("pid*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = [int(path.read_text() or 0) for path in tmp_path.glob("pid*")]
+    assert len(ranks) == 2
+    measuring_script.kill()  # SIGKILL: no clean-up runs
+    measuring_script.wait()
+    deadline = time.monotonic() + 30
+    while any(map(alive, ranks)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in ranks if alive(pid)]
+
+
+def alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
 
 
 def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_path):
@@ -475,8 +507,9 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert ("Beyond the spread of `mean` under the same attack, better: median under signflip (+3.5). Worse: median "
             "under none (-2.0); zeno under signflip (-10.0).") in text
     assert "| `zeno++` |  | 87.0 (87.0\u201387.0) |" in text  # async: no zeno++ row without an attack
-    assert "| sync | `zeno` | 25 | 10 / 75 |" in text and "| async | `zeno++` |  | 5 / 90 |" in text
-    assert "| 0 | 80.0 (80.0\u201380.0) | 20 | 50 |" in text
+    assert "| sync | `zeno` | 25 (25\u201325) | 10 (10\u201310) / 75 (75\u201375) |" in text
+    assert "| async | `zeno++` |  | 5 (5\u20135) / 90 (90\u201390) |" in text
+    assert "| 0 | 80.0 (80.0\u201380.0) | 20 (20\u201320) | 50 (50\u201350) |" in text
     assert "| validation data only (nd) | 86.0 (85.0\u201387.0) |  |  |" in text
     assert "The best eta: 0 (80.0 (80.0\u201380.0) %)" in text
     assert "| ps sync, `mean` | 3 | 1200 | 1.20x |" in text and "| ps async, `mean` | 3 | 900 | 0.90x |" in text

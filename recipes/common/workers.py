@@ -55,8 +55,15 @@ def context(workers):
     # The server imports torch and the recipes' modules once, and a worker forked from it starts in
     # milliseconds. Each worker still runs the recipe script's top (its imports, all preloaded) to find
     # __main__; the server's own preload of __main__ never happens before Python 3.13 (CPython gh-137996).
-    multiprocessing.set_forkserver_preload(sorted(name for name in sys.modules if name.startswith("recipes.")))
-    os.environ[_TRAINER_PID] = str(os.getpid())  # the server dies with this process (see die_with_parent)
+    start_server(sorted(name for name in sys.modules if name.startswith("recipes.")))
+    return multiprocessing.get_context("forkserver")
+
+
+def start_server(preload):
+    """Start this process's fork server, with `preload` imported, unless it runs already. The server dies with
+    this process (see die_with_parent), ignores SIGTERM and forks its children with SIGTERM blocked."""
+    multiprocessing.set_forkserver_preload(preload)
+    os.environ[_TRAINER_PID] = str(os.getpid())
     # The server starts ignoring SIGTERM (an ignored signal stays ignored across exec; a blocked one does not
     # here): while it imports torch, a SIGTERM would otherwise end it and every later loader would fail.
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -65,7 +72,13 @@ def context(workers):
     finally:
         signal.signal(signal.SIGTERM, previous)
         del os.environ[_TRAINER_PID]  # the server has its copy; no other child of this process is the server
-    return multiprocessing.get_context("forkserver")
+
+
+def die_with_the_server():
+    """In a process forked from the fork server: die when the server dies (and so when the process that
+    started the server dies, however it ends)."""
+    if _SERVER_PID is not None:
+        die_with_parent(_SERVER_PID)
 
 
 def leave_sigterm_to_the_trainer(worker_id):
@@ -73,8 +86,7 @@ def leave_sigterm_to_the_trainer(worker_id):
     and shuts them down; else a scheduler's SIGTERM to the whole job kills them mid-batch.
     And they die with their parent, the fork server (which dies with the trainer)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if _SERVER_PID is not None:
-        die_with_parent(_SERVER_PID)
+    die_with_the_server()
 
 
 @atexit.register  # runs before multiprocessing's exit handler, which would SIGTERM them and wait forever
