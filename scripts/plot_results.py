@@ -415,10 +415,23 @@ def ps_groups(rows, part):
     return groups
 
 
+def finished(runs):
+    """The runs that did not diverge (ps.csv: diverged = 1, no top-1)."""
+    return [r for r in runs if r.get("diverged", "0") != "1"]
+
+
+def ps_top1(runs):
+    """'91.0 (90.0-92.0)' over the seeds that finished, and how many diverged."""
+    done = finished(runs)
+    text = with_range(spread([float(r["top1"]) for r in done]), 1) if done else "diverged"
+    return text + (f" ({len(runs) - len(done)} of {len(runs)} diverged)" if done and len(done) < len(runs) else "")
+
+
 def rejected(runs, who):
     """'25 (20-30)': the share (%) of `who`'s (honest or byzantine) pushed updates that the rule dropped, its mean
     over the seeds' runs and its range."""
-    rates = [100 * int(r[f"{who}_rejected"]) / int(r[f"{who}_pushed"]) for r in runs if int(r[f"{who}_pushed"])]
+    rates = [100 * int(r[f"{who}_rejected"]) / int(r[f"{who}_pushed"]) for r in finished(runs)
+             if int(r[f"{who}_pushed"])]
     return with_range(spread(rates), 0) if rates else ""
 
 
@@ -427,8 +440,8 @@ def ps_matrix(groups):
     rule with the mean under the same attack (beyond the spread only)."""
     aggregates = list(dict.fromkeys(aggregate for aggregate, _ in groups))
     attacks = [a for a in PS_ATTACKS if any(attack == a for _, attack in groups)]
-    top1 = {key: spread([float(r["top1"]) for r in runs]) for key, runs in groups.items()}
-    body = [[f"`{aggregate}`", *(with_range(top1[aggregate, attack], 1) if (aggregate, attack) in top1 else ""
+    top1 = {key: spread([float(r["top1"]) for r in finished(runs)]) for key, runs in groups.items() if finished(runs)}
+    body = [[f"`{aggregate}`", *(ps_top1(groups[aggregate, attack]) if (aggregate, attack) in groups else ""
                                  for attack in attacks)] for aggregate in aggregates]
     header = ["aggregation", *(f"{attack} (0 Byzantine)" if attack == "none" else attack for attack in attacks)]
     better, worse = [], []
@@ -448,7 +461,8 @@ def ps_tables(rows):
     for mode in ("sync", "async"):
         text, better, worse = ps_matrix(ps_groups(rows, mode))
         text += (f"\n\nFinal val top-1 (%) after {r['epochs']} epochs: the mean over {seeds} seed(s), in brackets the "
-                 f"lowest and highest.")
+                 f"lowest and highest. A run that diverged (a non-finite loss) has no top-1: it is counted beside "
+                 f"the others.")
         if seeds > 1:
             text += (" Beyond the spread of `mean` under the same attack, better: " + ("; ".join(better) or "none") +
                      ". Worse: " + ("; ".join(worse) or "none") + ".")
@@ -472,11 +486,11 @@ def ps_tables(rows):
     etas = sorted({x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float,
                   reverse=True)
     by_eta = {e: [x for x in rows if x["part"] == "eta" and x["zeno_eta"] == e] for e in etas}
-    top1 = {e: spread([float(x["top1"]) for x in runs]) for e, runs in by_eta.items()}
-    body = [[e, with_range(top1[e], 1), rejected(runs, "honest"), rejected(runs, "byzantine")]
-            for e, runs in by_eta.items()]
-    baseline = spread([float(x["top1"]) for x in eta.get(("validation data only", "none"), [])] or [float("nan")])
-    body.append(["validation data only (nd)", with_range(baseline, 1), "", ""])
+    top1 = {e: spread([float(x["top1"]) for x in finished(runs)]) for e, runs in by_eta.items() if finished(runs)}
+    body = [[e, ps_top1(runs), rejected(runs, "honest"), rejected(runs, "byzantine")] for e, runs in by_eta.items()]
+    baseline_runs = eta.get(("validation data only", "none"), [])
+    baseline = spread([float(x["top1"]) for x in finished(baseline_runs)] or [float("nan")])
+    body.append(["validation data only (nd)", ps_top1(baseline_runs) if baseline_runs else "", "", ""])
     best = max(top1, key=lambda e: top1[e]["mean"]) if top1 else None
     text = table(["--zeno-eta", "val top-1 (%)", "honest rejected (%)", "Byzantine rejected (%)"], body)
     if best is not None:
@@ -484,9 +498,9 @@ def ps_tables(rows):
                  f"({with_range(top1[best], 1)} %); training on the validators' data alone: "
                  f"{with_range(baseline, 1)} %.")
     sections["ps-eta"] = text
-    speed = [("ps sync, `mean`", ps_groups(rows, "sync").get(("mean", "none"), [])),
-             ("ps async, `mean`", ps_groups(rows, "async").get(("mean", "none"), [])),
-             ("ddp", [x for x in rows if x["part"] == "speed"])]
+    speed = [("ps sync, `mean`", finished(ps_groups(rows, "sync").get(("mean", "none"), []))),
+             ("ps async, `mean`", finished(ps_groups(rows, "async").get(("mean", "none"), []))),
+             ("ddp", finished([x for x in rows if x["part"] == "speed"]))]
     ddp = statistics.mean(float(x["images_per_s"]) for x in speed[-1][1]) if speed[-1][1] else float("nan")
     body = [[name, len(runs), f"{statistics.mean(float(x['images_per_s']) for x in runs):.0f}",
              f"{statistics.mean(float(x['images_per_s']) for x in runs) / ddp:.2f}x"]
@@ -505,13 +519,15 @@ def plot_ps(rows, figures):
         groups = ps_groups(rows, mode)
         aggregates = list(dict.fromkeys(aggregate for aggregate, _ in groups))
         attacks = [a for a in PS_ATTACKS if any(attack == a for _, attack in groups)]
-        grid = [[statistics.mean(float(x["top1"]) for x in groups[g, a]) if (g, a) in groups else float("nan")
-                 for g in aggregates] for a in attacks]
+        grid = [[statistics.mean(float(x["top1"]) for x in finished(groups[g, a]))
+                 if (g, a) in groups and finished(groups[g, a]) else (-1.0 if (g, a) in groups else float("nan"))
+                 for g in aggregates] for a in attacks]  # -1: every seed diverged
         ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
         for i, line in enumerate(grid):
             for j, value in enumerate(line):
                 if value == value:  # not NaN: a rule and attack that were trained
-                    ax.text(j, i, f"{value:.0f}", ha="center", va="center", color="white" if value < 60 else "black")
+                    ax.text(j, i, f"{value:.0f}" if value >= 0 else "div.", ha="center", va="center",
+                            color="white" if value < 60 else "black")
         ax.set_xticks(range(len(aggregates)), aggregates, rotation=45, ha="right")
         ax.set_yticks(range(len(attacks)), attacks)
         ax.set_title(f"{mode}: val top-1 (%)")
@@ -519,7 +535,7 @@ def plot_ps(rows, figures):
                  f"{rows[0]['epochs']} epochs; mean of {len({x['seed'] for x in rows})} seed(s)")
     save(fig, figures / "ps.png")
     by_eta = {}
-    for x in rows:
+    for x in finished(rows):
         if x["part"] == "eta" and x["zeno_eta"] != "":
             by_eta.setdefault(float(x["zeno_eta"]), []).append(x)
     if not by_eta:
@@ -530,7 +546,7 @@ def plot_ps(rows, figures):
     ax.errorbar(etas, [v["mean"] for v in top1], yerr=[[v["mean"] - v["low"] for v in top1],
                                                       [v["high"] - v["mean"] for v in top1]],
                 marker="o", capsize=3, label="async zenops, 2 of 8 sign-flipping")
-    baseline = [float(x["top1"]) for x in rows if x["aggregate"] == "validation data only"]
+    baseline = [float(x["top1"]) for x in finished(rows) if x["aggregate"] == "validation data only"]
     if baseline:
         ax.axhspan(min(baseline), max(baseline), color="gray", alpha=0.2)
         ax.axhline(statistics.mean(baseline), color="gray", linestyle="--", label="validation data only (nd)")

@@ -20,7 +20,8 @@ images; 112 with validators, which hold out a tenth of train/): 225 runs, most o
 11 processes, fit in under an hour of 2 cores only so. Their
 processes are forked from a server that has imported torch once (measuring.run_forked):
 started by torchrun, each run would spend about 25 s importing. Each run keeps its final
-top-1, the update counts and images/s in ps.csv, one row per run. Run directories go to
+top-1, the update counts and images/s in ps.csv, one row per run; a run that diverges
+(a non-finite loss: mean under gaussian noise, say) is a row with diverged = 1 and no top-1. Run directories go to
 runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete is not trained again.
 """
 
@@ -44,7 +45,7 @@ ETAS = [0.1, 0.01, 0.001, 0, -0.001, -0.01, -0.1]
 VALIDATED = {"zeno", "zenops", "zeno++"}
 HELD_OUT = 0.1  # the recipe's --validation-split: the validators' share of train/
 FIELDS = ["part", "mode", "aggregate", "attack", "byzantine", "zeno_eta", "seed", "processes", "epochs", "top1",
-          "honest_pushed", "honest_rejected", "byzantine_pushed", "byzantine_rejected", "stale_dropped",
+          "diverged", "honest_pushed", "honest_rejected", "byzantine_pushed", "byzantine_rejected", "stale_dropped",
           "images_per_s", "train_s", "cpu", "cores", "gpu", "torch"]
 
 
@@ -125,16 +126,23 @@ def main():
         name = f"{part}-{mode}-{aggregate}-{attack}-{byzantine}" + (f"-eta{zeno_eta:g}" if zeno_eta is not None else "")
         out = runs / f"{name.replace(' ', '_')}-seed{seed}"
         recipe, processes, flags = flags_of(mode, aggregate, attack, byzantine, zeno_eta, seed, args)
-        summary = measuring.train(recipe, processes, flags, out, threads=1, forked=True)
-        rows.append({"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "byzantine": byzantine,
-                     "zeno_eta": "" if zeno_eta is None else zeno_eta, "seed": seed, "processes": processes,
-                     "epochs": summary["epochs"], "top1": round(summary["top1"], 2),
-                     **{key: summary.get(key, "") for key in FIELDS[10:15]},
-                     "images_per_s": round(summary["images_per_s"], 1),
-                     "train_s": round(measuring.train_seconds(out), 2), **machine})
+        summary = measuring.train(recipe, processes, flags, out, threads=1, forked=True, check=False)
+        row = {"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "byzantine": byzantine,
+               "zeno_eta": "" if zeno_eta is None else zeno_eta, "seed": seed, "processes": processes, **machine}
+        if summary is None:  # an attack may make training diverge: a result of the table, not an error of it
+            failure = (out / "failed.log").read_text()
+            if "non-finite loss" not in failure:
+                sys.exit(f"error: {name} seed {seed} failed:\n{failure[-3000:]}")
+            rows.append({**row, "diverged": 1, "epochs": args.epochs})
+            print(f"{name} seed {seed}: diverged (non-finite loss)", flush=True)
+        else:
+            rows.append({**row, "diverged": 0, "epochs": summary["epochs"], "top1": round(summary["top1"], 2),
+                         **{key: summary.get(key, "") for key in FIELDS[11:16]},
+                         "images_per_s": round(summary["images_per_s"], 1),
+                         "train_s": round(measuring.train_seconds(out), 2)})
+            print(f"{name} seed {seed}: top-1 {summary['top1']:.2f} %  " + json.dumps(
+                {key: summary.get(key) for key in FIELDS[11:16]}), flush=True)
         measuring.write_csv(Path(args.figures_data) / "ps.csv", FIELDS, rows)
-        print(f"{name} seed {seed}: top-1 {summary['top1']:.2f} %  " + json.dumps(
-            {key: summary.get(key) for key in FIELDS[10:15]}), flush=True)
     measuring.record_part(args.figures_data, "ps", started)
 
 

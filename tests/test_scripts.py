@@ -496,6 +496,12 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
         add("eta", "async", "zenops", "signflip", top1s, eta=eta, counts=(600, 120, 200, 100))
     add("eta", "nd", "validation data only", "none", (85, 86, 87), counts=("", "", "", ""))
     add("speed", "ddp", "ddp", "none", (97, 97, 97), counts=("", "", "", ""))
+    add("async", "async", "mean", "gaussian", (10, "", ""), counts=(600, 0, 200, 0))
+    add("async", "async", "zeno++", "gaussian", ("", "", ""), counts=(600, 0, 200, 0))
+    for row in rows:  # a run that diverged has no top-1 and no counts
+        row["diverged"] = int(row["top1"] == "")
+        if row["diverged"]:
+            row.update(honest_pushed="", honest_rejected="", byzantine_pushed="", byzantine_rejected="")
     with open(data / "ps.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=ps_table.FIELDS)
         writer.writeheader()
@@ -506,7 +512,8 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert "| `zeno` | 97.0 (97.0\u201397.0) | 81.0 (80.0\u201382.0) |" in text
     assert ("Beyond the spread of `mean` under the same attack, better: median under signflip (+3.5). Worse: median "
             "under none (-2.0); zeno under signflip (-10.0).") in text
-    assert "| `zeno++` |  | 87.0 (87.0\u201387.0) |" in text  # async: no zeno++ row without an attack
+    assert "| `zeno++` |  | 87.0 (87.0\u201387.0) | diverged |" in text  # async: no zeno++ row without an attack
+    assert "| `mean` | 90.0 (90.0\u201390.0) |  | 10.0 (2 of 3 diverged) |" in text
     assert "| sync | `zeno` | 25 (25\u201325) | 10 (10\u201310) / 75 (75\u201375) |" in text
     assert "| async | `zeno++` |  | 5 (5\u20135) / 90 (90\u201390) |" in text
     assert "| 0 | 80.0 (80.0\u201380.0) | 20 (20\u201320) | 50 (50\u201350) |" in text
