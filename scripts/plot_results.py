@@ -494,9 +494,10 @@ def ps_tables(rows):
     best = max(top1, key=lambda e: top1[e]["mean"]) if top1 else None
     text = table(["--zeno-eta", "val top-1 (%)", "honest rejected (%)", "Byzantine rejected (%)"], body)
     if best is not None:
+        tied = [e for e in top1 if e != best and not beyond_spread(top1[e], top1[best])]
         text += (f"\n\nasync `zenops`, 2 of 8 workers sign-flipping. The best eta: {best} "
-                 f"({with_range(top1[best], 1)} %); training on the validators' data alone: "
-                 f"{with_range(baseline, 1)} %.")
+                 f"({with_range(top1[best], 1)} %); within its spread (not told apart from it): "
+                 f"{', '.join(tied) or 'none'}. Training on the validators' data alone: {with_range(baseline, 1)} %.")
     sections["ps-eta"] = text
     speed = [("ps sync, `mean`", finished(ps_groups(rows, "sync").get(("mean", "none"), []))),
              ("ps async, `mean`", finished(ps_groups(rows, "async").get(("mean", "none"), []))),

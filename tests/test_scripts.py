@@ -518,6 +518,6 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert "| async | `zeno++` |  | 5 (5\u20135) / 90 (90\u201390) |" in text
     assert "| 0 | 80.0 (80.0\u201380.0) | 20 (20\u201320) | 50 (50\u201350) |" in text
     assert "| validation data only (nd) | 86.0 (85.0\u201387.0) |  |  |" in text
-    assert "The best eta: 0 (80.0 (80.0\u201380.0) %)" in text
+    assert "The best eta: 0 (80.0 (80.0\u201380.0) %); within its spread (not told apart from it): none." in text
     assert "| ps sync, `mean` | 3 | 1200 | 1.20x |" in text and "| ps async, `mean` | 3 | 900 | 0.90x |" in text
     assert "| ddp | 3 | 1000 | 1.00x |" in text
