@@ -502,14 +502,18 @@ def ps_tables(rows):
     speed = [("ps sync, `mean`", finished(ps_groups(rows, "sync").get(("mean", "none"), []))),
              ("ps async, `mean`", finished(ps_groups(rows, "async").get(("mean", "none"), []))),
              ("ddp", finished([x for x in rows if x["part"] == "speed"]))]
-    ddp = statistics.mean(float(x["images_per_s"]) for x in speed[-1][1]) if speed[-1][1] else float("nan")
-    body = [[name, len(runs), f"{statistics.mean(float(x['images_per_s']) for x in runs):.0f}",
-             f"{statistics.mean(float(x['images_per_s']) for x in runs) / ddp:.2f}x"]
-            for name, runs in speed if runs]
-    sections["ps-speed"] = (table(["run", "seeds", "train images/s", "vs ddp"], body) +
+    ddp = {x["seed"]: float(x["images_per_s"]) for x in speed[-1][1]}
+    body = []
+    for name, runs in speed:
+        ratios = [float(x["images_per_s"]) / ddp[x["seed"]] for x in runs if x["seed"] in ddp]
+        body.append([name, len(runs), with_range(spread([float(x["images_per_s"]) for x in runs]), 0),
+                     with_range(spread(ratios), 2) if ratios else ""])
+    sections["ps-speed"] = (table(["run", "seeds", "train images/s", "vs ddp, seed by seed"], body) +
                             f"\n\n8 workers (ddp: 8 processes), global batch 64, one thread per process, on "
-                            f"{r['cores']} cores; the mean over the seeds of each run's images/s. ps: the runs "
-                            f"without an attack of the tables above; ddp: its own runs, trained between them.")
+                            f"{r['cores']} cores; each run's images/s, the mean over the seeds and in brackets the "
+                            f"lowest and highest. ps: the runs without an attack of the tables above; ddp: its own "
+                            f"runs, each trained minutes after the ps runs of its seed, so the ratio (of the same "
+                            f"seed's runs) carries this shared machine's noise: read its range, not only its mean.")
     return sections
 
 

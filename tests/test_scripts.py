@@ -519,5 +519,6 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert "| 0 | 80.0 (80.0\u201380.0) | 20 (20\u201320) | 50 (50\u201350) |" in text
     assert "| validation data only (nd) | 86.0 (85.0\u201387.0) |  |  |" in text
     assert "The best eta: 0 (80.0 (80.0\u201380.0) %); within its spread (not told apart from it): none." in text
-    assert "| ps sync, `mean` | 3 | 1200 | 1.20x |" in text and "| ps async, `mean` | 3 | 900 | 0.90x |" in text
-    assert "| ddp | 3 | 1000 | 1.00x |" in text
+    assert "| ps sync, `mean` | 3 | 1200 (1200\u20131200) | 1.20 (1.20\u20131.20) |" in text
+    assert "| ps async, `mean` | 3 | 900 (900\u2013900) | 0.90 (0.90\u20130.90) |" in text
+    assert "| ddp | 3 | 1000 (1000\u20131000) | 1.00 (1.00\u20131.00) |" in text
