@@ -1,5 +1,6 @@
 """The parameter-server recipe: push/pull against ddp, chunks, the Zeno rules, async, bad input."""
 
+import re
 import signal
 import subprocess
 
@@ -238,7 +239,12 @@ def test_bad_input_from_the_command_line(tiny_data, tmp_path, flags, phrase):
 def test_validators_with_too_little_held_out_data_say_so(tiny_data, tmp_path):
     result = run_recipe("ps", [tiny_data, *TINY, "--out", tmp_path / "out", "--validators", "1", "--aggregate",
                                "zenops", "--validation-split", "0.1"], nproc=3, expect_ok=False)
-    assert result.returncode != 0  # every rank says it (torchrun then reports the failed ranks)
+    assert result.returncode != 0 and 'recipes/ps/train.py", line' not in result.stderr  # (torchrun's own traceback
+    # follows: the launcher's ChildFailedError, naming the failed ranks)
+    # every rank finds it and says it, rank 0 bare and the others with their rank; the first rank to exit ends
+    # the run, so torchrun may stop the others before they have printed their line
     lines = [line for line in result.stderr.splitlines() if "error: --validation-split" in line]
-    assert len(lines) == 3  # rank 0's line, and the others' with their rank
-    assert any(line.startswith("error: --validation-split 0.1 holds out 5 train images: fewer") for line in lines)
+    assert 1 <= len(lines) <= 3, result.stderr
+    for line in lines:
+        assert re.fullmatch(r"(\[rank [12]\] )?error: --validation-split 0\.1 holds out 5 train images: fewer than "
+                            r"one batch of --batch-size 8 for each of the 1 validator\(s\)", line), line
