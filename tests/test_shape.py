@@ -58,7 +58,7 @@ def test_every_python_excerpt_in_the_readme_is_in_a_recipe():
         assert any(lines <= recipe_lines for recipe_lines in recipes.values()), excerpt
 
 
-@pytest.mark.parametrize("recipe", [*RECIPES, "ps"])
+@pytest.mark.parametrize("recipe", [*RECIPES, "ps", "pipeline"])
 def test_help_keeps_the_docstrings_layout(recipe, capsys):
     train = importlib.import_module(f"recipes.{recipe}.train")
     with pytest.raises(SystemExit) as done:

@@ -32,6 +32,24 @@ def build_model(arch, num_classes):
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
 
 
+def sequential_layers(model, arch):
+    """The model as the list of layers its forward runs one after the other (the points where a pipeline can
+    cut it): lenet's layers; a ResNet's stem, each residual block, pooling and the classifier; the features,
+    pooling and classifier of models built that way (VGG, MobileNet, EfficientNet, ...). The layers are the
+    model's own modules, so stages built from them train the model's weights."""
+    if isinstance(model, nn.Sequential):
+        return list(model)
+    if isinstance(model, torchvision.models.ResNet):
+        blocks = [*model.layer1, *model.layer2, *model.layer3, *model.layer4]
+        return [model.conv1, model.bn1, model.relu, model.maxpool, *blocks, model.avgpool, nn.Flatten(), model.fc]
+    if all(hasattr(model, name) for name in ("features", "avgpool", "classifier")):
+        flatten = [] if any(isinstance(m, nn.Flatten) for m in model.classifier) else [nn.Flatten()]  # (convnext)
+        return [*model.features, model.avgpool, *flatten, *model.classifier]
+    raise RecipeError(f"--arch {arch} does not run as a sequence of layers that a pipeline can cut: use lenet, "
+                      f"a ResNet, or a model made of features, avgpool and classifier (vgg11, mobilenet_v3_small, "
+                      f"efficientnet_b0, ...)")
+
+
 def build_ema(model, decay):
     """--ema-decay: a copy of the model whose weights and batch-norm statistics follow
     ema = decay x ema + (1 - decay) x model after every update_parameters(model)

@@ -99,18 +99,20 @@ def recv_payload(src, numel, dtype=torch.float32):
     return payload
 
 
-def pull(vector, chunks, versions, age=1):
+def pull(vector, chunks, versions, age=1, ranks=None):
     """Ask every server for its shard: each answers with its version, and with its shard when that is at
     least `age` versions newer than this client's copy, or the client has none yet (`versions`, updated
-    here). Returns (training is over, the servers' learning rate)."""
+    here). ranks: the servers' ranks (default: 0, 1, ...). Returns (training is over, the servers' learning
+    rate)."""
     stop, lr = False, 0.0
-    for server, server_chunks in enumerate(chunks):
-        send(header(PULL, versions[server], age=age), server)
+    for index, server_chunks in enumerate(chunks):
+        server = index if ranks is None else ranks[index]
+        send(header(PULL, versions[index], age=age), server)
         answer, _ = recv_header(server)
         stop, lr = stop or bool(answer[STOP]), float(answer[LR])
-        if answer[VERSION] != versions[server]:
-            put(vector, server_chunks, recv_payload(server, shard_size(server_chunks)))
-            versions[server] = int(answer[VERSION])
+        if answer[VERSION] != versions[index]:
+            put(vector, server_chunks, recv_payload(server, shard_size(server_chunks), vector.dtype))
+            versions[index] = int(answer[VERSION])
     return stop, lr
 
 
