@@ -19,7 +19,7 @@ NPROC = $(shell $(PY) -c "import torch; print(torch.cuda.device_count() or 2)")
 DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
-PARTS := io scaling curves recovery compile compression ps
+PARTS := io scaling curves recovery compile compression ps pipeline
 ONLY ?= $(PARTS)
 QUICK ?=
 # QUICK=1 (anything but empty or 0) leaves the committed figures alone
@@ -74,6 +74,8 @@ figure-part-compression = $(PY) scripts/compression_table.py --data $(DEMO_DATA)
 	--runs $(RUNS)/compression $(if $(quick),--quick --epochs 2 --processes 2 --methods none fp8-e4m3)
 figure-part-ps = $(PY) scripts/ps_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \
 	$(if $(quick),--quick --epochs 1 --seeds 0)
+figure-part-pipeline = $(PY) scripts/pipeline_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+	--runs $(RUNS)/pipeline $(if $(quick),--quick --epochs 1 --seeds 0)
 define newline
 
 

@@ -117,6 +117,7 @@ def run_forked(processes, script_and_flags, threads, env=None):
 
 # what the recipes import, byzfl included (the parameter server's robust rules and attacks: 2.6 s per process)
 FORKSERVER_PRELOAD = ["recipes.common.workers", "torch", "torchvision", "byzfl", "recipes.common.bookkeeping",
+                      "torch.distributed.pipelining",
                       "scripts.measuring"]
 forkserver_threads = {}  # the server starts on the first forked run, with its threads, and serves every later one
 

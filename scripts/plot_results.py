@@ -11,6 +11,8 @@ Reads only the measured files that the benchmark scripts write:
   compression.csv       time, accuracy and bytes per gradient-compression method and seed (compression_table.py)
   compile.csv           epoch times, eager against torch.compile (bench_compile.py)
   ps.csv                the parameter server against Byzantine workers, per run and seed (ps_table.py)
+  pipeline.csv, pipeline_curves.csv   pipelined replicas per sync method, stragglers and the bubble
+                        (pipeline_table.py)
   timings.csv           how long each part of make figures took (every script above)
   gpu/precision.csv, gpu/compression.csv   the GPU sweep (bench_gpu.py, make figures-gpu)
 Accuracy over several seeds is reported as the mean and the min-max range; two
@@ -384,7 +386,7 @@ def hardware_line(rows):
             f"torch {r['torch']}.")
 
 
-TIMED_PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression", "ps"]  # make figures' order
+TIMED_PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression", "ps", "pipeline"]  # make figures' order
 
 
 def timings_table(rows):
@@ -650,6 +652,120 @@ def plot_gpu(rows, figures):
     save(fig, figures / "gpu_scaling.png")
 
 
+def pipeline_groups(rows):
+    """{(sync, hetero): runs, one per seed} of pipeline.csv's sync part, in the order the script ran them."""
+    groups = {}
+    for r in rows:
+        if r["part"] == "sync":
+            groups.setdefault((r["sync"], float(r["hetero"])), []).append(r)
+    return groups
+
+
+def straggler_slowdown(groups, sync, hetero):
+    """images/s with stragglers over images/s without, seed by seed (spread), or None."""
+    plain = {r["seed"]: float(r["images_per_s"]) for r in groups.get((sync, 0.0), [])}
+    ratios = [float(r["images_per_s"]) / plain[r["seed"]] for r in groups.get((sync, hetero), []) if r["seed"] in plain]
+    return spread(ratios) if ratios else None
+
+
+def pipeline_tables(rows):
+    """RESULTS.md's pipeline sections: each sync method with and without stragglers; the bubble against M."""
+    groups = pipeline_groups(rows)
+    sections = {}
+    if groups:
+        first = next(iter(groups.values()))[0]
+        target, body = float(first["target"]), []
+        for (sync, hetero), runs in groups.items():
+            reached = [float(r["seconds_to_target"]) for r in runs if r["seconds_to_target"] != ""]
+            some = f" ({len(reached)} of {len(runs)})" if len(reached) < len(runs) else ""
+            to_target = with_range(spread(reached), 1) + some if reached else "not reached"
+            body.append([f"`{sync}`", f"{hetero:g} s" if hetero else "none", len(runs),
+                         with_range(spread([float(r["images_per_s"]) for r in runs]), 0), to_target,
+                         with_range(spread([float(r["top1"]) for r in runs])),
+                         f"{statistics.mean(float(r['waits']) for r in runs):.1f}",
+                         f"{statistics.mean(float(r['full_syncs']) for r in runs):.0f}",
+                         f"{statistics.mean(float(r['partial_syncs']) for r in runs):.1f}",
+                         f"{statistics.mean(float(r['disagreement']) for r in runs):.4f}"])
+        heteros = sorted({hetero for _, hetero in groups if hetero})
+        slowdowns = [f"`{sync}` {with_range(ratio, 2)}" for sync in dict.fromkeys(s for s, _ in groups)
+                     for hetero in heteros for ratio in [straggler_slowdown(groups, sync, hetero)] if ratio]
+        top1 = {key: spread([float(r["top1"]) for r in runs]) for key, runs in groups.items()}
+        differ = [f"`{sync}`{' with stragglers' if hetero else ''} "
+                  f"({top1[sync, hetero]['mean'] - top1[base]['mean']:+.2f})"
+                  for (sync, hetero) in groups for base in [("allreduce", hetero)]
+                  if sync != "allreduce" and base in top1 and beyond_spread(top1[sync, hetero], top1[base])]
+        sections["pipeline-sync"] = (
+            table(["sync", "stragglers", "seeds", "train images/s", f"seconds to {target:g} % top-1", "final top-1",
+                   "waits", "full syncs", "partial syncs", "disagreement"], body) +
+            f"\n\n{first['stages']} stages x {first['replicas']} replicas (`hetpipe`: and its {first['stages']} "
+            f"servers), lenet on the digits, -b {first['batch']} per replica in {first['microbatches']} microbatches "
+            f"({first['schedule']}), {first['epochs']} epochs, one thread per process on {first['cores']} cores. "
+            f"Each value is the mean over the seeds, in brackets the lowest and highest. Seconds to {target:g} %: "
+            f"training and evaluation until the first epoch whose top-1 reaches it. waits: syncs in which a replica "
+            f"was held up by a straggling one; full and partial syncs per stage (`preduce`: groups of two or more; "
+            f"`adpsgd`: pairs; `hetpipe`: pushes); disagreement: the replicas' mean L2 distance from their average "
+            f"weights before the last epoch's end."
+            + (f"\n\nImages/s with stragglers over without, seed by seed: {'; '.join(slowdowns)}." if slowdowns else "")
+            + f"\n\nFinal top-1 beyond the spread of `allreduce`'s with the same stragglers: "
+            f"{'; '.join(differ) if differ else 'none'}.")
+    bubble = [r for r in rows if r["part"] == "bubble"]
+    if bubble:
+        stages = int(bubble[0]["stages"])
+        rate = {(r["schedule"], int(r["microbatches"])): float(r["images_per_s"]) for r in bubble}
+        counts = sorted({m for _, m in rate})
+        largest = counts[-1]
+
+        def model(m):  # the share of a step that no stage idles, relative to the largest M's
+            return (m / (m + stages - 1)) / (largest / (largest + stages - 1))
+        body = []
+        for m in counts:
+            measured = [f"{rate[s, m]:.0f} ({rate[s, m] / rate[s, largest]:.2f})" if (s, m) in rate and
+                        (s, largest) in rate else "" for s in ("gpipe", "1f1b")]
+            body.append([m, f"{(stages - 1) / (m + stages - 1):.2f}", f"{model(m):.2f}", *measured])
+        sections["pipeline-bubble"] = (
+            table(["microbatches M", "bubble (S - 1) / (M + S - 1)", "model: images/s relative to M = "
+                   f"{largest}", "gpipe images/s (relative)", "1f1b images/s (relative)"], body) +
+            f"\n\nOne replica of {stages} stages, lenet on the digits, -b {bubble[0]['batch']}, one epoch; in "
+            f"brackets each schedule's images/s relative to its own at M = {largest}. 1f1b needs M >= S.")
+    return sections
+
+
+def plot_pipeline(rows, curves, figures):
+    """Top-1 against seconds per sync method (with and without stragglers), and images/s against M."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series = {}
+    for c in curves:
+        series.setdefault((c["sync"], float(c["hetero"])), {}).setdefault(int(c["epoch"]), []).append(
+            (float(c["seconds"]), float(c["top1"])))
+    colors = {}
+    for (sync, hetero), epochs in series.items():
+        points = [(statistics.mean(s for s, _ in pts), statistics.mean(t for _, t in pts))
+                  for _, pts in sorted(epochs.items())]
+        color = colors.setdefault(sync, f"C{len(colors)}")
+        left.plot(*zip(*points), marker="o", color=color, linestyle="--" if hetero else "-",
+                  label=f"{sync}" + (f", stragglers {hetero:g} s" if hetero else ""))
+    left.set(xlabel="seconds (training and evaluation)", ylabel="val top-1 (%)",
+             title="Top-1 against time, mean over seeds per epoch")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    bubble = [r for r in rows if r["part"] == "bubble"]
+    for schedule in ("gpipe", "1f1b"):
+        points = sorted((int(r["microbatches"]), float(r["images_per_s"])) for r in bubble if r["schedule"] == schedule)
+        if points:
+            right.plot(*zip(*points), marker="o", label=schedule)
+    if bubble:
+        stages = int(bubble[0]["stages"])
+        gpipe = sorted((int(r["microbatches"]), float(r["images_per_s"])) for r in bubble if r["schedule"] == "gpipe")
+        largest, top = gpipe[-1]
+        model = [(m, top * (m / (m + stages - 1)) / (largest / (largest + stages - 1))) for m, _ in gpipe]
+        right.plot(*zip(*model), color="gray", linestyle=":", label="model: 1 - (S - 1) / (M + S - 1), at gpipe's last")
+    right.set_xscale("log", base=2)
+    right.set(xlabel="microbatches M", ylabel="train images/s", title="The pipeline bubble, 1 replica x 2 stages")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7)
+    save(fig, figures / "pipeline.png")
+
+
 def gpu_sections(gpu_data, figures):
     """The GPU section of RESULTS.md from gpu/*.csv; a line saying so when the GPU sweep has not run."""
     measured = [name for name in ("precision.csv", "compression.csv") if (gpu_data / name).exists()]
@@ -745,6 +861,13 @@ def main():
         sections.update(ps_tables(ps_rows))
     else:
         missing.append("ps.csv (scripts/ps_table.py)")
+    pipeline_rows = read_csv(data / "pipeline.csv") if (data / "pipeline.csv").exists() else []
+    if pipeline_rows:
+        curves = read_csv(data / "pipeline_curves.csv") if (data / "pipeline_curves.csv").exists() else []
+        plot_pipeline(pipeline_rows, curves, figures)
+        sections.update(pipeline_tables(pipeline_rows))
+    else:
+        missing.append("pipeline.csv (scripts/pipeline_table.py)")
     if (data / "timings.csv").exists():
         sections["timings"] = timings_table(read_csv(data / "timings.csv"))
     sections.update(gpu_sections(data / "gpu", figures))

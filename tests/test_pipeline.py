@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 from conftest import TINY, free_port, read_summary, run_recipe
 from test_bad_input import assert_one_clear_line
 
-from recipes.common import models
+from recipes.common import data, models
 from recipes.pipeline import train as pipeline
 
 EPOCH = [*TINY, "--epochs", "1"]  # 48 train images: 3 steps of -b 8 per replica with 2 replicas
@@ -136,6 +136,16 @@ def test_preduce_with_every_replica_in_each_group_is_allreduce(tiny_data, tmp_pa
     assert summary["partial_syncs"] == 3 and summary["full_syncs"] == 1  # 3 steps in pairs, the epoch's end
 
 
+def test_one_stage_is_ddp_and_the_replicas_start_alike_without_a_seed(tiny_data, tmp_path, ddp_run):
+    out = tmp_path / "one-stage"
+    run_recipe("pipeline", [tiny_data, *EPOCH, "--out", out, "--stages", "1", "--microbatches", "1"], nproc=2)
+    assert_same_weights(weights(out), weights(ddp_run))
+    unseeded = [flag for i, flag in enumerate(EPOCH) if "--seed" not in EPOCH[max(i - 1, 0):i + 1]]
+    run_recipe("pipeline", [tiny_data, *unseeded, "--out", tmp_path / "unseeded"], nproc=4)
+    assert read_summary(tmp_path / "unseeded")["disagreement"] < 1e-6  # rank 0's weights everywhere, then the mean
+    # gradient: replicas that started apart would stay apart
+
+
 def test_the_checkpoint_evaluates_in_nd_and_a_ddp_checkpoint_in_the_pipeline(tiny_data, tmp_path, ddp_run,
                                                                               allreduce_run):
     nd = tmp_path / "nd"
@@ -156,7 +166,7 @@ def test_a_straggler_holds_up_allreduce_more_often_than_preduce(tiny_data, tmp_p
         waits[sync] = summary["waits"]
         assert summary["longest_without_full_sync"] <= (1 if sync == "allreduce" else 3)
     assert waits["allreduce"] > waits["preduce"], waits
-    assert read_summary(tmp_path / "preduce")["full_syncs"] == 2 * (6 // 3 + 1)  # every 3 steps, each epoch's end
+    assert read_summary(tmp_path / "preduce")["full_syncs"] == 2 * 2  # after steps 3 and 6 (the epoch's end, too)
 
 
 def test_hetpipe_applies_no_update_older_than_the_staleness_bound(tiny_data, tmp_path):
@@ -166,8 +176,12 @@ def test_hetpipe_applies_no_update_older_than_the_staleness_bound(tiny_data, tmp
                nproc=6)
     summary = read_summary(out)
     assert summary["replicas"] == 2 and summary["partial_syncs"] == 2 * 2 * 6  # every push of both replicas
-    assert summary["max_applied_staleness"] <= 1
+    assert summary["max_applied_staleness"] <= 1  # (a consistency check: the server answers no pull earlier)
     assert summary["waits"] >= 1  # the fast replica's pulls were held for the slow one
+    data.set_seed(0)
+    initial = models.build_model("lenet", 3).state_dict()
+    trained = weights(out)
+    assert all(not torch.allclose(trained[key], initial[key]) for key in initial)  # the pushes reached the servers
 
 
 # ---- bad input ------------------------------------------------------------------------------------------------
@@ -179,8 +193,10 @@ def test_hetpipe_applies_no_update_older_than_the_staleness_bound(tiny_data, tmp
                                                                     "most the 1 replica(s)"),
     (["--stages", "1", "--sync", "preduce", "--preduce-size", "1"], "--preduce-size 1 must be at least 2"),
     (["--microbatches", "3"], "--microbatches 3 must divide --batch-size 8"),
+    (["--microbatches", "1"], "--schedule 1f1b needs at least as many --microbatches as --stages: 1 < 2"),
     (["--stages", "1", "--sync", "hetpipe"], "--sync hetpipe needs the 1 servers and at least one replica"),
     (["--schedule", "zb"], "argument --schedule: invalid choice: 'zb'"),
+    (["--mixup-alpha", "0.2"], "--mixup-alpha is not supported by the pipeline recipe"),
 ])
 def test_bad_input(tiny_data, tmp_path, flags, phrase):
     result = run_recipe("pipeline", [tiny_data, *TINY, "--out", tmp_path / "out", *flags], expect_ok=False)

@@ -13,7 +13,7 @@ from conftest import ROOT, child_env
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_gpu, measuring, ps_table  # noqa: E402
+from scripts import bench_gpu, measuring, pipeline_table, ps_table  # noqa: E402
 
 
 def test_digits_folder(tmp_path):
@@ -144,7 +144,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert ("Beyond the spread: fp8-e4m3 at 2 (-1.25). Within it (not told apart from noise): fp8-e4m3 + error "
             "feedback at 2 (-0.17).") in text
     assert "| `make figures ONLY=compression` | 50.0 | 57 | 0 | 2026-11-24 |" in text
-    assert "| `make figures` (the parts summed), without scaling, recovery, compile, ps | 61.0 |" in text
+    assert "| `make figures` (the parts summed), without scaling, recovery, compile, ps, pipeline | 61.0 |" in text
     assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
     assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
     assert "| --compile, warm Inductor cache | 20.0 | 5.0 | 200.0 | 2.00x | +13.0 |" in text
@@ -272,8 +272,10 @@ def test_make_figures_measures_only_the_parts_asked_for():
         "plot_results.py")  # make figures' own order, whatever ONLY's
     every_part = make("-n", "figures").stdout
     assert all(script in every_part for script in ("bench_io", "bench_scaling", "learning_curves", "bench_recovery",
-                                                   "bench_compile", "compression_table", "ps_table"))
-    assert every_part.index("compression_table.py") < every_part.index("ps_table.py")
+                                                   "bench_compile", "compression_table", "ps_table",
+                                                   "pipeline_table"))
+    assert every_part.index("compression_table.py") < every_part.index("ps_table.py") < every_part.index(
+        "pipeline_table.py")
     assert "--quick" not in every_part and "--runs runs/figures/compression" in every_part
     assert "--quick" not in make("-n", "figures", "QUICK=0").stdout  # QUICK=0 means not quick
     quick = make("-n", "figures", "QUICK=1", "ONLY=compression").stdout
@@ -522,3 +524,60 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert "| ps sync, `mean` | 3 | 1200 (1200\u20131200) | 1.20 (1.20\u20131.20) |" in text
     assert "| ps async, `mean` | 3 | 900 (900\u2013900) | 0.90 (0.90\u20130.90) |" in text
     assert "| ddp | 3 | 1000 (1000\u20131000) | 1.00 (1.00\u20131.00) |" in text
+
+
+def test_pipeline_table_plans_each_sync_with_and_without_stragglers(tiny_data):
+    runs = pipeline_table.plan([0, 1, 2])
+    sync = [run for run in runs if run[0] == "sync"]
+    assert len(sync) == 3 * 4 * 2 and len(set(runs)) == len(runs)
+    assert {(s, hetero) for _, s, hetero, *_ in sync} == {(s, h) for s in pipeline_table.SYNCS for h in (0.0, 0.2)}
+    bubble = [(schedule, m) for part, _, _, schedule, m, _ in runs if part == "bubble"]
+    assert ("gpipe", 1) in bubble and ("1f1b", 1) not in bubble and len(bubble) == 5 + 4  # 1f1b needs M >= S
+    args = pipeline_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False)
+    processes, flags = pipeline_table.flags_of("sync", "hetpipe", 0.2, "1f1b", 4, 1, args)
+    assert processes == 6 and flags[flags.index("--hetero") + 1] == "0.2"  # 2 replicas x 2 stages, 2 servers
+    assert flags[flags.index("-b") + 1] == "32" and flags[flags.index("--epochs") + 1] == "3"
+    processes, flags = pipeline_table.flags_of("bubble", "allreduce", 0.0, "gpipe", 16, 0, args)
+    assert processes == 2 and flags[flags.index("-b") + 1] == "256" and flags[-2:] == ["--warmup-epochs", "0"]
+    assert len(pipeline_table.plan([0], quick=True)) < 10
+
+
+def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    rows, curves = [], []
+
+    def add(sync, hetero, top1s, rates, reached=("", "", ""), waits=0):
+        for seed, (top1, rate, seconds) in enumerate(zip(top1s, rates, reached)):
+            rows.append({"part": "sync", "sync": sync, "hetero": hetero, "schedule": "1f1b", "microbatches": 4,
+                         "batch": 32, "stages": 2, "replicas": 2, "processes": 4, "seed": seed, "epochs": 3,
+                         "top1": top1, "images_per_s": rate, "train_s": 10, "seconds_to_target": seconds,
+                         "target": 95.0, "waits": waits, "full_syncs": 10, "partial_syncs": 50, "disagreement": 0.01,
+                         "max_applied_staleness": 0, **machine})
+            curves.extend({"sync": sync, "hetero": hetero, "seed": seed, "epoch": e, "seconds": 5 * e,
+                           "top1": top1 - 3 + e} for e in (1, 2, 3))
+    add("allreduce", 0.0, (97, 97.5, 98), (1000, 1000, 1000), (10, 12, 14))
+    add("allreduce", 0.2, (97, 97.5, 98), (500, 600, 400), (20, "", 30), waits=30)
+    add("preduce", 0.0, (95, 95.5, 96), (1100, 1000, 900), (10, 10, 10))  # below allreduce's range
+    add("preduce", 0.2, (97, 97, 97), (990, 900, 810), waits=3)
+    for schedule, rates in (("gpipe", {1: 500, 2: 800, 4: 1000}), ("1f1b", {2: 900, 4: 1000})):
+        for m, rate in rates.items():
+            rows.append({**rows[0], "part": "bubble", "schedule": schedule, "microbatches": m, "batch": 256,
+                         "replicas": 1, "processes": 2, "images_per_s": rate, "seconds_to_target": ""})
+    for name, fields, table_rows in (("pipeline.csv", pipeline_table.FIELDS, rows),
+                                     ("pipeline_curves.csv", pipeline_table.CURVE_FIELDS, curves)):
+        with open(data / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(table_rows)
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("pipeline",))
+    assert ("| `allreduce` | none | 3 | 1000 (1000\u20131000) | 12.0 (10.0\u201314.0) | 97.50 (97.00\u201398.00) | "
+            "0.0 | 10 | 50.0 | 0.0100 |") in text
+    assert "| `allreduce` | 0.2 s | 3 | 500 (400\u2013600) | 25.0 (20.0\u201330.0) (2 of 3) |" in text
+    assert "| `preduce` | 0.2 s | 3 | 900 (810\u2013990) | not reached | 97.00 (97.00\u201397.00) | 3.0 |" in text
+    assert ("Images/s with stragglers over without, seed by seed: `allreduce` 0.50 (0.40\u20130.60); `preduce` 0.90 "
+            "(0.90\u20130.90).") in text
+    assert "Final top-1 beyond the spread of `allreduce`'s with the same stragglers: `preduce` (-2.00)." in text
+    assert "| 1 | 0.50 | 0.62 | 500 (0.50) |  |" in text  # (1/2) / (4/5)
+    assert "| 2 | 0.33 | 0.83 | 800 (0.80) | 900 (0.90) |" in text

@@ -29,14 +29,11 @@ from recipes.common import checkpoint, data, faults, metrics, schedule
 
 class Run:
     def __init__(self, args, log, device, model, optimizer, scheduler, ema, num_classes, global_batch,
-                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None, gather=None,
-                 step_group=None):
+                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None, gather=None):
         """model: the unwrapped model (the one checkpoints and evaluation use); ema: None without --ema-decay;
         scaler: a GradScaler, saved with the checkpoint; autocast: what evaluation runs under; group: the ranks
         that run the Run together (default: all; the parameter server's servers); gather: called by them before
-        each evaluation and save, to put the model together (the parameter server's, from the servers' shards);
-        step_group: the ranks that agree after every step whether to stop (default: group; a pipeline's own
-        stages, so that its replicas need not wait for one another at every step)."""
+        each evaluation and save, to put the model together (the parameter server's, from the servers' shards)."""
         self.args, self.log, self.device, self.autocast = args, log, device, autocast
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
         self.accum_steps, self.steps_per_epoch = args.accum_steps, steps_per_epoch
@@ -44,7 +41,6 @@ class Run:
                                                 num_classes=num_classes, global_batch=global_batch,
                                                 steps_per_epoch=steps_per_epoch, device=device, group=group)
         self.group, self.gather = group, gather
-        self.step_group = group if step_group is None else step_group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.epoch, self.step, self.first_step, self.epoch_lr = 0, 0, 0, 0.0
@@ -95,10 +91,11 @@ class Run:
             yield batch
             self.step += 1
 
-    def step_done(self, loss):
+    def step_done(self, loss, check_stop=True):
         """After each optimizer step: schedule, EMA, logs, profiler, a checkpoint every --save-every steps;
         and the stop checks: after SIGTERM on any rank, save and raise faults.Preempted; after a
-        non-finite loss on any rank, raise RunFailed."""
+        non-finite loss on any rank, raise RunFailed. check_stop=False leaves the checks (a collective) to a
+        later step, one where ranks that do not move in lockstep all meet (the pipeline's partial reduce)."""
         args, step = self.args, self.step
         if step % args.print_freq == 0:
             rate = self.meter.images_per_s()
@@ -108,7 +105,7 @@ class Run:
         if self.ema is not None:
             self.ema.update_parameters(self.model)  # ema = d x ema + (1 - d) x weights
         self.log.profile_step()
-        if faults.should_stop(loss, self.epoch, step, self.step_group):  # SIGTERM on any rank: all stop here
+        if check_stop and faults.should_stop(loss, self.epoch, step, self.group):  # SIGTERM on any rank: all stop
             self.save_mid_epoch(step + 1)
             raise faults.Preempted(args.out, self.epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:

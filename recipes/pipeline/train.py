@@ -27,7 +27,8 @@ not work under the pipelining schedules):
              while the replica is more than --staleness D steps ahead of the slowest one
              (wave-synchronous), and at each epoch's end until every replica has pushed it all.
 Stragglers: --hetero X makes a process sleep X seconds with probability --hetero-prob at each
-step (SD-PIPE's model); --slow-rank R --slow-factor F makes rank R take F times as long per step.
+step (SD-PIPE's model); --slow-rank R --slow-factor F makes rank R sleep F - 1 times its pipeline
+step's time after each step (about F times as slow; not a hetpipe server).
 Both are drawn from --seed.
 """
 
@@ -44,8 +45,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.utils.data import DistributedSampler
 from torch.utils.flop_counter import FlopCounterMode
 
-from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, launch, metrics, models, pushpull, runlog,
-                            schedule)
+from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, faults, launch, metrics, models, pushpull,
+                            runlog, schedule)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -80,8 +81,8 @@ def parse_args(argv=None):
 
 def check_args(args, world_size=None):
     """The flags that cannot work together, as one line each (world size: known once launched)."""
-    for flag in ("ema_decay", "compile", "sync_bn"):
-        if getattr(args, flag):
+    for flag in ("ema_decay", "compile", "sync_bn", "mixup_alpha", "cutmix_alpha"):  # (mixing: the first and the
+        if getattr(args, flag):                                                    # last stage would mix apart)
             raise RecipeError(f"--{flag.replace('_', '-')} is not supported by the pipeline recipe")
     if args.accum_steps != 1:
         raise RecipeError("--accum-steps: the pipeline recipe cuts each batch into --microbatches instead")
@@ -97,6 +98,9 @@ def check_args(args, world_size=None):
     if args.stages > units:
         raise RecipeError(f"--stages {args.stages}: --arch {args.arch} has only {units} layers with weights to "
                           f"split into stages")
+    if args.schedule == "1f1b" and args.microbatches < args.stages:
+        raise RecipeError(f"--schedule 1f1b needs at least as many --microbatches as --stages: "
+                          f"{args.microbatches} < {args.stages}")
     if args.batch_size % args.microbatches:
         raise RecipeError(f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}")
     if world_size is None:
@@ -110,8 +114,11 @@ def check_args(args, world_size=None):
     if args.sync == "preduce" and not 2 <= args.preduce_size <= replicas:
         raise RecipeError(f"--preduce-size {args.preduce_size} must be at least 2 and at most the "
                           f"{replicas} replica(s)")
-    if args.slow_rank is not None and not 0 <= args.slow_rank < world_size:
-        raise RecipeError(f"--slow-rank {args.slow_rank} is not a rank of the {world_size} processes")
+    if args.slow_rank is not None and not 0 <= args.slow_rank < replicas * args.stages:
+        raise RecipeError(f"--slow-rank {args.slow_rank} is not a rank of the {replicas} replica(s) x {args.stages} "
+                          f"stage(s)")
+    if args.sync == "hetpipe" and args.save_every:
+        raise RecipeError("--save-every is not supported with --sync hetpipe (its servers save at epoch ends only)")
 
 
 # ---- the model, cut into stages -------------------------------------------------------------------------
@@ -222,7 +229,8 @@ def partial_reduce(params, store, stage, args, straggled):
     first arrival of a group leads it (member/1 is set at the start), waits until P - 1 more have arrived or
     --preduce-wait-ms has passed, then closes the group (arrivals n .. n+k-1) by telling each member who
     leads, and makes arrival n+k the next leader. The members send their weights to the leader, which sends
-    back the mean. Returns (whether a straggler that arrived later held this replica up, the group's size)."""
+    back the mean. Returns (whether a straggler that arrived later held this replica up, the group's size for
+    its leader and 0 for the others, so that each group is counted once)."""
     replica = dist.get_rank() // args.stages
     n = store.add("arrivals", 1)
     store.set(f"who/{n}", str(replica))
@@ -256,7 +264,8 @@ def partial_reduce(params, store, stage, args, straggled):
 def pairwise_average(params, group, replicas, args, epoch, step, straggled):
     """adpsgd: the replicas average in random pairs (an odd one out keeps its weights). Returns whether the
     partner's straggling held this replica up, and whether it had a partner."""
-    order = torch.randperm(replicas, generator=torch.Generator().manual_seed(hash((args.seed, epoch, step))))
+    draw = (args.seed or 0) * 1_000_003 + epoch * 10_007 + step  # the same on every rank, with or without --seed
+    order = torch.randperm(replicas, generator=torch.Generator().manual_seed(draw))
     replica = dist.get_rank() // args.stages
     position = order.tolist().index(replica)
     if position == replicas - 1 and replicas % 2:
@@ -308,6 +317,14 @@ def server(args, run, weights, clients, steps_per_epoch, val_loader, tally):
         run.meter = metrics.EpochMeter(run.device)  # (a server trains on nothing itself)
         if run.end_epoch(run.meter.summary(), val_loader):
             break
+        stop_at_epoch_end(args, run)
+
+
+def stop_at_epoch_end(args, run):
+    """hetpipe: a SIGTERM is acted on at an epoch's end, the one point where the servers meet the replicas:
+    all ranks agree, and stop with the epoch's checkpoint saved."""
+    if args.sync == "hetpipe" and faults.should_stop(torch.zeros((), device=run.device), run.epoch, 0):
+        raise faults.Preempted(args.out, run.epoch + 1, 0)
 
 
 def disagreement(params, pipe):
@@ -360,18 +377,18 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
             time.sleep(args.hetero)
         if args.sync == "hetpipe":  # the global weights, once this replica is not too far ahead
             pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
-            vector_to_parameters(pipe.vector, params)
+            vector_to_parameters(pipe.vector.clone(), params)  # (a copy: the step must not move it too)
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=False)
         images, target = images.to(run.device), target.to(run.device)
         losses = []
-        if pipe.is_first:
+        if pipe.is_last:  # (with --stages 1 also the first)
+            output = pipe.schedule.step(*[images][:pipe.is_first], target=target, losses=losses)
+        elif pipe.is_first:
             pipe.schedule.step(images)
-        elif pipe.is_last:
-            output = pipe.schedule.step(target=target, losses=losses)
         else:
             pipe.schedule.step()
-        if rank == args.slow_rank:  # --slow-factor F: this process takes F times as long
+        if rank == args.slow_rank:  # --slow-factor F: this process takes about F times as long
             time.sleep((args.slow_factor - 1) * (time.perf_counter() - started))
         loss = torch.stack(losses).mean().detach() if pipe.is_last else torch.zeros((), device=run.device)
         if pipe.is_last:
@@ -383,15 +400,19 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
         optimizer.step()
         tally["gap"] += 1
         agree(args, pipe, tally, epoch, step, straggled)
-        run.step_done(loss)
+        # the stop checks (SIGTERM, a non-finite loss) are a collective of all ranks: at every step where the
+        # replicas move in lockstep; preduce: at the steps where all of them average; hetpipe: at epoch ends
+        run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd") or
+                      args.sync == "preduce" and (step + 1) % args.sync_bound == 0)
 
-    tally["disagreement"] = disagreement(params, pipe)  # before the epoch's end brings them together
-    if args.sync == "preduce":  # every epoch ends with all replicas connected
+    tally["disagreement"] = disagreement(params, pipe)  # before preduce's and hetpipe's epoch end brings them
+    # together (adpsgd's replicas stay apart: evaluation and checkpoints take replica 0's weights)
+    if args.sync == "preduce" and tally["gap"]:  # every epoch ends with all replicas connected
         tally["waits"] += average_weights(params, pipe.stage_group, pipe.replicas, False)
         connected(tally)
     elif args.sync == "hetpipe":  # the pull waits until every replica has pushed the whole epoch
         pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
-        vector_to_parameters(pipe.vector, params)
+        vector_to_parameters(pipe.vector.clone(), params)
         connected(tally)
     return run.meter.summary()
 
@@ -437,8 +458,10 @@ def main(args):
     data.set_seed(args.seed)
     model = models.build_model(args.arch, num_classes)
     parts = split_model(model, args, log)
-    whole = copy.deepcopy(model).to(device)  # the model put together, for evaluation and checkpoints
     model.to(device)
+    for tensor in model.state_dict().values():  # every replica starts from rank 0's weights, as with DDP
+        dist.broadcast(tensor, 0)
+    whole = copy.deepcopy(model)  # the model put together, for evaluation and checkpoints
     params = [p for layer in parts[stage] for p in layer.parameters()]  # this stage's weights
     global_batch = args.batch_size * replicas
     lr = args.lr * (args.batch_size if args.sync == "hetpipe" else global_batch) / 256  # hetpipe: each push
@@ -448,7 +471,7 @@ def main(args):
     scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=len(train_loader))
     stage_keys = [state_names(model, part) for part in parts]
     run = bookkeeping.Run(args, log, device, whole, view, scheduler, None, num_classes, global_batch,
-                          steps_per_epoch=len(train_loader), step_group=pipe_groups[replica],
+                          steps_per_epoch=len(train_loader),
                           gather=lambda: gather(model, optimizer, whole, view, stage_keys))
     run.resume()  # --resume, or <out>/checkpoint.pt with --auto-resume: then this stage's share of it
     model.load_state_dict(whole.state_dict())
@@ -483,6 +506,7 @@ def main(args):
             train_stats = train_one_epoch(args, pipe, optimizer, train_loader, run, tally)
             if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True at --desired-acc
                 break
+            stop_at_epoch_end(args, run)
 
     connected_ever = max(tally["longest_gap"], tally["gap"])
     sums = torch.tensor([tally["waits"], tally["partial_syncs"]], dtype=torch.float64)
@@ -490,7 +514,8 @@ def main(args):
     dist.all_reduce(sums)
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
     run.finish(val_loader, stages=stages, replicas=replicas, microbatches=args.microbatches, schedule=args.schedule,
-               sync=args.sync, hetero=args.hetero, global_batch=global_batch, full_syncs=tally["full_syncs"],
+               sync=args.sync, hetero=args.hetero, hetero_prob=args.hetero_prob, slow_rank=args.slow_rank,
+               slow_factor=args.slow_factor, global_batch=global_batch, full_syncs=tally["full_syncs"],
                partial_syncs=sums[1].item() / stages, waits=sums[0].item() / stages,
                longest_without_full_sync=int(most[0]), max_applied_staleness=int(most[1]),
                disagreement=tally["disagreement"])
