@@ -88,7 +88,7 @@ def _average_in_pairs(rank, world_size, port, results):
     params = [torch.randn(5, generator=torch.Generator().manual_seed(rank)), torch.randn(3, 2)]
     before = torch.cat([p.reshape(-1) for p in params])
     args = types.SimpleNamespace(seed=0, stages=1)
-    pipeline.pairwise_average(params, None, world_size, args, epoch=0, step=0, straggled=False)
+    pipeline.pairwise_average(params, world_size, args, epoch=0, step=0, straggled=False)
     after = torch.cat([p.reshape(-1) for p in params])
     sums = torch.stack([before, after])
     dist.all_reduce(sums)

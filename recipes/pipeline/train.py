@@ -202,10 +202,15 @@ def pipeline_straggles(args, replica, epoch, step):
 
 # ---- how the replicas of a stage agree --------------------------------------------------------------------
 
+def flagged(vector, straggled):
+    """The vector with one more element: whether this replica straggled at this step (for the waits)."""
+    return torch.cat([vector, vector.new_full((1,), float(straggled))])
+
+
 def average_gradients(params, group, replicas, straggled):
     """allreduce: the mean of the replicas' gradients, as DDP computes it. Returns whether another replica's
     straggling held this one up (every replica waits for the last)."""
-    flat = torch.cat([p.grad.reshape(-1) for p in params] + [torch.ones(1, device=params[0].device) * straggled])
+    flat = flagged(torch.cat([p.grad.reshape(-1) for p in params]), straggled)
     dist.all_reduce(flat, group=group)
     offset = 0
     for p in params:
@@ -216,7 +221,7 @@ def average_gradients(params, group, replicas, straggled):
 
 def average_weights(params, group, replicas, straggled):
     """A full synchronisation: every replica of the stage gets the mean of their weights."""
-    flat = torch.cat([parameters_to_vector(params).detach(), torch.ones(1, device=params[0].device) * straggled])
+    flat = flagged(parameters_to_vector(params).detach(), straggled)
     dist.all_reduce(flat, group=group)
     vector_to_parameters(flat[:-1] / replicas, params)
     return flat[-1].item() - straggled > 0
@@ -235,7 +240,7 @@ def partial_reduce(params, store, stage, args, straggled):
     n = store.add("arrivals", 1)
     store.set(f"who/{n}", str(replica))
     role = store.get(f"member/{n}").decode()
-    flat = torch.cat([parameters_to_vector(params).detach(), torch.ones(1, device=params[0].device) * straggled])
+    flat = flagged(parameters_to_vector(params).detach(), straggled)
     if role != "lead":  # a member: to the leader and back
         leader = int(store.get(f"who/{role}")) * args.stages + stage
         dist.send(flat, leader)
@@ -256,12 +261,12 @@ def partial_reduce(params, store, stage, args, straggled):
         dist.recv(received[-1], member)
     mean = sum(received)[:-1] / size
     for i, member in enumerate(members, start=1):  # held up: a later arrival in the group straggled
-        dist.send(torch.cat([mean, torch.ones_like(mean[:1]) * any(r[-1] > 0 for r in received[i + 1:])]), member)
+        dist.send(flagged(mean, any(r[-1] > 0 for r in received[i + 1:])), member)
     vector_to_parameters(mean, params)
     return any(r[-1].item() > 0 for r in received[1:]), size
 
 
-def pairwise_average(params, group, replicas, args, epoch, step, straggled):
+def pairwise_average(params, replicas, args, epoch, step, straggled):
     """adpsgd: the replicas average in random pairs (an odd one out keeps its weights). Returns whether the
     partner's straggling held this replica up, and whether it had a partner."""
     draw = (args.seed or 0) * 1_000_003 + epoch * 10_007 + step  # the same on every rank, with or without --seed
@@ -271,7 +276,7 @@ def pairwise_average(params, group, replicas, args, epoch, step, straggled):
     if position == replicas - 1 and replicas % 2:
         return False, False
     partner = int(order[position ^ 1]) * args.stages + dist.get_rank() % args.stages
-    mine = torch.cat([parameters_to_vector(params).detach(), torch.ones(1, device=params[0].device) * straggled])
+    mine = flagged(parameters_to_vector(params).detach(), straggled)
     theirs = torch.empty_like(mine)
     requests = [dist.isend(mine, partner), dist.irecv(theirs, partner)]
     for request in requests:
@@ -347,10 +352,21 @@ def connected(tally):
     tally["longest_gap"], tally["gap"] = max(tally["longest_gap"], tally["gap"]), 0
 
 
+def all_average(args, step):
+    """preduce: whether this step is one of --sync-bound's, where all replicas average (and all ranks meet)."""
+    return args.sync == "preduce" and (step + 1) % args.sync_bound == 0
+
+
+def pull_global_weights(pipe):
+    """hetpipe: the stage's global weights from its server, into a copy the step will not move."""
+    pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
+    vector_to_parameters(pipe.vector.clone(), pipe.params)
+
+
 def agree(args, pipe, tally, epoch, step, straggled):
     """After the local step: the stage's weights and the other replicas' (allreduce agreed on gradients)."""
     params = pipe.params
-    if args.sync == "preduce" and (step + 1) % args.sync_bound == 0:  # --sync-bound: all of them
+    if all_average(args, step):
         tally["waits"] += average_weights(params, pipe.stage_group, pipe.replicas, straggled)
         connected(tally)
     elif args.sync == "preduce":
@@ -358,7 +374,7 @@ def agree(args, pipe, tally, epoch, step, straggled):
         tally["waits"] += waited
         tally["partial_syncs"] += size > 1  # (counted by the group's leader)
     elif args.sync == "adpsgd":
-        waited, paired = pairwise_average(params, pipe.stage_group, pipe.replicas, args, epoch, step, straggled)
+        waited, paired = pairwise_average(params, pipe.replicas, args, epoch, step, straggled)
         tally["waits"] += waited
         tally["partial_syncs"] += paired / 2  # (each pair counted by both)
     elif args.sync == "hetpipe":  # this step's update, which the server adds to the global weights
@@ -376,8 +392,7 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
         if straggles(args, rank, epoch, step):
             time.sleep(args.hetero)
         if args.sync == "hetpipe":  # the global weights, once this replica is not too far ahead
-            pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
-            vector_to_parameters(pipe.vector.clone(), params)  # (a copy: the step must not move it too)
+            pull_global_weights(pipe)
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=False)
         images, target = images.to(run.device), target.to(run.device)
@@ -402,8 +417,7 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
         agree(args, pipe, tally, epoch, step, straggled)
         # the stop checks (SIGTERM, a non-finite loss) are a collective of all ranks: at every step where the
         # replicas move in lockstep; preduce: at the steps where all of them average; hetpipe: at epoch ends
-        run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd") or
-                      args.sync == "preduce" and (step + 1) % args.sync_bound == 0)
+        run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd") or all_average(args, step))
 
     tally["disagreement"] = disagreement(params, pipe)  # before preduce's and hetpipe's epoch end brings them
     # together (adpsgd's replicas stay apart: evaluation and checkpoints take replica 0's weights)
@@ -411,8 +425,7 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
         tally["waits"] += average_weights(params, pipe.stage_group, pipe.replicas, False)
         connected(tally)
     elif args.sync == "hetpipe":  # the pull waits until every replica has pushed the whole epoch
-        pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
-        vector_to_parameters(pipe.vector.clone(), params)
+        pull_global_weights(pipe)
         connected(tally)
     return run.meter.summary()
 
@@ -508,9 +521,8 @@ def main(args):
                 break
             stop_at_epoch_end(args, run)
 
-    connected_ever = max(tally["longest_gap"], tally["gap"])
     sums = torch.tensor([tally["waits"], tally["partial_syncs"]], dtype=torch.float64)
-    most = torch.tensor([connected_ever, tally["oldest"]], dtype=torch.float64)
+    most = torch.tensor([max(tally["longest_gap"], tally["gap"]), tally["oldest"]], dtype=torch.float64)
     dist.all_reduce(sums)
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
     run.finish(val_loader, stages=stages, replicas=replicas, microbatches=args.microbatches, schedule=args.schedule,
