@@ -86,5 +86,6 @@ def fail(error, rank=0):
     if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep our own line
         message = message.splitlines()[-1].split(": ", 1)[-1]
     prefix = f"[rank {rank}] " if rank else ""
-    print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"{prefix}error: {message}\n")  # one write: ranks sharing a pipe never splice lines
+    sys.stderr.flush()
     sys.exit(getattr(error, "exit_code", EXIT_BAD_INPUT))
