@@ -11,9 +11,10 @@ from conftest import ROOT
 
 from recipes.common import RecipeError
 
-RECIPES = ["nd", "dp", "ddp", "apex", "compression"]
+RECIPES = ["nd", "dp", "ddp", "apex", "compression", "fsdp"]
 # (from, to): the most lines `diff from to | grep -c '^[<>]'` may count
-DIFF_LIMITS = {("nd", "ddp"): 45, ("ddp", "apex"): 40, ("ddp", "compression"): 40, ("nd", "dp"): 25}
+DIFF_LIMITS = {("nd", "ddp"): 45, ("ddp", "apex"): 40, ("ddp", "compression"): 40, ("nd", "dp"): 25,
+               ("ddp", "fsdp"): 115}
 
 
 def source(recipe):

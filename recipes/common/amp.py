@@ -11,6 +11,9 @@
 
 initialize() is the counterpart of apex.amp.initialize: it returns the model,
 the optimizer, a loss scaler and the autocast context for the training loop.
+fsdp_policy() maps the same flags onto FSDP2's MixedPrecisionPolicy: O1 and O2 gather
+the weights in fp16/bf16 for forward and backward and reduce the gradients in fp32;
+O3 reduces them in fp16/bf16 too; the sharded fp32 weights are the master copy.
 """
 
 import functools
@@ -18,6 +21,7 @@ import types
 from pathlib import Path
 
 import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from recipes.common import RecipeError
 
@@ -74,6 +78,29 @@ def initialize(model, optimizer, args, device, log):
               f"{args.amp_backend}): autocast {'on' if use_autocast else 'off'}, loss scaling "
               f"{'on' if args.amp_backend == 'apex' or scaler.is_enabled() else 'off'}")
     return model, optimizer, scaler, functools.partial(torch.autocast, device.type, dtype=dtype, enabled=use_autocast)
+
+
+def fsdp_policy(model, args, device, log):
+    """(model, MixedPrecisionPolicy, GradScaler) for --opt-level, --amp-dtype and --channels-last under
+    fully_shard, which casts each block's weights as it gathers them: no autocast in the training loop."""
+    opt_level, dtype = resolve(args, device, log)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    policy = MixedPrecisionPolicy()  # O0: fp32 throughout
+    if opt_level != "O0":
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype if opt_level == "O3" else torch.float32)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16 and opt_level in ("O1", "O2"))
+    log.print(f"mixed precision: opt level {opt_level}, MixedPrecisionPolicy: weights gathered in "
+              f"{DTYPE_NAMES.get(policy.param_dtype, 'fp32')}, gradients reduced in "
+              f"{DTYPE_NAMES.get(policy.reduce_dtype, 'fp32')}, loss scaling {'on' if scaler.is_enabled() else 'off'}")
+    return model, policy, scaler
+
+
+def batchnorm_policy(policy):
+    """BatchNorm under a low-precision policy: its running statistics are fp32 buffers, which a low-precision
+    input or weight cannot update, so it is sharded on its own and runs in fp32, returning policy's dtype."""
+    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=policy.reduce_dtype,
+                                output_dtype=policy.param_dtype, cast_forward_inputs=True)
 
 
 def import_apex_amp():

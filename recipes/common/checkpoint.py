@@ -13,11 +13,19 @@ One schema for every recipe, a dict of tensors and plain values:
     rng                         each rank's random state, so a run stopped mid-epoch continues
                                 with the same random draws
 
+A sharded model (fully_shard) or optimizer (ZeroRedundancyOptimizer) is gathered into
+the same schema (common/sharding), so its checkpoint is like any other. With
+--sharded-checkpoint, each save also writes <out>/checkpoint_dcp: a
+torch.distributed.checkpoint directory into which every rank writes its own shard
+(the model and optimizer; the rest in meta.json), for models too big to gather.
+--resume DIRECTORY loads one, resharded when the world size changed.
+
 The learning-rate schedule is a function of the position, so it is not saved: a
 resume puts it there (checkpoints of earlier versions hold a "scheduler" entry,
 which is ignored).
 """
 
+import json
 import os
 import pickle
 import shutil
@@ -26,8 +34,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from recipes.common import RecipeError, faults
+from recipes.common import RecipeError, faults, sharding
 
 
 class Checkpoint:
@@ -48,8 +58,8 @@ class Checkpoint:
         """The schema above. A collective: every rank gathers the random states."""
         return {"recipe": self.args.recipe, "arch": self.args.arch, "num_classes": self.num_classes,
                 "epoch": self.epoch, "step": self.step, "global_batch": self.global_batch,
-                "best_top1": self.best_top1, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                "best_top1": self.best_top1, "model": sharding.model_state(self.model),
+                "optimizer": sharding.optimizer_state(self.model, self.optimizer),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "ema": self.ema.state_dict() if self.ema is not None else None, "rng": rng_states(self.group)}
 
@@ -63,6 +73,9 @@ class Checkpoint:
         state = self.state_dict()
         if not dist.is_initialized() or dist.get_rank() == 0:  # (rank 0 of the world)
             save(state, self.args.out, is_best)
+        if getattr(self.args, "sharded_checkpoint", False):
+            meta = {key: value for key, value in state.items() if key not in ("model", "optimizer", "rng")}
+            save_sharded(Path(self.args.out) / "checkpoint_dcp", self.model, self.optimizer, meta)
 
     def resume(self, log):
         """Load --resume, or <out>/checkpoint.pt with --auto-resume, when there is one, and say so.
@@ -72,7 +85,10 @@ class Checkpoint:
         path = resume_path(self.args, self.group)
         if not path:
             return
-        state = load(path, self.device)
+        if Path(path).is_dir():
+            state = load_sharded(path, self.model, self.optimizer, self.args.arch, self.num_classes, log)
+        else:
+            state = load(path, self.device)
         self.epoch, self.step, self.best_top1 = restore(
             state, path, self.args.arch, self.num_classes, self.model, self.optimizer, self.scheduler, self.scaler,
             self.global_batch, self.ema, self.steps_per_epoch, self.group)
@@ -119,6 +135,55 @@ def save(state, out_dir, is_best):
     if is_best:
         with open(path, "rb") as src:
             _replace_atomically(path.with_name("best.pt"), lambda f: shutil.copyfileobj(src, f))
+
+
+def save_sharded(path, model, optimizer, meta):
+    """--sharded-checkpoint: every rank writes its own shard of the model and optimizer into a DCP directory
+    (on a file system that every node sees); rank 0 adds meta.json (the checkpoint's other entries and the
+    world size). Written beside path, then renamed over it: a crash leaves the old one (or path.old)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # DTensors: each rank's shard
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    if rank == 0:
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        (tmp / "meta.json").write_text(json.dumps({**meta, "world_size": world_size}, indent=2) + "\n")
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def load_sharded(path, model, optimizer, arch, num_classes, log):
+    """Load a --sharded-checkpoint directory: each rank reads the parts of the tensors its shards need, so a
+    checkpoint saved by another number of ranks is resharded. Returns the checkpoint's other entries."""
+    path = Path(path)
+    if not (path / ".metadata").is_file() or not (path / "meta.json").is_file():
+        raise RecipeError(f"{path} is a directory but not a --sharded-checkpoint of these recipes (it needs "
+                          f".metadata and meta.json)")
+    meta = json.loads((path / "meta.json").read_text())
+    _check_model(meta, path, arch, num_classes)  # before loading: a clearer line than a shape mismatch
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # what this rank holds: the shapes to fill
+    try:
+        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+    except Exception as error:  # CheckpointException wraps each rank's failure
+        raise RecipeError(f"sharded checkpoint {path} does not fit this model and optimizer: "
+                          f"{_first_line(error)}") from None
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if meta["world_size"] != world_size:
+        log.print(f"resharding {path}: saved by {meta['world_size']} rank(s), loaded by {world_size}")
+    return {**meta, "model": None, "optimizer": None}
+
+
+def _barrier():
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def load(path, device):
@@ -181,15 +246,12 @@ def restore(state, path, arch, num_classes, model, optimizer=None, scheduler=Non
     continues from the same point of the run in this run's steps.
     An EMA the checkpoint lacks starts from the model's weights.
     """
-    if state["arch"] != arch:
-        raise RecipeError(f"checkpoint {path} holds a {state['arch']} model, not --arch {arch}")
-    if state["num_classes"] != num_classes:
-        raise RecipeError(f"checkpoint {path} was trained on {state['num_classes']} classes, "
-                          f"but the data has {num_classes}")
+    _check_model(state, path, arch, num_classes)
     try:
-        model.load_state_dict(state["model"])
+        if state["model"] is not None:  # (None: a sharded checkpoint, loaded already)
+            sharding.load_model_state(model, state["model"])
         if optimizer is not None and state.get("optimizer"):
-            optimizer.load_state_dict(state["optimizer"])
+            sharding.load_optimizer_state(model, optimizer, state["optimizer"])
         if scaler is not None and state.get("scaler"):  # a full-precision run saved none
             scaler.load_state_dict(state["scaler"])
         if ema is not None and state.get("ema"):
@@ -215,6 +277,14 @@ def restore(state, path, arch, num_classes, model, optimizer=None, scheduler=Non
         if rng[rank]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng[rank]["cuda"].cpu())
     return state["epoch"], step, state["best_top1"]
+
+
+def _check_model(state, path, arch, num_classes):
+    if state["arch"] != arch:
+        raise RecipeError(f"checkpoint {path} holds a {state['arch']} model, not --arch {arch}")
+    if state["num_classes"] != num_classes:
+        raise RecipeError(f"checkpoint {path} was trained on {state['num_classes']} classes, "
+                          f"but the data has {num_classes}")
 
 
 def _rescale_lr(optimizer, factor):

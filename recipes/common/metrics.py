@@ -5,6 +5,9 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from recipes.common import sharding
 
 
 def correct_counts(output, target, topk=(1, 5)):
@@ -90,18 +93,40 @@ def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcont
 
     Pass the unwrapped model: shards may differ by one batch, and a DDP
     wrapper must not be called a different number of times on different ranks.
+    A sharded model (fully_shard) gathers each block's weights from every rank in
+    every forward, so there every rank runs as many batches as the longest shard,
+    the extra ones empty.
     """
     model.eval()
     meter = EpochMeter(device, group)
-    for images, target in log.progress(loader, "validate"):
+    batches = log.progress(loader, "validate")
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        batches = _in_lockstep(batches, len(loader), loader.dataset, device, group)
+    for images, target in batches:
         meter.data_ready()
         images = images.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
         with autocast():
             output = model(images)
             loss = criterion(output, target)
-        meter.update(loss.float(), output.float(), target)
+        if len(target):
+            meter.update(loss.float(), output.float(), target)
+    sharding.reshard(model)  # (a no-op unless sharded)
     return meter.summary()
+
+
+def _in_lockstep(batches, length, dataset, device, group):
+    """The batches, then empty ones until every rank has run as many as the longest shard's."""
+    longest = torch.tensor(length, device=device)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=group)
+    images = None
+    for images, target in batches:
+        yield images, target
+    if images is None:  # an empty shard (fewer images than ranks): the shape of one image of the set
+        image, label = dataset.dataset[0] if isinstance(dataset, torch.utils.data.Subset) else dataset[0]
+        images, target = image.unsqueeze(0), torch.tensor([label])
+    for _ in range(int(longest) - length):
+        yield images[:0], target[:0]
 
 
 def evaluate_ema(ema, loader, criterion, device, log, autocast=contextlib.nullcontext, group=None):

@@ -1,0 +1,156 @@
+"""What sharded training needs and does not teach: whole state dicts in torch's own format, bytes per rank.
+
+A model sharded by FSDP2's fully_shard holds DTensors: each rank keeps 1/N of every
+tensor. Checkpoints stay portable by gathering the whole model and optimizer state
+(torch.distributed.checkpoint.state_dict, every rank taking part) and by keying the
+optimizer state by parameter index, as torch.optim does, not by name, as DCP does.
+ZeroRedundancyOptimizer (ZeRO-1) consolidates its shards on rank 0 instead.
+"""
+
+import resource
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+
+from recipes.common import RecipeError
+
+GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
+SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the whole state and keeps its shard
+
+
+def check_args(args):
+    """The sharded recipe's flags that its --shard mode cannot take: one line each."""
+    fsdp = args.shard in ("grad-op", "full")
+    if fsdp and args.sync_bn:
+        raise RecipeError(f"--sync-bn with --shard {args.shard}: the recipe runs SyncBatchNorm only under DDP; "
+                          f"use --shard none or optimizer")
+    if fsdp and args.ema_decay is not None:
+        raise RecipeError(f"--ema-decay with --shard {args.shard}: the average would be a whole copy of the "
+                          f"weights on every rank, the memory sharding saves; use --shard none or optimizer")
+    if fsdp and args.amp_backend == "apex":
+        raise RecipeError(f"--amp-backend apex with --shard {args.shard}: fully_shard casts by its "
+                          f"MixedPrecisionPolicy; use --amp-backend native")
+    if args.shard == "optimizer" and args.sharded_checkpoint:
+        raise RecipeError("--sharded-checkpoint with --shard optimizer: ZeroRedundancyOptimizer has no sharded "
+                          "state dict (its state is consolidated on rank 0 for checkpoint.pt); use grad-op or full")
+    return args
+
+
+def is_sharded(model):
+    """True for a model whose parameters are DTensors (fully_shard)."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def reshard(model):
+    """Free the gathered weights: reshard_after_forward=False keeps them after a forward that no backward
+    follows (evaluation), and a state dict taken then would hold them instead of the shards."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def model_state(model):
+    """The whole model's state dict: gathered to rank 0 for a sharded model (other ranks get {}); every rank of
+    a sharded model calls it."""
+    if not is_sharded(model):
+        return model.state_dict()
+    reshard(model)
+    return get_model_state_dict(model, options=GATHER)
+
+
+def load_model_state(model, state):
+    if is_sharded(model):
+        set_model_state_dict(model, dict(state), options=SCATTER)  # (it turns the dict's values into DTensors)
+    else:
+        model.load_state_dict(state)
+
+
+def optimizer_state(model, optimizer):
+    """The whole optimizer state in torch.optim's format (keyed by parameter index), on rank 0; every rank
+    calls it, and ranks other than 0 may get None."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)  # each rank sends the state of the parameters it owns
+        return optimizer.state_dict() if dist.get_rank() == 0 else None
+    if not is_sharded(model):
+        return optimizer.state_dict()
+    state = get_optimizer_state_dict(model, optimizer, options=GATHER)
+    if not state:
+        return None
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    return {"state": {index[name]: value for name, value in state["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in state["param_groups"]]}
+
+
+def load_optimizer_state(model, optimizer, state):
+    """Load a whole optimizer state (torch.optim's format, on every rank); each rank keeps its own shard."""
+    if not is_sharded(model):  # (ZeroRedundancyOptimizer keeps the part of the parameters it owns)
+        optimizer.load_state_dict(state)
+        return
+    names = [name for name, _ in model.named_parameters()]
+    by_name = {"state": {names[i]: value for i, value in state["state"].items()},
+               "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                                for group in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, by_name, options=SCATTER)
+
+
+def local_bytes(tensors):
+    """Bytes of the tensors as this rank holds them: a DTensor's local shard, a tensor seen twice once."""
+    seen, total = set(), 0
+    for tensor in tensors:
+        if isinstance(tensor, DTensor):
+            tensor = tensor.to_local()
+        if tensor.numel() and tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+_held_param_bytes = weakref.WeakKeyDictionary()  # model -> the most parameter bytes seen after a forward
+
+
+def watch_parameters(model):
+    """After every forward, count the parameter bytes this rank holds: its shards and the blocks still gathered
+    (grad-op keeps every block gathered until its backward; full only the root's). memory_per_rank reports the
+    most, so param_bytes is what a step needs, not only what rests between steps."""
+    shards = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+
+    def after_forward(module, inputs, output):
+        held = local_bytes([*shards, *module.parameters()])
+        _held_param_bytes[module] = max(held, _held_param_bytes.get(module, 0))
+
+    model.register_forward_hook(after_forward)
+
+
+def memory_per_rank(model, optimizer, device):
+    """Measured on every rank (a collective): bytes of its parameters (the most held in a step, with
+    watch_parameters), gradients and optimizer state, and its peak resident memory (and peak CUDA memory on
+    CUDA). {name: [rank 0's, rank 1's, ...]}."""
+    reshard(model)
+    optimizer = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: the local optimizer of its share
+    state = [value for per_param in optimizer.state.values() for value in per_param.values()
+             if isinstance(value, torch.Tensor) and value.ndim]  # (not SGD's or Adam's scalar step counts)
+    mine = {"param_bytes": max(local_bytes(model.parameters()), _held_param_bytes.get(model, 0)),
+            "grad_bytes": local_bytes(p.grad for p in model.parameters() if p.grad is not None),
+            "optimizer_bytes": local_bytes(state),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # (Linux: KiB)
+    if device.type == "cuda":
+        mine["peak_cuda_bytes"] = torch.cuda.max_memory_allocated(device)
+    ranks = [mine]
+    if dist.is_initialized():
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+    return {name: [rank[name] for rank in ranks] for name in mine}
+
+
+def log_memory(log, epoch, memory):
+    """memory_per_rank's bytes as TensorBoard scalars, memory/<name>/rank<r>."""
+    log.scalars(epoch, {f"memory/{name}/rank{rank}": value for name, values in memory.items()
+                        for rank, value in enumerate(values)})

@@ -1,0 +1,119 @@
+"""The sharded recipe: each --shard mode against ddp, the memory it measures, portable and sharded checkpoints,
+bad input."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY, read_summary, run_recipe
+from test_bad_input import assert_one_clear_line
+
+MODES = ["none", "optimizer", "grad-op", "full"]
+RUN = [*TINY, "--epochs", "2", "--accum-steps", "2", "-b", "4"]  # global batch 16: 3 steps per epoch, 2 micro-batches
+
+
+def checkpoint(out, name="checkpoint.pt"):
+    return torch.load(out / name, weights_only=True)
+
+
+def assert_same_state(a, b, tolerance=1e-5):
+    """The same weights and the same momentum, to tolerance."""
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.allclose(a["model"][key], b["model"][key], atol=tolerance), key
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    for index, state in a["optimizer"]["state"].items():
+        other = b["optimizer"]["state"][index]["momentum_buffer"]
+        assert torch.allclose(state["momentum_buffer"], other, atol=tolerance), index
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_data, tmp_path_factory):
+    """ddp, and the four modes, 2 processes, the same seed, steps and global batch."""
+    root = tmp_path_factory.mktemp("fsdp")
+    run_recipe("ddp", [tiny_data, *RUN, "--out", root / "ddp"], nproc=2)
+    for mode in MODES:
+        run_recipe("fsdp", [tiny_data, *RUN, "--shard", mode, "--out", root / mode], nproc=2)
+    return root
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_ends_with_ddps_weights(runs, mode):
+    assert_same_state(checkpoint(runs / mode), checkpoint(runs / "ddp"))
+    assert read_summary(runs / mode)["shard"] == mode
+
+
+def test_the_measured_bytes_per_rank_are_what_each_mode_shards(runs):
+    memory = {mode: read_summary(runs / mode) for mode in MODES}
+    whole = memory["none"]["param_bytes"][0]  # ddp: everything whole on every rank, 4 bytes per parameter
+    assert whole == 4 * sum(t.numel() for t in checkpoint(runs / "ddp")["model"].values())
+    assert memory["none"]["grad_bytes"] == memory["none"]["optimizer_bytes"] == [whole, whole]
+    # ZeRO-1: whole tensors, each owned by one rank: the two shares add up to ddp's, each smaller
+    zero1 = memory["optimizer"]["optimizer_bytes"]
+    assert sum(zero1) == whole and max(zero1) < whole
+    assert memory["optimizer"]["param_bytes"] == memory["optimizer"]["grad_bytes"] == [whole, whole]
+    for mode in ("grad-op", "full"):  # 1/2 of every tensor (rows split, so about half)
+        for name in ("grad_bytes", "optimizer_bytes"):
+            assert sum(memory[mode][name]) == whole and max(memory[mode][name]) < 0.51 * whole, (mode, name)
+    assert sum(memory["full"]["param_bytes"]) == whole  # weights sharded: only full halves them in a step
+    assert min(memory["grad-op"]["param_bytes"]) >= whole  # every block gathered between forward and backward
+    assert all(rss > 0 for mode in MODES for rss in memory[mode]["peak_rss_bytes"])
+
+
+def test_a_full_checkpoint_evaluates_in_nd_to_the_same_count(runs, tiny_data, tmp_path):
+    run_recipe("nd", [tiny_data, *TINY, "-e", "--resume", runs / "full" / "checkpoint.pt", "--out", tmp_path / "e"])
+    assert read_summary(tmp_path / "e")["top1_correct"] == read_summary(runs / "full")["top1_correct"]
+
+
+def test_a_ddp_checkpoint_resumes_under_full_and_continues_as_ddp(tiny_data, tmp_path):
+    first = [tiny_data, *RUN[:-6], "--accum-steps", "2", "-b", "4"]
+    run_recipe("ddp", [*first, "--epochs", "1", "--out", tmp_path / "one"], nproc=2)
+    resume = ["--epochs", "2", "--resume", tmp_path / "one" / "checkpoint.pt"]
+    run_recipe("ddp", [*first, *resume, "--out", tmp_path / "ddp"], nproc=2)
+    result = run_recipe("fsdp", [*first, *resume, "--shard", "full", "--out", tmp_path / "full"], nproc=2)
+    assert "saved by recipes/ddp" in result.stdout
+    assert_same_state(checkpoint(tmp_path / "full"), checkpoint(tmp_path / "ddp"))
+    assert checkpoint(tmp_path / "full")["epoch"] == 2
+
+
+def test_a_sharded_checkpoint_resumes_at_another_world_size_and_says_it_reshards(tiny_data, tmp_path):
+    flags = [tiny_data, *TINY, "--shard", "full"]
+    run_recipe("fsdp", [*flags, "--epochs", "1", "--sharded-checkpoint", "--out", tmp_path / "one"], nproc=2)
+    sharded = tmp_path / "one" / "checkpoint_dcp"
+    assert (sharded / ".metadata").is_file() and json.loads((sharded / "meta.json").read_text())["world_size"] == 2
+    assert not (tmp_path / "one" / "checkpoint_dcp.tmp").exists()
+    # the same training state as the gathered checkpoint.pt: resumed at 2 processes, both continue alike
+    for source, out in ((sharded, "dcp"), (tmp_path / "one" / "checkpoint.pt", "whole")):
+        run_recipe("fsdp", [*flags, "--epochs", "2", "--resume", source, "--out", tmp_path / out], nproc=2)
+    assert_same_state(checkpoint(tmp_path / "dcp"), checkpoint(tmp_path / "whole"))
+    result = run_recipe("fsdp", [*flags, "--epochs", "2", "--resume", sharded, "--out", tmp_path / "three"], nproc=3)
+    assert f"resharding {sharded}: saved by 2 rank(s), loaded by 3" in result.stdout
+    assert read_summary(tmp_path / "three")["epochs"] == 2
+
+
+@pytest.mark.parametrize("flags, phrases", [
+    (["--shard", "zero"], ["--shard: invalid choice: 'zero'"]),
+    (["--shard", "grad-op", "--sync-bn"], ["--sync-bn with --shard grad-op"]),
+    (["--shard", "full", "--sync-bn"], ["--sync-bn with --shard full"]),
+    (["--shard", "full", "--ema-decay", "0.99"], ["--ema-decay with --shard full"]),
+    (["--shard", "optimizer", "--sharded-checkpoint"], ["--sharded-checkpoint with --shard optimizer"]),
+])
+def test_bad_flags_say_so_in_one_line(tiny_data, tmp_path, flags, phrases):
+    result = run_recipe("fsdp", [tiny_data, *TINY, *flags, "--out", tmp_path / "run"], expect_ok=False)
+    assert_one_clear_line(result, *phrases)
+
+
+def test_a_directory_that_is_no_sharded_checkpoint_says_so(tiny_data, tmp_path):
+    (tmp_path / "not_dcp").mkdir()
+    (tmp_path / "not_dcp" / "meta.json").write_text("{}")
+    result = run_recipe("fsdp", [tiny_data, *TINY, "--resume", tmp_path / "not_dcp", "--out", tmp_path / "run"],
+                        expect_ok=False)
+    assert_one_clear_line(result, "is a directory but not a --sharded-checkpoint")
+
+
+def test_a_sharded_checkpoint_of_another_model_says_so(tiny_data, tmp_path):
+    flags = [tiny_data, *TINY, "--shard", "full", "--epochs", "1"]
+    run_recipe("fsdp", [*flags, "--sharded-checkpoint", "--out", tmp_path / "one"])
+    result = run_recipe("fsdp", [*flags, "-a", "resnet18", "--resume", tmp_path / "one" / "checkpoint_dcp",
+                                 "--out", tmp_path / "run"], expect_ok=False)
+    assert_one_clear_line(result, "holds a lenet model, not --arch resnet18")
