@@ -19,7 +19,7 @@ NPROC = $(shell $(PY) -c "import torch; print(torch.cuda.device_count() or 2)")
 DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
-PARTS := io scaling curves recovery compile compression ps pipeline
+PARTS := io scaling curves recovery compile compression ps pipeline sharding
 ONLY ?= $(PARTS)
 QUICK ?=
 # QUICK=1 (anything but empty or 0) leaves the committed figures alone
@@ -76,6 +76,8 @@ figure-part-ps = $(PY) scripts/ps_table.py --data $(DEMO_DATA) --figures-data $(
 	$(if $(quick),--quick --epochs 1 --seeds 0)
 figure-part-pipeline = $(PY) scripts/pipeline_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/pipeline $(if $(quick),--quick --epochs 1 --seeds 0)
+figure-part-sharding = $(PY) scripts/bench_sharding.py --data $(JPEG_DATA) --csv $(FIG_DATA)/sharding.csv \
+	--runs $(RUNS)/sharding $(if $(quick),-a lenet --image-size 16 --processes 1 2)
 define newline
 
 

@@ -6,8 +6,8 @@ ResNet-50 at 32 px (-a, --image-size) on the JPEG folder, -b 16 per process, one
 evaluation) of seed 0, fp32, in each --shard mode (none = DDP, optimizer = ZeRO-1, grad-op =
 ZeRO-2, full = ZeRO-3) at 1, 2 and 4 processes; on CPU one thread each (4 processes share this
 machine's cores: their images/s say what the cores give, their bytes what each rank holds).
-From each run's summary.json, the largest rank's measured bytes of parameters (the most held in a
-step: grad-op holds every block gathered between forward and backward), gradients and optimizer
+From each run's summary.json, the largest rank's measured bytes of parameters (the most held when a
+forward ends: grad-op holds every block gathered until its backward), gradients and optimizer
 state, its peak resident memory (and peak CUDA memory on CUDA), and the training images/s. Beside
 them, for the model's P parameters, what the ZeRO paper's model says a rank holds (Rajbhandari et
 al., SC 2020: (2 + 2 + K) P bytes in mixed precision with Adam, K = 12; here fp32 weights and

@@ -10,6 +10,7 @@ from test_bad_input import assert_one_clear_line
 
 MODES = ["none", "optimizer", "grad-op", "full"]
 RUN = [*TINY, "--epochs", "2", "--accum-steps", "2", "-b", "4"]  # global batch 16: 3 steps per epoch, 2 micro-batches
+FP32 = ["--opt-level", "O0"]  # (the default is O1 on CUDA and where the CPU has native bf16)
 
 
 def checkpoint(out, name="checkpoint.pt"):
@@ -33,7 +34,7 @@ def runs(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     run_recipe("ddp", [tiny_data, *RUN, "--out", root / "ddp"], nproc=2)
     for mode in MODES:
-        run_recipe("fsdp", [tiny_data, *RUN, "--shard", mode, "--out", root / mode], nproc=2)
+        run_recipe("fsdp", [tiny_data, *RUN, *FP32, "--shard", mode, "--out", root / mode], nproc=2)
     return root
 
 
@@ -65,15 +66,25 @@ def test_a_full_checkpoint_evaluates_in_nd_to_the_same_count(runs, tiny_data, tm
     assert read_summary(tmp_path / "e")["top1_correct"] == read_summary(runs / "full")["top1_correct"]
 
 
-def test_a_ddp_checkpoint_resumes_under_full_and_continues_as_ddp(tiny_data, tmp_path):
-    first = [tiny_data, *RUN[:-6], "--accum-steps", "2", "-b", "4"]
+def test_a_model_with_batchnorm_evaluates_as_its_checkpoint_does(tiny_data, tmp_path):
+    # each rank's running statistics follow its own batches; evaluation uses rank 0's, which the checkpoint holds
+    flags = [tiny_data, *TINY, "-a", "resnet18", "--epochs", "1", "--lr", "0.5"]
+    run_recipe("fsdp", [*flags, *FP32, "--shard", "full", "--out", tmp_path / "full"], nproc=3)
+    run_recipe("nd", [*flags, "-e", "--resume", tmp_path / "full" / "best.pt", "--out", tmp_path / "e"])
+    assert read_summary(tmp_path / "e")["top1_correct"] == read_summary(tmp_path / "full")["top1_correct"]
+    assert read_summary(tmp_path / "e")["loss"] == pytest.approx(read_summary(tmp_path / "full")["loss"], rel=1e-4)
+
+
+def test_a_ddp_checkpoint_resumes_sharded_and_continues_as_ddp(tiny_data, tmp_path):
+    first = [tiny_data, *TINY, "--accum-steps", "2", "-b", "4"]
     run_recipe("ddp", [*first, "--epochs", "1", "--out", tmp_path / "one"], nproc=2)
     resume = ["--epochs", "2", "--resume", tmp_path / "one" / "checkpoint.pt"]
     run_recipe("ddp", [*first, *resume, "--out", tmp_path / "ddp"], nproc=2)
-    result = run_recipe("fsdp", [*first, *resume, "--shard", "full", "--out", tmp_path / "full"], nproc=2)
-    assert "saved by recipes/ddp" in result.stdout
-    assert_same_state(checkpoint(tmp_path / "full"), checkpoint(tmp_path / "ddp"))
-    assert checkpoint(tmp_path / "full")["epoch"] == 2
+    for mode in ("full", "optimizer"):  # the momentum resharded: 1/N of each tensor, or the tensors each rank owns
+        result = run_recipe("fsdp", [*first, *resume, *FP32, "--shard", mode, "--out", tmp_path / mode], nproc=2)
+        assert "saved by recipes/ddp" in result.stdout
+        assert_same_state(checkpoint(tmp_path / mode), checkpoint(tmp_path / "ddp"))
+        assert checkpoint(tmp_path / mode)["epoch"] == 2
 
 
 def test_a_sharded_checkpoint_resumes_at_another_world_size_and_says_it_reshards(tiny_data, tmp_path):
@@ -97,6 +108,8 @@ def test_a_sharded_checkpoint_resumes_at_another_world_size_and_says_it_reshards
     (["--shard", "full", "--sync-bn"], ["--sync-bn with --shard full"]),
     (["--shard", "full", "--ema-decay", "0.99"], ["--ema-decay with --shard full"]),
     (["--shard", "optimizer", "--sharded-checkpoint"], ["--sharded-checkpoint with --shard optimizer"]),
+    (["--shard", "optimizer", "--resume", "."], ["(a --sharded-checkpoint directory) with --shard optimizer"]),
+    (["--shard", "none", "--sharded-checkpoint", "--ema-decay", "0.9"], ["--sharded-checkpoint with --ema-decay"]),
 ])
 def test_bad_flags_say_so_in_one_line(tiny_data, tmp_path, flags, phrases):
     result = run_recipe("fsdp", [tiny_data, *TINY, *flags, "--out", tmp_path / "run"], expect_ok=False)
@@ -109,6 +122,21 @@ def test_a_directory_that_is_no_sharded_checkpoint_says_so(tiny_data, tmp_path):
     result = run_recipe("fsdp", [tiny_data, *TINY, "--resume", tmp_path / "not_dcp", "--out", tmp_path / "run"],
                         expect_ok=False)
     assert_one_clear_line(result, "is a directory but not a --sharded-checkpoint")
+
+
+def test_a_damaged_sharded_checkpoint_says_so(tiny_data, tmp_path):
+    flags = [tiny_data, *TINY, "--shard", "full", "--epochs", "1"]
+    run_recipe("fsdp", [*flags, "--sharded-checkpoint", "--out", tmp_path / "one"])
+    sharded = tmp_path / "one" / "checkpoint_dcp"
+    (sharded / "meta.json").write_text("{\"arch\": \"lenet\"")  # cut off
+    result = run_recipe("fsdp", [*flags, "--resume", sharded, "--out", tmp_path / "two"], expect_ok=False)
+    assert_one_clear_line(result, f"sharded checkpoint {sharded} is corrupt")
+    for shard in sharded.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    (sharded / "meta.json").write_text(json.dumps({**json.loads((tmp_path / "one" / "summary.json").read_text()),
+                                                   "num_classes": 3, "step": 0, "world_size": 1}))
+    result = run_recipe("fsdp", [*flags, "--resume", sharded, "--out", tmp_path / "three"], expect_ok=False)
+    assert_one_clear_line(result, f"sharded checkpoint {sharded} is corrupt")
 
 
 def test_a_sharded_checkpoint_of_another_model_says_so(tiny_data, tmp_path):

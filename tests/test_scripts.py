@@ -13,7 +13,7 @@ from conftest import ROOT, child_env
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_gpu, measuring, pipeline_table, ps_table  # noqa: E402
+from scripts import bench_gpu, bench_sharding, measuring, pipeline_table, ps_table  # noqa: E402
 
 
 def test_digits_folder(tmp_path):
@@ -144,7 +144,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert ("Beyond the spread: fp8-e4m3 at 2 (-1.25). Within it (not told apart from noise): fp8-e4m3 + error "
             "feedback at 2 (-0.17).") in text
     assert "| `make figures ONLY=compression` | 50.0 | 57 | 0 | 2026-11-24 |" in text
-    assert "| `make figures` (the parts summed), without scaling, recovery, compile, ps, pipeline | 61.0 |" in text
+    assert "| `make figures` (the parts summed), without scaling, recovery, compile, ps, pipeline, sharding | 61.0 |" in text
     assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
     assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
     assert "| --compile, warm Inductor cache | 20.0 | 5.0 | 200.0 | 2.00x | +13.0 |" in text
@@ -273,9 +273,9 @@ def test_make_figures_measures_only_the_parts_asked_for():
     every_part = make("-n", "figures").stdout
     assert all(script in every_part for script in ("bench_io", "bench_scaling", "learning_curves", "bench_recovery",
                                                    "bench_compile", "compression_table", "ps_table",
-                                                   "pipeline_table"))
+                                                   "pipeline_table", "bench_sharding"))
     assert every_part.index("compression_table.py") < every_part.index("ps_table.py") < every_part.index(
-        "pipeline_table.py")
+        "pipeline_table.py") < every_part.index("bench_sharding.py")
     assert "--quick" not in every_part and "--runs runs/figures/compression" in every_part
     assert "--quick" not in make("-n", "figures", "QUICK=0").stdout  # QUICK=0 means not quick
     quick = make("-n", "figures", "QUICK=1", "ONLY=compression").stdout
@@ -581,3 +581,44 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     assert "Final top-1 beyond the spread of `allreduce`'s with the same stragglers: `preduce` (-2.00)." in text
     assert "| 1 | 0.50 | 0.62 | 500 (0.50) |  |" in text  # (1/2) / (4/5)
     assert "| 2 | 0.33 | 0.83 | 800 (0.80) | 900 (0.90) |" in text
+
+
+def test_the_zero_model_divides_what_each_mode_shards():
+    p, n = 1000, 4  # parameters, processes: 4 bytes each for weights, gradients and momentum
+    assert [bench_sharding.model_bytes(mode, p, n) for mode in bench_sharding.MODES] == [12000, 9000, 6000, 3000]
+    assert all(bench_sharding.model_bytes(mode, p, 1) == 12000 for mode in bench_sharding.MODES)
+    assert [bench_sharding.comm_bytes(mode, p, n) for mode in bench_sharding.MODES] == [6000, 9000, 6000, 9000]
+    assert all(bench_sharding.comm_bytes(mode, p, 1) == 0 for mode in bench_sharding.MODES)
+
+
+def test_bench_sharding_without_data_says_so_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "scripts/bench_sharding.py", "--data", tmp_path / "none"], cwd=ROOT,
+                            env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert "has no train/ folder" in result.stderr
+
+
+def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    p, rows = 2 ** 20, []
+    for n, rates in ((1, (100, 99, 98, 97)), (2, (180, 150, 160, 90))):
+        for mode, rate in zip(bench_sharding.MODES, rates):
+            model = bench_sharding.model_bytes(mode, p, n)
+            rows.append({"shard": mode, "zero": bench_sharding.ZERO[mode], "processes": n, "arch": "resnet50",
+                         "image_size": 32, "batch": 16, "parameters": p, "param_bytes": int(model) // 3,
+                         "grad_bytes": int(model) // 3, "optimizer_bytes": int(model) // 3,
+                         "state_bytes": 3 * (int(model) // 3), "model_bytes": model,
+                         "peak_rss_bytes": 700 * 2 ** 20, "peak_cuda_bytes": "", "images_per_s": rate,
+                         "comm_bytes_model": bench_sharding.comm_bytes(mode, p, n), "top1": 10.0, **machine})
+    with open(data / "sharding.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=bench_sharding.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("sharding",))
+    assert "| `none` (DDP) | 1 | 4.0 | 4.0 | 4.0 | 12.0 | 12.0 | 700 | 100.0 | 1.00 | 0 |" in text
+    assert "| `full` (ZeRO-3) | 2 | 2.0 | 2.0 | 2.0 | 6.0 | 6.0 | 700 | 90.0 | 0.50 | 6 |" in text
+    assert "| `optimizer` (ZeRO-1) | 2 | 3.3 | 3.3 | 3.3 | 10.0 | 10.0 | 700 | 150.0 | 0.83 | 6 |" in text
+    assert "resnet50 (1.0 M parameters) at 32 px, -b 16 per process" in text
+    assert "Measured sum over the model: `none` 1.00-1.00; `optimizer` 1.00-1.00" in text

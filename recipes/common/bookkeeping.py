@@ -24,7 +24,7 @@ import contextlib
 import torch.distributed as dist
 from torch import nn
 
-from recipes.common import checkpoint, data, faults, metrics, schedule
+from recipes.common import checkpoint, data, distributed, faults, metrics, schedule
 
 
 class Run:
@@ -123,6 +123,10 @@ class Run:
         criterion = nn.CrossEntropyLoss()
         if self.gather is not None:
             self.gather()
+        else:
+            distributed.broadcast_buffers(self.model, self.group)
+            if self.ema is not None:
+                distributed.broadcast_buffers(self.ema, self.group)
         self.val_stats = metrics.evaluate(self.model, val_loader, criterion, self.device, self.log, self.autocast,
                                           self.group)
         self.ema_stats = metrics.evaluate_ema(self.ema, val_loader, criterion, self.device, self.log, self.autocast,

@@ -17,8 +17,9 @@ A sharded model (fully_shard) or optimizer (ZeroRedundancyOptimizer) is gathered
 the same schema (common/sharding), so its checkpoint is like any other. With
 --sharded-checkpoint, each save also writes <out>/checkpoint_dcp: a
 torch.distributed.checkpoint directory into which every rank writes its own shard
-(the model and optimizer; the rest in meta.json), for models too big to gather.
---resume DIRECTORY loads one, resharded when the world size changed.
+(the model and optimizer; the rest, but the random state, in meta.json), which
+loads without gathering the model. --resume DIRECTORY loads one, resharded when
+the world size changed.
 
 The learning-rate schedule is a function of the position, so it is not saved: a
 resume puts it there (checkpoints of earlier versions hold a "scheduler" entry,
@@ -166,13 +167,18 @@ def load_sharded(path, model, optimizer, arch, num_classes, log):
     if not (path / ".metadata").is_file() or not (path / "meta.json").is_file():
         raise RecipeError(f"{path} is a directory but not a --sharded-checkpoint of these recipes (it needs "
                           f".metadata and meta.json)")
-    meta = json.loads((path / "meta.json").read_text())
-    _check_model(meta, path, arch, num_classes)  # before loading: a clearer line than a shape mismatch
-    model_state, optimizer_state = get_state_dict(model, optimizer)  # what this rank holds: the shapes to fill
     try:
+        meta = json.loads((path / "meta.json").read_text())
+        missing = {"arch", "num_classes", "epoch", "step", "best_top1", "world_size"} - set(meta)
+        if missing:
+            raise ValueError(f"meta.json lacks {', '.join(sorted(missing))}")
+        _check_model(meta, path, arch, num_classes)  # before loading: a clearer line than a shape mismatch
+        model_state, optimizer_state = get_state_dict(model, optimizer)  # what this rank holds: the shapes to fill
         dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
-    except Exception as error:  # CheckpointException wraps each rank's failure
-        raise RecipeError(f"sharded checkpoint {path} does not fit this model and optimizer: "
+    except RecipeError:
+        raise
+    except Exception as error:  # a damaged or incomplete meta.json; CheckpointException wraps each rank's failure
+        raise RecipeError(f"sharded checkpoint {path} is corrupt or does not fit this model and optimizer: "
                           f"{_first_line(error)}") from None
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -256,7 +262,7 @@ def restore(state, path, arch, num_classes, model, optimizer=None, scheduler=Non
             scaler.load_state_dict(state["scaler"])
         if ema is not None and state.get("ema"):
             ema.load_state_dict(state["ema"])
-        elif ema is not None:
+        elif ema is not None and state["model"] is not None:
             ema.module.load_state_dict(state["model"])
     except (RuntimeError, KeyError, ValueError) as error:
         raise RecipeError(f"checkpoint {path} does not fit this model: {_first_line(error)}") from None
@@ -280,6 +286,8 @@ def restore(state, path, arch, num_classes, model, optimizer=None, scheduler=Non
 
 
 def _check_model(state, path, arch, num_classes):
+    if "arch" not in state or "num_classes" not in state:
+        raise RecipeError(f"{path} is not a checkpoint of these recipes (no 'arch' and 'num_classes' entries)")
     if state["arch"] != arch:
         raise RecipeError(f"checkpoint {path} holds a {state['arch']} model, not --arch {arch}")
     if state["num_classes"] != num_classes:

@@ -122,6 +122,15 @@ def cleanup():
         dist.destroy_process_group()
 
 
+def broadcast_buffers(model, group=None):
+    """Rank 0's buffers (BatchNorm's running statistics) to every rank, as DDP does before each forward: after
+    the last step each rank has updated them from its own batch, and evaluation and the checkpoint must agree."""
+    if dist.is_initialized():
+        source = dist.get_global_rank(group, 0) if group is not None else 0
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=source, group=group)
+
+
 def sync_batchnorm(model, device, log):
     """--sync-bn: BatchNorm statistics over the global batch rather than each rank's share.
     SyncBatchNorm runs only on CUDA; elsewhere say so and keep BatchNorm."""

@@ -45,7 +45,8 @@ def sequential_layers(model, arch):
     if all(hasattr(model, name) for name in ("features", "avgpool", "classifier")):
         flatten = [] if any(isinstance(m, nn.Flatten) for m in model.classifier) else [nn.Flatten()]  # (convnext)
         return [*model.features, model.avgpool, *flatten, *model.classifier]
-    raise RecipeError(f"--arch {arch} does not run as a sequence of layers that a pipeline can cut: use lenet, "
+    raise RecipeError(f"--arch {arch} does not run as a sequence of layers (which a pipeline cuts into stages and "
+                      f"FSDP shards block by block): use lenet, "
                       f"a ResNet, or a model made of features, avgpool and classifier (vgg11, mobilenet_v3_small, "
                       f"efficientnet_b0, ...)")
 

@@ -9,6 +9,7 @@ ZeroRedundancyOptimizer (ZeRO-1) consolidates its shards on rank 0 instead.
 
 import resource
 import weakref
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,15 +38,21 @@ def check_args(args):
     if fsdp and args.amp_backend == "apex":
         raise RecipeError(f"--amp-backend apex with --shard {args.shard}: fully_shard casts by its "
                           f"MixedPrecisionPolicy; use --amp-backend native")
+    zero1 = "ZeroRedundancyOptimizer has no sharded state dict (its state is consolidated on rank 0 for checkpoint.pt)"
     if args.shard == "optimizer" and args.sharded_checkpoint:
-        raise RecipeError("--sharded-checkpoint with --shard optimizer: ZeroRedundancyOptimizer has no sharded "
-                          "state dict (its state is consolidated on rank 0 for checkpoint.pt); use grad-op or full")
+        raise RecipeError(f"--sharded-checkpoint with --shard optimizer: {zero1}; use grad-op or full")
+    if args.shard == "optimizer" and args.resume and Path(args.resume).is_dir():
+        raise RecipeError(f"--resume {args.resume} (a --sharded-checkpoint directory) with --shard optimizer: "
+                          f"{zero1}; resume its checkpoint.pt, or use another --shard")
+    if args.sharded_checkpoint and args.ema_decay is not None:
+        raise RecipeError("--sharded-checkpoint with --ema-decay: the sharded checkpoint holds no EMA model; "
+                          "drop one of them (checkpoint.pt keeps the EMA)")
     return args
 
 
 def is_sharded(model):
-    """True for a model whose parameters are DTensors (fully_shard)."""
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    """True for a model sharded by fully_shard (its parameters are DTensors, except while a block is gathered)."""
+    return any(isinstance(module, FSDPModule) for module in model.modules())
 
 
 def reshard(model):
@@ -83,7 +90,7 @@ def optimizer_state(model, optimizer):
     state = get_optimizer_state_dict(model, optimizer, options=GATHER)
     if not state:
         return None
-    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    index = {name: i for i, name in enumerate(parameter_names(model, optimizer))}
     return {"state": {index[name]: value for name, value in state["state"].items()},
             "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
                              for group in state["param_groups"]]}
@@ -94,11 +101,17 @@ def load_optimizer_state(model, optimizer, state):
     if not is_sharded(model):  # (ZeroRedundancyOptimizer keeps the part of the parameters it owns)
         optimizer.load_state_dict(state)
         return
-    names = [name for name, _ in model.named_parameters()]
+    names = parameter_names(model, optimizer)
     by_name = {"state": {names[i]: value for i, value in state["state"].items()},
                "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
                                 for group in state["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, by_name, options=SCATTER)
+
+
+def parameter_names(model, optimizer):
+    """The optimizer's parameters by name, in the order torch.optim numbers them (group by group)."""
+    name = {param: name for name, param in model.named_parameters()}
+    return [name[param] for group in optimizer.param_groups for param in group["params"]]
 
 
 def local_bytes(tensors):
