@@ -5,6 +5,7 @@ Exit codes: 0 done, 1 the run could not go on (a peer died, training diverged),
 2 bad input, 75 preempted (a checkpoint was saved: run the same command again).
 """
 
+import gc
 import os
 import sys
 
@@ -44,9 +45,11 @@ def run_main(main, args, rank=0):
     torch.backends.cudnn.deterministic = args.seed is not None
     try:
         main(args)
+        release()
     except RecipeError as error:
         fail(error, rank)
     except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
+        release(stop)
         try:  # no rank exits before rank 0 has written it: a scheduler may kill the whole job then
             if dist.is_initialized():
                 dist.barrier()
@@ -60,6 +63,7 @@ def run_main(main, args, rank=0):
         explained = _lost_peer(error, rank, args)
         if explained is None:
             raise  # a bug: keep the traceback
+        release(error)
         fail(explained, rank)
 
 
@@ -79,8 +83,18 @@ def _lost_peer(error, rank, args):
     return RunFailed(f"rank {rank} lost contact with the other ranks during training ({detail}); {cause}")
 
 
+def release(error=None):
+    """Free the run's objects now (with an error: the frames its traceback holds). A sharded model's hooks keep it
+    in reference cycles, and freed while the interpreter shuts down it aborts the process now and then
+    ("terminate called without an active exception")."""
+    if error is not None:
+        error.__traceback__ = None
+    gc.collect()
+
+
 def fail(error, rank=0):
     """One line on stderr, then exit with the error's code (2 for bad input)."""
+    release(error)
     distributed.cleanup()
     message = str(error).strip()
     if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep our own line
