@@ -83,6 +83,8 @@ def main():
                      "--epochs", "1", "--seed", "0", "-j", "0", "-p", "1000", "--shard", shard, "--opt-level", "O0"]
             out = Path(args.runs) / f"{shard}-n{processes}"
             summary = measuring.train("fsdp", processes, flags, out, threads=4 if cuda else 1, forked=not cuda)
+            for checkpoint in out.glob("*.pt"):  # 190 MB each for ResNet-50; the table needs only summary.json
+                checkpoint.unlink()
             largest = {name: max(summary[name]) for name in ("param_bytes", "grad_bytes", "optimizer_bytes",
                                                                "peak_rss_bytes")}
             rows.append({"shard": shard, "zero": ZERO[shard], "processes": processes, "arch": args.arch,
