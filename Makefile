@@ -1,11 +1,14 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
 # make test   the test suite (CPU, gloo; about 20 minutes on 2 cores)
-# make figures                measure every part (io, scaling, curves, recovery, compile, compression, ps), then
+# make figures                measure every part (io, scaling, curves, recovery, compile, compression, ps, pipeline,
+#                             sharding), then
 #                             redraw figures/ and RESULTS.md from figures/data/
 # make figures ONLY="curves compression"   measure only these parts, then redraw everything
 # make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
-# make figures-gpu            on a machine with CUDA: the GPU sweep into figures/data/gpu/ and RESULTS.md
-#                             (PY=python3 uses an environment of your own instead of creating .venv)
+# make figures-gpu            on a machine with CUDA: the GPU sweep into figures/data/gpu/ and RESULTS.md, in
+#                             parts of at most 9 minutes on one H100: ONLY="synthetic jpeg compression" (all)
+# make gpu-smoke              on a machine with CUDA: every recipe's one-GPU path, a few steps each (8 minutes)
+#                             (PY=python3: a Python of your own that has torch, instead of creating .venv)
 # A stopped `make figures` started again skips the runs whose summary.json is complete (in runs/figures/);
 # delete that folder to measure everything afresh. Each target creates .venv first when it is missing.
 
@@ -20,6 +23,8 @@ DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
 PARTS := io scaling curves recovery compile compression ps pipeline sharding
+GPU_PARTS := synthetic jpeg compression
+GPU_ONLY := $(if $(filter command line,$(origin ONLY)),$(ONLY),$(GPU_PARTS))
 ONLY ?= $(PARTS)
 QUICK ?=
 # QUICK=1 (anything but empty or 0) leaves the committed figures alone
@@ -34,8 +39,13 @@ ifneq ($(filter-out $(PARTS),$(ONLY)),)
 $(error ONLY=$(filter-out $(PARTS),$(ONLY)) is not a part of make figures; the parts are: $(PARTS))
 endif
 endif
+ifneq ($(filter figures-gpu,$(MAKECMDGOALS)),)
+ifneq ($(filter-out $(GPU_PARTS),$(GPU_ONLY)),)
+$(error ONLY=$(filter-out $(GPU_PARTS),$(GPU_ONLY)) is not a part of make figures-gpu; the parts are: $(GPU_PARTS))
+endif
+endif
 
-.PHONY: setup demo test figures figures-gpu gpu-check clean
+.PHONY: setup demo test figures figures-gpu gpu-smoke gpu-check-figures-gpu gpu-check-gpu-smoke clean
 
 setup: $(VENV)/.installed
 
@@ -94,15 +104,18 @@ $(GPU_JPEG_DATA)/.complete: | $(SETUP)
 	$(PY) scripts/make_demo_data.py --imagenet-like $(GPU_JPEG_DATA) --classes 100 --images 250
 	touch $@
 
-gpu_count = $(shell $(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo none)
-gpu-check: $(SETUP)
-	$(if $(filter none,$(gpu_count)),$(error $(PY) cannot import torch: make setup, or PY=a Python that has it))
-	$(if $(filter 0,$(gpu_count)),$(error \
-	no CUDA GPU here (torch.cuda.device_count() is 0): make figures-gpu needs one; make figures measures this CPU))
+# a CUDA GPU, and the packages the target needs in $(PY): else one line (scripts/check_python.py) and exit 2
+gpu-check-figures-gpu gpu-check-gpu-smoke: $(SETUP)
+	$(eval problem := $(shell $(PY) scripts/check_python.py --gpu $(@:gpu-check-%=%) 2>&1))
+	$(if $(problem),$(error $(patsubst error:%,%,$(problem))))
 
-figures-gpu: gpu-check $(GPU_JPEG_DATA)/.complete
-	$(PY) scripts/bench_gpu.py --jpeg $(GPU_JPEG_DATA) --figures-data figures/data/gpu --runs runs/figures-gpu
+figures-gpu: gpu-check-figures-gpu $(if $(filter jpeg,$(GPU_ONLY)),$(GPU_JPEG_DATA)/.complete)
+	$(PY) scripts/bench_gpu.py $(if $(filter jpeg,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) --parts $(GPU_ONLY) \
+		--figures-data figures/data/gpu --runs runs/figures-gpu
 	$(PY) scripts/plot_results.py
+
+gpu-smoke: gpu-check-gpu-smoke
+	$(PY) scripts/gpu_smoke.py
 
 test: setup
 	$(PY) -m pytest -q

@@ -1,19 +1,24 @@
 """The GPU sweep: ResNet-50 at 224 px through every recipe, precision and layout, on 1 to all GPUs.
 
-    make figures-gpu           # data/imagenet-like-gpu, this script, then plot_results.py
-    python scripts/bench_gpu.py --jpeg DIR [--gpus 1 2 4 8] [--parts precision compression]
+    make figures-gpu                        # every part: data/imagenet-like-gpu, this script, plot_results.py
+    make figures-gpu ONLY=jpeg              # one part: synthetic, jpeg or compression
+    python scripts/bench_gpu.py --jpeg DIR [--gpus 1 2 4 8] [--parts synthetic jpeg compression] [--list]
 
-For each number of GPUs (default 1, 2, 4, ... and all of them) it trains short runs of
-  precision    on --synthetic images and on the JPEG folder: dp and ddp in fp32;
-               apex at O0 (fp32), O1 fp16 and O1 bf16, each with and without
-               --channels-last
-  compression  on --synthetic images: the compression recipe's hooks over NCCL
-               (none, fp16, bf16, fp8-e4m3, fp8-e5m2, powersgd; the fp8s and
-               powersgd with --error-feedback too)
+Three parts, each planned to finish within 9 minutes on one H100 (--list prints the
+runs and the estimate), for each number of GPUs (default 1, 2, 4, ... and all of them):
+  synthetic    --synthetic images (the GPUs' own speed): dp and ddp in fp32; apex at
+               O0 (fp32), O1 fp16 and O1 bf16, each with and without --channels-last
+  jpeg         the same on the JPEG folder (the CPU decodes: --decoder tensor, with the
+               recipes' default workers), and apex O1 fp16 with --channels-last once more
+               with --decoder gpu (nvjpeg decodes, the CPU only reads the files)
+  compression  on --synthetic images: the compression recipe's hooks over NCCL (none,
+               fp16, bf16, fp8-e4m3, fp8-e5m2, powersgd; the fp8s and powersgd with
+               --error-feedback too); skipped below 2 GPUs, with one line: one GPU
+               sends nothing, so its runs would measure nothing
 with a batch of 256 per GPU (a run that runs out of GPU memory is tried again at
 half its batch, down to 16), on the GPUs CUDA_VISIBLE_DEVICES lets it use (the
 first N of them), with loader workers (the synthetic images too: collating and
-pinning 150 MB per step in the training process would slow it). Each run trains
+pinning 38 MB of uint8 per step in the training process would slow it). Each run trains
 enough epochs for --min-steps timed steps. Its images/s is the recipes' own
 steady-state figure (every step after the first of each epoch, as in the CPU
 tables), the median over the epochs after the first, which pays for cuDNN's
@@ -23,20 +28,20 @@ while the first one loads flatter the steady figure of a run that waits for data
 Both are kept, with the share of the time spent waiting for data. No --seed: it
 would select slower deterministic kernels; a small fixed --lr: throughput does not
 depend on it, and the synthetic labels must not make a run diverge. fp32
-convolutions run on TF32 tensor cores, as PyTorch allows by default.
+convolutions run on TF32 tensor cores, as PyTorch allows by default. Each run's
+progress lines are printed as they come, prefixed with its name.
 
 Writes <figures-data>/precision.csv and compression.csv (with the hardware) after
-every run, so a stopped sweep keeps what it measured (rows of GPU counts this
-invocation does not measure are kept); a run whose summary.json in
-runs/figures-gpu/ is complete is not trained again, nor a batch that ran out of
-memory; checkpoints are deleted once a run has finished. plot_results.py draws
-them into figures/gpu_*.png and the GPU section of RESULTS.md. Without CUDA it
-says so in one line and exits 2.
+every run, so a stopped sweep keeps what it measured (rows this invocation does not
+measure are kept); a run whose summary.json in runs/figures-gpu/ is complete is not
+trained again, nor a batch that ran out of memory; checkpoints are deleted once a
+run has finished; each part's minutes go into timings.csv (gpu-<part>).
+plot_results.py draws them into figures/gpu_*.png and the GPU section of RESULTS.md.
+Without CUDA, or without a package it needs, it says so in one line and exits 2.
 """
 
 import argparse
 import csv
-import importlib.util
 import json
 import math
 import os
@@ -49,18 +54,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from recipes.common.data import SYNTHETIC_TRAIN_IMAGES  # noqa: E402
-from scripts import measuring  # noqa: E402
+from scripts import check_python, measuring  # noqa: E402
 
-PARTS = ["precision", "compression"]
+PARTS = ["synthetic", "jpeg", "compression"]
 # apex's three precisions: (name, --opt-level, --amp-dtype)
 PRECISIONS = [("fp32", "O0", None), ("fp16", "O1", "fp16"), ("bf16", "O1", "bf16")]
 COMPRESSION = [("none", False), ("fp16", False), ("bf16", False), ("fp8-e4m3", False), ("fp8-e4m3", True),
                ("fp8-e5m2", False), ("fp8-e5m2", True), ("powersgd", False), ("powersgd", True)]
-NEEDED = ["torchvision", "tensorboard", "tqdm", "matplotlib", "numpy", "PIL"]  # besides torch: the recipes, plots
 SYNTHETIC_WORKERS = 4  # enough to collate in-memory images; they decode nothing
-PRECISION_FIELDS = ["recipe", "data", "precision", "channels_last", "gpus", "batch_size", "epochs", "images_per_s",
-                    "whole_epoch_images_per_s", "data_wait_share", "arch", "image_size", "workers", "cpu", "cores",
-                    "gpu", "torch"]
+PRECISION_FIELDS = ["recipe", "data", "decoder", "precision", "channels_last", "gpus", "batch_size", "epochs",
+                    "images_per_s", "whole_epoch_images_per_s", "data_wait_share", "arch", "image_size", "workers",
+                    "cpu", "cores", "gpu", "torch"]
 COMPRESSION_FIELDS = ["method", "error_feedback", "gpus", "batch_size", "epochs", "images_per_s",
                       "whole_epoch_images_per_s", "data_wait_share", "bytes_per_step", "compression_ratio", "arch",
                       "image_size", "workers", "cpu", "cores", "gpu", "torch"]
@@ -68,20 +72,23 @@ COMPRESSION_FIELDS = ["method", "error_feedback", "gpus", "batch_size", "epochs"
 
 def parse_args(argv=None):
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jpeg", help="an ImageNet-style JPEG folder (make figures-gpu writes data/imagenet-like-gpu"
-                                       "); without it, --synthetic images only")
+    parser.add_argument("--jpeg", help="an ImageNet-style JPEG folder, for the jpeg part (make figures-gpu writes "
+                                       "data/imagenet-like-gpu)")
     parser.add_argument("--gpus", type=int, nargs="+", help="numbers of GPUs (default: 1, 2, 4, ... and all)")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("--parts", nargs="+", choices=PARTS,
+                        help="default: all of them (without --jpeg, all but jpeg)")
     parser.add_argument("-a", "--arch", default="resnet50")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("-b", "--batch-size", type=int, default=256, help="per GPU (default: 256)")
     parser.add_argument("--min-steps", type=int, default=40,
                         help="timed steps per run at least, in the epochs after the first (default: 40)")
-    parser.add_argument("-j", "--workers", type=int, help="loader workers per GPU on the JPEG folder (default: "
-                                                          "the cores this process may use, shared between the GPUs)")
+    parser.add_argument("-j", "--workers", type=int, help="loader workers per GPU on the JPEG folder (default: the "
+                                                          "recipes' own: the cores this process may use, shared "
+                                                          "between the GPUs, one left to each training process)")
     parser.add_argument("--lr", type=float, default=0.01, help="for a batch of 256, as the recipes' (default: 0.01)")
     parser.add_argument("--figures-data", default="figures/data/gpu", help="where the CSVs go")
     parser.add_argument("--runs", default="runs/figures-gpu", help="where the run directories go")
+    parser.add_argument("--list", action="store_true", help="print each part's runs and estimated minutes, and exit")
     args = parser.parse_args(argv)
     for flag, value, low in (("--batch-size", args.batch_size, 1), ("--image-size", args.image_size, 8),
                              ("--min-steps", args.min_steps, 1), ("--workers", args.workers, 0)):
@@ -91,6 +98,9 @@ def parse_args(argv=None):
         parser.error(f"--gpus must be at least 1 each, got {args.gpus}")
     if args.jpeg and not (Path(args.jpeg) / "train").is_dir():
         parser.error(f"--jpeg {args.jpeg} has no train/ folder (make figures-gpu writes data/imagenet-like-gpu)")
+    args.parts = args.parts or [part for part in PARTS if part != "jpeg" or args.jpeg]
+    if "jpeg" in args.parts and not args.jpeg:
+        parser.error("the jpeg part needs --jpeg DIR (make figures-gpu writes data/imagenet-like-gpu)")
     return args
 
 
@@ -104,18 +114,20 @@ def gpu_counts(available, asked=None):
     return sorted({2 ** k for k in range(available.bit_length()) if 2 ** k <= available} | {available})
 
 
-def precision_runs(gpus, datasets):
-    """(name, recipe, data, precision, channels_last, extra flags) of the precision part at this many GPUs."""
-    runs = []
-    for data in datasets:
-        for recipe in ("dp", "ddp"):
-            runs.append((f"{recipe}-fp32-{data}-{gpus}", recipe, data, "fp32", False, []))
-        for precision, opt_level, dtype in PRECISIONS:
-            for channels_last in (False, True):
-                flags = ["--opt-level", opt_level, *(["--amp-dtype", dtype] if dtype else []),
-                         *(["--channels-last"] if channels_last else [])]
-                name = f"apex-{precision}{'-cl' if channels_last else ''}-{data}-{gpus}"
-                runs.append((name, "apex", data, precision, channels_last, flags))
+def precision_runs(gpus, data):
+    """(name, recipe, decoder, precision, channels_last, extra flags) of the synthetic or jpeg part at this many
+    GPUs."""
+    decoder = "tensor" if data == "jpeg" else ""
+    runs = [(f"{recipe}-fp32-{data}-{gpus}", recipe, decoder, "fp32", False, []) for recipe in ("dp", "ddp")]
+    for precision, opt_level, dtype in PRECISIONS:
+        for channels_last in (False, True):
+            flags = ["--opt-level", opt_level, *(["--amp-dtype", dtype] if dtype else []),
+                     *(["--channels-last"] if channels_last else [])]
+            name = f"apex-{precision}{'-cl' if channels_last else ''}-{data}-{gpus}"
+            runs.append((name, "apex", decoder, precision, channels_last, flags))
+    if data == "jpeg":  # the fastest set-up once more, the JPEGs decoded on the GPU
+        runs.append((f"apex-fp16-cl-jpeg-gpu-decoder-{gpus}", "apex", "gpu", "fp16", True,
+                     ["--opt-level", "O1", "--amp-dtype", "fp16", "--channels-last", "--decoder", "gpu"]))
     return runs
 
 
@@ -170,8 +182,8 @@ def train(args, name, recipe, gpus, data, flags, cores):
     threads = max(1, cores // processes)
     if data == "synthetic":
         workers_per_gpu = min(SYNTHETIC_WORKERS, max(1, cores // gpus))
-    else:
-        workers_per_gpu = args.workers if args.workers is not None else max(1, cores // gpus)
+    else:  # (the recipes' default on CUDA)
+        workers_per_gpu = args.workers if args.workers is not None else max(1, cores // gpus - 1)
     workers = workers_per_gpu * gpus // processes  # dp's one process loads for every GPU
     data_flags = ["--synthetic"] if data == "synthetic" else [args.jpeg]
     env = {"CUDA_VISIBLE_DEVICES": visible_gpus(gpus)}
@@ -183,7 +195,7 @@ def train(args, name, recipe, gpus, data, flags, cores):
         out = Path(args.runs) / f"{name}-b{batch}"
         launch = measuring.launch_of(recipe, processes, run_flags, env, threads)
         summary = None if ran_out_of_memory(out, launch) else measuring.train(
-            recipe, processes, run_flags, out, threads, env, check=False)
+            recipe, processes, run_flags, out, threads, env, check=False, echo=name)
         if summary is not None:
             for checkpoint in out.glob("*.pt"):  # 200 MB each for ResNet-50; the sweep needs only the metrics
                 checkpoint.unlink()
@@ -198,54 +210,85 @@ def train(args, name, recipe, gpus, data, flags, cores):
         batch //= 2
 
 
-def kept_rows(path, counts):
-    """The rows of an earlier sweep for GPU counts this one does not measure."""
-    return [r for r in measuring.read_csv(path) if int(r["gpus"]) not in counts] if path.exists() else []
+def part_of(row):
+    """The part that measured a row of precision.csv or compression.csv."""
+    return row.get("data", "compression")
+
+
+def kept_rows(path, counts, parts):
+    """The rows of an earlier sweep that this one does not measure again: other GPU counts, other parts."""
+    if not path.exists():
+        return []
+    return [r for r in measuring.read_csv(path) if int(r["gpus"]) not in counts or part_of(r) not in parts]
+
+
+def plan(args, counts):
+    """{part: [(name, recipe, gpus, data, decoder, precision or method, channels_last or error feedback, flags)]}, and
+    the parts skipped, with why."""
+    runs, skipped = {}, {}
+    for part in args.parts:
+        if part == "compression":
+            for gpus in counts:
+                if gpus < 2:
+                    skipped[part] = ("compression at 1 GPU: skipped, one GPU sends no gradients, so the hooks would "
+                                     "measure nothing; it runs on 2 GPUs or more")
+                    continue
+                runs.setdefault(part, []).extend((name, "compression", gpus, "synthetic", "", method, ef, flags)
+                                                 for name, method, ef, flags in compression_runs(gpus))
+        else:
+            for gpus in counts:
+                runs.setdefault(part, []).extend((name, recipe, gpus, part, decoder, precision, channels_last, flags)
+                                                 for name, recipe, decoder, precision, channels_last, flags
+                                                 in precision_runs(gpus, part))
+    return runs, skipped
 
 
 def main(argv=None):
-    started = time.time()
     args = parse_args(argv)
+    if args.list:
+        import torch
+
+        counts = gpu_counts(max(torch.cuda.device_count(), 1), args.gpus)
+        runs, skipped = plan(args, counts)
+        for part in args.parts:
+            print(f"{part}: {len(runs.get(part, []))} run(s){'; ' + skipped[part] if part in skipped else ''}")
+            for name, recipe, gpus, data, *_, flags in runs.get(part, []):
+                print(f"  {name:36s} {recipe} on {gpus} GPU(s), {data}: {' '.join(flags)}")
+        return
+    check_python.require("figures-gpu", gpu=True)  # (one line and exit 2 without CUDA or a package it needs)
     import torch
 
-    if not torch.cuda.is_available():
-        measuring.bad_input("no CUDA GPU here (torch.cuda.is_available() is False): this sweep measures GPUs; "
-                            "make figures measures the CPU")
-    missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
-    if missing:
-        measuring.bad_input(f"this Python ({sys.executable}) lacks {', '.join(missing)}, which the recipes and the "
-                            f"plots need: install them, or use make setup's .venv")
     counts = gpu_counts(torch.cuda.device_count(), args.gpus)
     cores = measuring.usable_cores()
     machine = measuring.hardware()
     common = {"arch": args.arch, "image_size": args.image_size, **machine}
-    datasets = ["synthetic", "jpeg"] if args.jpeg else ["synthetic"]
     figures_data = Path(args.figures_data)
-    precision_rows = kept_rows(figures_data / "precision.csv", counts)
-    compression_rows = kept_rows(figures_data / "compression.csv", counts)
-    for gpus in counts:
-        if "precision" in args.parts:
-            for name, recipe, data, precision, channels_last, flags in precision_runs(gpus, datasets):
-                measured = train(args, name, recipe, gpus, data, flags, cores)
-                measured.pop("summary")
-                precision_rows.append({"recipe": recipe, "data": data, "precision": precision,
-                                       "channels_last": int(channels_last), "gpus": gpus, **measured, **common})
-                measuring.write_csv(figures_data / "precision.csv", PRECISION_FIELDS, precision_rows)
-                print(f"{name:>28}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
-                      f"GPU, data wait {100 * measured['data_wait_share']:.0f} %)", flush=True)
-        if "compression" in args.parts:
-            for name, method, error_feedback, flags in compression_runs(gpus):
-                measured = train(args, name, "compression", gpus, "synthetic", flags, cores)
-                summary = measured.pop("summary")
-                compression_rows.append({"method": method, "error_feedback": int(error_feedback), "gpus": gpus,
+    precision_rows = kept_rows(figures_data / "precision.csv", counts, args.parts)
+    compression_rows = kept_rows(figures_data / "compression.csv", counts, args.parts)
+    runs, skipped = plan(args, counts)
+    for part in args.parts:
+        started = time.time()
+        measuring.counts.update(trained=0, reused=0, reused_s=0.0)
+        if part in skipped:
+            print(skipped[part], flush=True)
+        for name, recipe, gpus, data, decoder, variant, flag, flags in runs.get(part, []):
+            measured = train(args, name, recipe, gpus, data, flags, cores)
+            summary = measured.pop("summary")
+            if part == "compression":
+                compression_rows.append({"method": variant, "error_feedback": int(flag), "gpus": gpus,
                                          "bytes_per_step": round(summary.get("bytes_per_step") or 0),
                                          "compression_ratio": round(summary.get("compression_ratio") or 0, 3),
                                          **measured, **common})
                 measuring.write_csv(figures_data / "compression.csv", COMPRESSION_FIELDS, compression_rows)
-                print(f"{name:>28}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
-                      f"GPU, data wait {100 * measured['data_wait_share']:.0f} %)", flush=True)
+            else:
+                precision_rows.append({"recipe": recipe, "data": data, "decoder": decoder, "precision": variant,
+                                       "channels_last": int(flag), "gpus": gpus, **measured, **common})
+                measuring.write_csv(figures_data / "precision.csv", PRECISION_FIELDS, precision_rows)
+            print(f"{name:>36}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
+                  f"GPU, data wait {100 * measured['data_wait_share']:.0f} %)", flush=True)
+        if runs.get(part):
+            measuring.record_part(figures_data, f"gpu-{part}", started)
     print(f"wrote {figures_data}/")
-    measuring.record_part(figures_data, "gpu", started)
 
 
 if __name__ == "__main__":

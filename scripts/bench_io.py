@@ -4,16 +4,26 @@
     python scripts/bench_io.py data/imagenet-like                    # writes figures/data/io.csv
 
 It times the recipes' own training loader (recipes/common/data.py: ImageFolder,
-RandomResizedCrop 224, flip, normalise, batches of -b) with nothing downstream:
+RandomResizedCrop 224 and a flip in the loader workers, uint8 batches of -b) with
+nothing downstream:
   pil     PIL decode, then the classic transforms on PIL images
   tensor  torchvision.io.decode_image (libjpeg-turbo), then transforms.v2 on uint8 tensors
+and, for the tensor decoder, the batches as the workers made them before they left
+the conversion to the device: float32, normalised in the workers ("float32" rows).
 Each point is one pass over train/ after one batch per worker (worker start-up,
 and the batches all workers prepare at once while starting, are not counted), the
 median of --repeats passes, the configurations interleaved so that a slow moment
 of a shared machine does not land on one of them.
+
+Beside it (io_loader.json): what the uint8 batches move to the training process
+on a CPU (converting and normalising a batch there, milliseconds per batch; on a
+GPU the device does it), the bytes of a batch either way, and the wait for an
+epoch's first batch with 2 workers started anew each epoch and with persistent
+ones (median of 5 epochs).
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -25,21 +35,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from torchvision.transforms import v2  # noqa: E402
 
 from recipes.common import cli, data  # noqa: E402
 from scripts import measuring  # noqa: E402
 from scripts.measuring import hardware, write_csv  # noqa: E402
 
-FIELDS = ["decoder", "workers", "batch_size", "image_size", "images", "seconds", "images_per_s", "mb_per_s",
+FIELDS = ["decoder", "batches", "workers", "batch_size", "image_size", "images", "seconds", "images_per_s", "mb_per_s",
           "images_per_s_per_worker", "cpu", "cores", "gpu", "torch"]
 
 
-def one_pass(folder, decoder, workers, batch_size, image_size):
-    args = cli.parse_args(cli.build_parser("io", ""), [str(folder), "--decoder", decoder, "-j", str(workers),
+def loader_args(folder, decoder, workers, batch_size, image_size):
+    return cli.parse_args(cli.build_parser("io", ""), [str(folder), "--decoder", decoder, "-j", str(workers),
                                                        "-b", str(batch_size), "--image-size", str(image_size)])
-    train_set, _, num_classes = data.build_datasets(args)
+
+
+def normalised_in_the_workers(dataset):
+    """The float32 batches of before: the transform ends with the conversion and normalisation."""
+    to_float = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(data.IMAGENET_MEAN, data.IMAGENET_STD)])
+    dataset.transform = v2.Compose([dataset.transform, to_float])
+    return dataset
+
+
+def one_pass(folder, decoder, batches, workers, batch_size, image_size):
+    args = loader_args(folder, decoder, workers, batch_size, image_size)
+    train_set, _, _ = data.build_datasets(args)
+    if batches == "float32":
+        train_set = normalised_in_the_workers(train_set)
     sampler = data.shuffle_sampler(train_set, seed=0)
-    loader = data.train_loader(train_set, args, sampler, num_classes)
+    loader = data.train_loader(train_set, args, sampler)
     batches = iter(loader)
     warmup = max(workers, 1)  # one batch per worker: they all start together, so these are ready early
     for _ in range(warmup):
@@ -50,6 +74,43 @@ def one_pass(folder, decoder, workers, batch_size, image_size):
         read += sum(os.path.getsize(train_set.samples[i][0]) for i in indices)
     seconds = time.perf_counter() - start
     return images, seconds, read
+
+
+def on_the_trainer(folder, batch_size, image_size, repeats=20):
+    """Milliseconds to convert and normalise one uint8 batch in the training process on this CPU, and the bytes
+    of a batch as uint8 and as float32."""
+    args = loader_args(folder, "tensor", 0, batch_size, image_size)
+    train_set, _, num_classes = data.build_datasets(args)
+    images, target = next(iter(data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0))))
+    to_device = data.device_transform(args, torch.device("cpu"), num_classes)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        to_device(images, target)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times), images.numel(), images.numel() * 4
+
+
+def first_batch_waits(folder, batch_size, image_size, workers=2, epochs=6):
+    """Seconds from the start of an epoch to its first batch, median over the epochs after the first: workers
+    started anew each epoch (persistent_workers=False, the recipes' way with --seed) and persistent ones."""
+    waits = {}
+    for persistent in (False, True):
+        args = loader_args(folder, "tensor", workers, batch_size, image_size)
+        args.seed = None if persistent else 0
+        train_set, _, _ = data.build_datasets(args)
+        loader = data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0))
+        assert loader.persistent_workers == persistent
+        seconds = []
+        for _ in range(epochs):
+            start = time.perf_counter()
+            batches = iter(loader)
+            next(batches)
+            seconds.append(time.perf_counter() - start)
+            for _ in batches:  # the rest of the epoch
+                pass
+        waits["persistent" if persistent else "fresh"] = statistics.median(seconds[1:])
+    return waits
 
 
 def _batch_indices(sampler, batch_size, skip):
@@ -67,31 +128,45 @@ def main():
     parser.add_argument("-b", "--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--csv", default="figures/data/io.csv")
+    parser.add_argument("--csv", default="figures/data/io.csv", help="(io_loader.json goes beside it)")
     args = parser.parse_args()
     if not (Path(args.folder) / "train").is_dir():
         sys.exit(f"error: {args.folder} has no train/ folder; see the usage at the top of this script")
     torch.set_num_threads(1)  # the main process only collates; workers decode (and use one thread each)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: on purpose
 
+    configurations = [(decoder, "uint8") for decoder in args.decoders]
+    if "tensor" in args.decoders:
+        configurations.append(("tensor", "float32"))
     times = {}
     for _ in range(args.repeats):
-        for decoder in args.decoders:
+        for decoder, batches in configurations:
             for workers in args.workers:
-                images, seconds, read = one_pass(args.folder, decoder, workers, args.batch_size, args.image_size)
-                times.setdefault((decoder, workers), []).append((seconds, images, read))
+                images, seconds, read = one_pass(args.folder, decoder, batches, workers, args.batch_size,
+                                                 args.image_size)
+                times.setdefault((decoder, batches, workers), []).append((seconds, images, read))
     rows, machine = [], hardware()
-    for (decoder, workers), runs in times.items():
+    for (decoder, batches, workers), runs in times.items():
         seconds = statistics.median(s for s, _, _ in runs)
         images, read = runs[0][1], runs[0][2]
         rate = images / seconds
-        rows.append({"decoder": decoder, "workers": workers, "batch_size": args.batch_size,
+        rows.append({"decoder": decoder, "batches": batches, "workers": workers, "batch_size": args.batch_size,
                      "image_size": args.image_size, "images": images,
                      "seconds": round(seconds, 4), "images_per_s": round(rate, 2),
                      "mb_per_s": round(read / seconds / 1e6, 3),
                      "images_per_s_per_worker": round(rate / max(workers, 1), 2), **machine})
-        print(f"{decoder:>6}  {workers} worker(s)  {rate:8.1f} images/s  {read / seconds / 1e6:7.2f} MB/s")
+        print(f"{decoder:>6} {batches:>7}  {workers} worker(s)  {rate:8.1f} images/s  {read / seconds / 1e6:7.2f} MB/s")
     write_csv(args.csv, FIELDS, rows)
+
+    normalise_ms, uint8_bytes, float_bytes = on_the_trainer(args.folder, args.batch_size, args.image_size)
+    waits = first_batch_waits(args.folder, args.batch_size, args.image_size)
+    loader = {"batch_size": args.batch_size, "image_size": args.image_size, "normalise_ms_per_batch":
+              round(normalise_ms, 3), "uint8_batch_bytes": uint8_bytes, "float32_batch_bytes": float_bytes,
+              "first_batch_workers": 2, "first_batch_s_fresh_workers": round(waits["fresh"], 4),
+              "first_batch_s_persistent_workers": round(waits["persistent"], 4), **machine}
+    (Path(args.csv).parent / "io_loader.json").write_text(json.dumps(loader, indent=2) + "\n")
+    print(f"on the trainer: {normalise_ms:.2f} ms to normalise a batch of {args.batch_size}; an epoch's first batch "
+          f"after {waits['fresh']:.3f} s with fresh workers, {waits['persistent']:.3f} s with persistent ones")
     measuring.record_part(Path(args.csv).parent, "io", started)
 
 

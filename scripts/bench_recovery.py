@@ -9,9 +9,10 @@
    rank 1 is SIGKILLed in epoch 2 (scripts/inject_fault.py): the time from the
    kill to the first training step of the restarted workers, the epoch time, and
    whether the run then finished.
-3. What the per-step stop check costs (faults.should_stop: did any rank get
-   SIGTERM, is any loss non-finite?): microseconds per call on 2 processes, and
-   its share of one training step of the run in 2.
+3. What the per-step stop check costs (faults.StopCheck.after_step: did any rank
+   get SIGTERM, is any loss non-finite? agreed without waiting, read a step later):
+   microseconds per call on 2 processes, and its share of one training step of the
+   run in 2.
 Writes figures/data/recovery.json (with the hardware) and prints it. The killed
 run goes to runs/figures/recovery/; once it has finished, a new start reads it
 again instead of training it again.
@@ -66,22 +67,26 @@ def seconds_per_save(arch, num_classes, repeats):
 
 
 def _time_stop_checks(rank, port, calls, result):
-    backend, device = ("nccl", f"cuda:{rank}") if torch.cuda.device_count() >= 2 else ("gloo", "cpu")
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    device = f"cuda:{rank}" if torch.cuda.device_count() >= 2 else "cpu"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    check = faults.StopCheck(steps_per_epoch=calls, group=dist.new_group(backend="gloo"))  # (the control group)
     loss = torch.tensor(1.0, device=device)
     for step in range(calls // 10):  # warm up
-        faults.should_stop(loss, 0, step)
+        check.after_step(loss, 0, step)
+    check.at_epoch_end(0)
     dist.barrier()
     start = time.perf_counter()
     for step in range(calls):
-        faults.should_stop(loss, 0, step)
+        check.after_step(loss, 0, step)
+    check.at_epoch_end(0)
     if rank == 0:
         Path(result).write_text(str((time.perf_counter() - start) / calls))
     dist.destroy_process_group()
 
 
 def seconds_per_stop_check(calls):
-    """faults.should_stop as every rank calls it after each step: one allreduce of two numbers."""
+    """faults.StopCheck.after_step as every rank calls it after each step: an allreduce of two numbers over gloo,
+    started without waiting, and the last one's result read."""
     with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -70,9 +70,9 @@ def main():
         sys.exit("error: --fault term-parent signals torchrun's agent: run it under torchrun")
     steps = 0
 
-    should_stop = faults.should_stop
+    after_step = faults.StopCheck.after_step
 
-    def should_stop_with_fault(loss, epoch, step, group=None):
+    def after_step_with_fault(check, loss, epoch, step):
         nonlocal steps
         steps += 1
         if attempt != args.attempt and steps == 1:
@@ -88,9 +88,9 @@ def main():
                 os.killpg(os.getpgid(0), signal.SIGTERM)
             else:
                 os.kill(os.getpid(), SIGNALS[fault])
-        return should_stop(loss, epoch, step, group)
+        return after_step(check, loss, epoch, step)
 
-    faults.should_stop = should_stop_with_fault
+    faults.StopCheck.after_step = after_step_with_fault
     if armed and fault == "hang-init":
         distributed.init_distributed_mode = lambda _: time.sleep(3600)
 

@@ -76,14 +76,25 @@ def python_command(processes):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
 
 
-def run(processes, script_and_flags, threads, env=None, check=True):
+def run(processes, script_and_flags, threads, env=None, check=True, echo=None):
     """Run a script on `processes` processes of `threads` threads each (with env's variables added);
-    exit with its error if it fails (unless check is False: then the caller reads the result)."""
+    exit with its error if it fails (unless check is False: then the caller reads the result). echo: print
+    the run's output lines as they come, each after "[echo] " (its stderr then comes in its stdout)."""
     command = [*python_command(processes), *script_and_flags]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **(env or {}))
     # the recipes import the package `recipes` from this checkout, installed (make setup) or not (PY=python3)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if echo is None:
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    else:
+        lines = []
+        with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) as process:
+            for line in process.stdout:
+                lines.append(line)
+                print(f"[{echo}] {line}", end="", flush=True)
+        output = "".join(lines)
+        result = subprocess.CompletedProcess(command, process.returncode, output, output)
     if check and result.returncode != 0:
         sys.exit(f"error: {' '.join(command)} failed:\n{result.stderr[-3000:]}")
     return result
@@ -157,11 +168,12 @@ def launch_of(recipe, processes, flags, env=None, threads=None):
             "env": env or {}}
 
 
-def train(recipe, processes, flags, out, threads, env=None, check=True, forked=False):
+def train(recipe, processes, flags, out, threads, env=None, check=True, forked=False, echo=None):
     """recipes/<recipe>/train.py FLAGS --out OUT on `processes` processes, unless OUT already holds a finished
     run of the same recipe, processes, threads, flags and environment: a stopped `make figures` started again skips
     what it has. A run that did not finish starts afresh. Returns its summary (None when it failed and check
-    is False: its output is then in OUT/failed.log). forked: the processes start as run_forked() starts them."""
+    is False: its output is then in OUT/failed.log). forked: the processes start as run_forked() starts them;
+    echo: their output is printed as it comes (run())."""
     out, launch = Path(out), launch_of(recipe, processes, flags, env, threads)
     summary = finished_summary(out, launch)
     if summary is not None:
@@ -177,10 +189,11 @@ def train(recipe, processes, flags, out, threads, env=None, check=True, forked=F
         if check and result.returncode != 0:
             sys.exit(f"error: {' '.join(script_and_flags)} failed:\n{result.stdout[-3000:]}")
     else:
-        result = run(processes, script_and_flags, threads, env, check)
+        result = run(processes, script_and_flags, threads, env, check, echo)
     note_trained(out, time.perf_counter() - started)
     if result.returncode != 0:
-        (out / "failed.log").write_text(result.stdout[-20000:] + result.stderr[-20000:])
+        output = result.stdout[-20000:] + (result.stderr[-20000:] if result.stderr != result.stdout else "")
+        (out / "failed.log").write_text(output)
         return None
     return json.loads((out / "summary.json").read_text())
 

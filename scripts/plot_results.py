@@ -569,11 +569,12 @@ PRECISION_LABELS = {"fp32": "fp32", "fp16": "O1 fp16", "bf16": "O1 bf16"}
 
 
 def gpu_config(row):
-    """'apex O1 fp16, channels_last' and the like."""
+    """'apex O1 fp16, channels_last' and the like (', --decoder gpu' when nvjpeg decoded the JPEGs)."""
+    decoder = ", --decoder gpu" if row.get("decoder") == "gpu" else ""
     if row["recipe"] != "apex":
-        return f"{row['recipe']} fp32"
+        return f"{row['recipe']} fp32{decoder}"
     precision = "O0 fp32" if row["precision"] == "fp32" else PRECISION_LABELS[row["precision"]]
-    return f"apex {precision}" + (", channels_last" if row["channels_last"] == "1" else "")
+    return f"apex {precision}" + (", channels_last" if row["channels_last"] == "1" else "") + decoder
 
 
 def gpu_precision_table(rows):
@@ -854,9 +855,12 @@ def gpu_sections(gpu_data, figures):
     r = read_csv(gpu_data / measured[0])[0]
     line = f"GPU {r['gpu']}, CPU {r['cpu']} ({r['cores']} cores), torch {r['torch']}."
     if (gpu_data / "timings.csv").exists():
-        timing = read_csv(gpu_data / "timings.csv")[0]
-        line += (f" The sweep took {float(timing['seconds']) / 60:.1f} minutes ({timing['runs_trained']} runs "
-                 f"trained, {timing['runs_reused']} kept from an earlier start).")
+        timings = [t for t in read_csv(gpu_data / "timings.csv") if t["part"].startswith("gpu")]
+        parts = ", ".join(f"{t['part'].removeprefix('gpu-')} {float(t['seconds']) / 60:.1f}" for t in timings
+                          if t["part"] != "gpu")
+        line += (f" The sweep took {sum(float(t['seconds']) for t in timings) / 60:.1f} minutes"
+                 f"{' (' + parts + ')' if parts else ''}: {sum(int(t['runs_trained']) for t in timings)} runs "
+                 f"trained, {sum(int(t['runs_reused']) for t in timings)} kept from an earlier start.")
     sections["gpu-hardware"] = line
     return sections
 

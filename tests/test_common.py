@@ -177,13 +177,28 @@ def test_a_model_with_non_finite_weights_is_never_saved():
         faults.check_finite(model, 1, 0)
 
 
-def test_every_step_is_checked_for_sigterm_and_a_non_finite_loss(monkeypatch):
-    nan = torch.tensor(float("nan"))
-    with pytest.raises(RunFailed, match="non-finite loss at epoch 1 step 2"):
-        faults.should_stop(nan, 0, 1)  # not a multiple of anything: every step counts
-    assert not faults.should_stop(torch.tensor(1.0), 0, 1)
+def test_every_step_is_checked_for_sigterm_and_a_non_finite_loss_one_step_later(monkeypatch):
+    check = faults.StopCheck(steps_per_epoch=10)
+    assert not check.after_step(torch.tensor(float("nan")), 0, 1)  # started, not yet read: no waiting
+    with pytest.raises(RunFailed, match="non-finite loss at epoch 1 step 2"):  # read at the next step
+        check.after_step(torch.tensor(1.0), 0, 2)
+    check = faults.StopCheck(steps_per_epoch=10)
+    assert not check.after_step(torch.tensor(1.0), 2, 6)
     monkeypatch.setattr(faults, "_sigterm_received", True)
-    assert faults.should_stop(torch.tensor(1.0), 0, 7)
+    assert not check.after_step(torch.tensor(1.0), 2, 7)  # the flag travels with this step's check ...
+    assert check.after_step(torch.tensor(1.0), 2, 8)  # ... and stops the run after the next step
+
+
+def test_the_epoch_end_reads_the_checks_still_under_way(monkeypatch):
+    check = faults.StopCheck(steps_per_epoch=4)
+    check.after_step(torch.tensor(1.0), 0, 2)
+    check.after_step(torch.tensor(float("inf")), 0, 3)  # the epoch's last step
+    with pytest.raises(RunFailed, match="non-finite loss at epoch 1 step 4"):
+        check.at_epoch_end(0)
+    check = faults.StopCheck(steps_per_epoch=4)
+    check.after_step(torch.tensor(1.0), 0, 3)
+    monkeypatch.setattr(faults, "_sigterm_received", True)
+    assert check.at_epoch_end(0)
 
 
 def test_both_decoders_give_the_same_images(tmp_path):
@@ -205,8 +220,9 @@ def test_both_decoders_give_the_same_images(tmp_path):
         assert num_classes == 2 and val_set.loader is (data.read_image if decoder == "tensor" else data.load_image)
         images[decoder] = torch.stack([val_set[i][0] for i in range(len(val_set))])
     assert images["tensor"].shape == images["pil"].shape == (4, 3, 32, 32)
-    difference = (images["tensor"] - images["pil"]).abs()
-    assert difference.mean() < 0.05 and difference.max() < 0.5  # in normalised units (pixel / 255 / 0.225)
+    assert images["tensor"].dtype == images["pil"].dtype == torch.uint8  # the workers hand over uint8
+    difference = (images["tensor"].float() - images["pil"].float()).abs() / 255 / 0.225  # in normalised units
+    assert difference.mean() < 0.05 and difference.max() < 0.5
 
 
 def test_the_tensor_decoder_reads_the_first_frame_of_an_animated_gif(tmp_path):

@@ -19,7 +19,8 @@ import torch
 from conftest import ROOT, TINY, child_env, free_port, read_summary, recipe_command, run_recipe
 
 # random flips make the comparison sensitive to the random state a resume restores
-# -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps
+# -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps. A SIGTERM after step 9
+# (epoch 2 step 3) is agreed on by the ranks at step 10's check: the run stops after epoch 2 step 4
 FLAGS = [*TINY, "--hflip", "0.5", "--epochs", "3", "-p", "100"]
 ND = [*FLAGS, "-b", "8"]
 DDP = [*FLAGS, "-b", "4"]
@@ -86,14 +87,14 @@ def test_sigterm_to_torchrun_saves_mid_epoch_and_a_relaunch_completes(tiny_data,
                       torchrun=[str(ROOT / "scripts" / "preemptible_torchrun.py")])
     assert result.returncode == 75, result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("preempted: SIGTERM received") and "epoch 2 step 3" in last
+    assert last.startswith("preempted: SIGTERM received") and "epoch 2 step 4" in last
     assert "Traceback" not in result.stderr and "SignalException" not in result.stderr
     state = load(out / "checkpoint.pt")
-    assert (state["epoch"], state["step"], len(state["rng"])) == (1, 3, 2)
+    assert (state["epoch"], state["step"], len(state["rng"])) == (1, 4, 2)
     assert not (out / "summary.json").exists()
 
     result = run_recipe("ddp", args, nproc=2)
-    assert "1 epoch(s) and 3 step(s) done" in result.stdout
+    assert "1 epoch(s) and 4 step(s) done" in result.stdout
     assert final(out) == ddp_reference
 
 
@@ -103,7 +104,7 @@ def test_sigterm_exits_75_and_the_relaunch_continues_exactly(tiny_data, tmp_path
     result = injected("nd", args, "term", 9)
     assert result.returncode == 75, result.stderr[-3000:]
     assert result.stderr == ""
-    assert load(out / "checkpoint.pt")["step"] == 3
+    assert load(out / "checkpoint.pt")["step"] == 4
     run_recipe("nd", args)
     assert final(out) == nd_reference
 
@@ -114,7 +115,7 @@ def test_sigterm_to_the_whole_process_group_spares_the_loader_workers(tiny_data,
     result = injected("nd", [tiny_data, *ND, "-j", "2", "--out", out], "term-group", 9, start_new_session=True)
     assert result.returncode == 75, result.stderr[-3000:]
     assert result.stderr == ""
-    assert load(out / "checkpoint.pt")["step"] == 3
+    assert load(out / "checkpoint.pt")["step"] == 4
 
 
 def descendants(pid):

@@ -175,14 +175,19 @@ def test_bench_io_measures_both_decoders(tmp_path):
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert sorted((r["decoder"], r["workers"]) for r in rows) == [("pil", "0"), ("pil", "1"), ("tensor", "0"),
-                                                                  ("tensor", "1")]
+    assert sorted((r["decoder"], r["batches"], r["workers"]) for r in rows) == [
+        ("pil", "uint8", "0"), ("pil", "uint8", "1"), ("tensor", "float32", "0"), ("tensor", "float32", "1"),
+        ("tensor", "uint8", "0"), ("tensor", "uint8", "1")]
     files = {p.name: p.stat().st_size for p in (jpegs / "train").rglob("*.jpg")}
     mean_bytes = sum(files.values()) / len(files)
     for r in rows:  # 64 train images; one batch of 8 per worker (at least one) is the warm-up
         assert int(r["images"]) == 64 - 8 * max(int(r["workers"]), 1)
         bytes_per_image = float(r["mb_per_s"]) * 1e6 / float(r["images_per_s"])
         assert 0.5 * mean_bytes < bytes_per_image < 2 * mean_bytes  # MB/s counts the files actually read
+    loader = json.loads((tmp_path / "io_loader.json").read_text())
+    assert loader["float32_batch_bytes"] == 4 * loader["uint8_batch_bytes"] == 4 * 8 * 3 * 64 * 64
+    assert loader["normalise_ms_per_batch"] > 0 and loader["first_batch_s_fresh_workers"] > 0
+    assert 0 < loader["first_batch_s_persistent_workers"]
 
 
 def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path):
@@ -285,10 +290,70 @@ def test_make_figures_measures_only_the_parts_asked_for():
     assert result.stderr.strip().count("\n") == 0 and "ONLY=bogus is not a part" in result.stderr
 
 
-def test_make_figures_gpu_without_cuda_says_so_in_one_line():
-    result = make("figures-gpu", env={"CUDA_VISIBLE_DEVICES": ""})
+@pytest.mark.parametrize("target", ["figures-gpu", "gpu-smoke"])
+def test_make_gpu_targets_without_cuda_say_so_in_one_line(target):
+    result = make(target, env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "no CUDA GPU here" in result.stderr
+    assert f"make {target} needs one" in result.stderr
+    result = make("figures-gpu", "ONLY=jpeg bogus")
+    assert result.returncode == 2 and "ONLY=bogus is not a part of make figures-gpu" in result.stderr
+
+
+@pytest.mark.parametrize("target, lacking", [("gpu-smoke", "byzfl"), ("figures-gpu", "matplotlib")])
+def test_a_python_without_a_package_a_gpu_target_needs_is_told_in_one_line(monkeypatch, capsys, target, lacking):
+    """GPU nodes often have torch and torchvision and no package index (PY=python3 make gpu-smoke)."""
+    from scripts import check_python
+
+    find_spec = check_python.importlib.util.find_spec
+    monkeypatch.setattr(check_python.importlib.util, "find_spec", lambda name: None if name == lacking else
+                        find_spec(name))
+    with pytest.raises(SystemExit) as stopped:
+        check_python.require(target, gpu=True)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"lacks {lacking} (" in error and f"which make {target} needs" in error
+
+
+def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():
+    listed = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--list"], cwd=ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    plan = dict(line.split(None, 1) for line in listed.stdout.splitlines())
+    assert {"nd", "dp", "ddp-decoder-pil", "ddp-decoder-gpu", "pipeline-stages-1"} <= set(plan)
+    assert len([name for name in plan if name.startswith("apex-")]) == 8  # O0-O3, with and without channels_last
+    assert len([name for name in plan if name.startswith("compression-")]) == 7
+    assert len([name for name in plan if name.startswith("fsdp-")]) == 9  # 4 modes x O0/O1, and the DCP resume
+    assert all("--channels-last" in plan[f"fsdp-{shard}-O1"] for shard in ("none", "optimizer", "grad-op", "full"))
+    assert "--sync-bn" in plan["ddp-ema-syncbn-accum-mix"] and "--ema-decay" in plan["ddp-ema-syncbn-accum-mix"]
+    assert "--nproc_per_node=3" in plan["ps-1-server-2-workers"] and "gloo" in plan["ps-1-server-2-workers"]
+    faults = plan["faults-sigterm-then-resume"]
+    assert "--fault term" in faults and "--auto-resume" in faults
+    assert "count_syncs.py" in plan["syncs-per-step-ddp"]
+    result = subprocess.run([sys.executable, "scripts/gpu_smoke.py"], cwd=ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert "no CUDA GPU here" in result.stderr
+
+
+def test_figures_gpu_comes_in_parts_and_skips_compression_on_one_gpu(tmp_path):
+    jpegs = tmp_path / "jpegs"
+    (jpegs / "train").mkdir(parents=True)
+    listed = subprocess.run([sys.executable, "scripts/bench_gpu.py", "--jpeg", str(jpegs), "--list"], cwd=ROOT,
+                            env=child_env(), capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    parts = [line for line in listed.stdout.splitlines() if not line.startswith(" ")]
+    assert parts[0] == "synthetic: 8 run(s)" and parts[1] == "jpeg: 9 run(s)"
+    assert parts[2].startswith("compression: 0 run(s); compression at 1 GPU: skipped, one GPU sends no gradients")
+    assert "--decoder gpu" in listed.stdout
+    args = bench_gpu.parse_args(["--jpeg", str(jpegs), "--gpus", "1", "2", "--list"])
+    runs, skipped = bench_gpu.plan(args, [1, 2])
+    assert {gpus for _, _, gpus, *_ in runs["compression"]} == {2} and "compression" in skipped
+    # a part measured again replaces its own rows and keeps the others' (a resumed make figures-gpu ONLY=jpeg)
+    data = tmp_path / "precision.csv"
+    measuring.write_csv(data, bench_gpu.PRECISION_FIELDS, [{"data": d, "gpus": 1} for d in ("synthetic", "jpeg")])
+    assert [r["data"] for r in bench_gpu.kept_rows(data, [1], ["jpeg"])] == ["synthetic"]
+    assert [r["data"] for r in bench_gpu.kept_rows(data, [2], ["jpeg"])] == ["synthetic", "jpeg"]
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -296,6 +361,7 @@ def test_make_figures_gpu_without_cuda_says_so_in_one_line():
     (["--gpus", "0"], "--gpus must be at least 1"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     (["--jpeg", "no/such/folder"], "has no train/ folder"),
+    (["--parts", "jpeg"], "the jpeg part needs --jpeg DIR"),
     (["--parts", "speed"], "invalid choice: 'speed'")])
 def test_bench_gpu_bad_input_and_no_cuda_are_one_line_and_exit_2(flags, message):
     result = subprocess.run([sys.executable, "scripts/bench_gpu.py", *flags], cwd=ROOT, env=child_env(),
@@ -310,14 +376,16 @@ def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
     with pytest.raises(SystemExit) as stopped:
         bench_gpu.gpu_counts(2, [4])
     assert stopped.value.code == 2
-    runs = bench_gpu.precision_runs(2, ["synthetic", "jpeg"])
-    assert len(runs) == len({name for name, *_ in runs}) == 2 * (2 + 3 * 2)
-    flags = {(recipe, data, precision, channels_last): extra
-             for _, recipe, data, precision, channels_last, extra in runs}
-    assert flags["dp", "jpeg", "fp32", False] == [] and flags["ddp", "synthetic", "fp32", False] == []
-    assert flags["apex", "synthetic", "fp32", True] == ["--opt-level", "O0", "--channels-last"]
-    assert flags["apex", "jpeg", "fp16", False] == ["--opt-level", "O1", "--amp-dtype", "fp16"]
-    assert flags["apex", "jpeg", "bf16", True] == ["--opt-level", "O1", "--amp-dtype", "bf16", "--channels-last"]
+    runs = [(data, *run) for data in ("synthetic", "jpeg") for run in bench_gpu.precision_runs(2, data)]
+    assert len(runs) == len({name for _, name, *_ in runs}) == 2 * (2 + 3 * 2) + 1
+    flags = {(recipe, data, decoder, precision, channels_last): extra
+             for data, _, recipe, decoder, precision, channels_last, extra in runs}
+    assert flags["dp", "jpeg", "tensor", "fp32", False] == [] and flags["ddp", "synthetic", "", "fp32", False] == []
+    assert flags["apex", "synthetic", "", "fp32", True] == ["--opt-level", "O0", "--channels-last"]
+    assert flags["apex", "jpeg", "tensor", "fp16", False] == ["--opt-level", "O1", "--amp-dtype", "fp16"]
+    assert flags["apex", "jpeg", "tensor", "bf16", True] == ["--opt-level", "O1", "--amp-dtype", "bf16",
+                                                             "--channels-last"]
+    assert flags["apex", "jpeg", "gpu", "fp16", True][-2:] == ["--decoder", "gpu"]  # nvjpeg, the best set-up once
     compression = bench_gpu.compression_runs(4)
     assert [(method, ef) for _, method, ef, _ in compression] == bench_gpu.COMPRESSION
     assert compression[-1][3] == ["--compress", "powersgd", "--error-feedback"]
@@ -328,7 +396,7 @@ def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
 def test_bench_gpu_halves_the_batch_until_it_fits_and_a_restart_skips_what_did_not(tmp_path, monkeypatch):
     launched = []
 
-    def fake_train(recipe, processes, flags, out, threads, env=None, check=True):
+    def fake_train(recipe, processes, flags, out, threads, env=None, check=True, echo=None):
         """measuring.train's files, without a recipe: a run that does not fit 64 images per GPU runs out of memory."""
         batch, workers = int(flags[flags.index("-b") + 1]), int(flags[flags.index("-j") + 1])
         launched.append((recipe, processes, batch, workers, env["CUDA_VISIBLE_DEVICES"]))
@@ -344,7 +412,7 @@ def test_bench_gpu_halves_the_batch_until_it_fits_and_a_restart_skips_what_did_n
 
     monkeypatch.setattr(bench_gpu.measuring, "train", fake_train)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the GPUs a scheduler gave this job
-    args = bench_gpu.parse_args(["--runs", str(tmp_path)])
+    args = bench_gpu.parse_args(["--runs", str(tmp_path), "--parts", "synthetic"])
     measured = bench_gpu.train(args, "dp-fp32-synthetic-2", "dp", 2, "synthetic", [], cores=16)
     # DataParallel: one process, one batch and the loader workers of both GPUs; 256, then 128 per GPU did not fit
     assert launched == [("dp", 1, 512, 8, "4,5"), ("dp", 1, 256, 8, "4,5"), ("dp", 1, 128, 8, "4,5")]
@@ -366,15 +434,16 @@ def test_bench_gpu_halves_the_batch_until_it_fits_and_a_restart_skips_what_did_n
 
 def write_gpu_data(data):
     machine = "Test CPU,16,1 x Test GPU,2.14.1"
-    header = ("recipe,data,precision,channels_last,gpus,batch_size,epochs,images_per_s,whole_epoch_images_per_s,"
-              "data_wait_share,arch,image_size,workers,cpu,cores,gpu,torch")
-    rows = [("ddp", "synthetic", "fp32", 0, 1, 1000, 0.01), ("ddp", "jpeg", "fp32", 0, 1, 800, 0.25),
-            ("apex", "synthetic", "fp16", 1, 1, 2500, 0.02), ("apex", "jpeg", "fp16", 1, 1, 900, 0.6),
-            ("ddp", "synthetic", "fp32", 0, 2, 1900, 0), ("apex", "synthetic", "fp16", 1, 2, 4500, 0)]
+    header = ("recipe,data,decoder,precision,channels_last,gpus,batch_size,epochs,images_per_s,"
+              "whole_epoch_images_per_s,data_wait_share,arch,image_size,workers,cpu,cores,gpu,torch")
+    rows = [("ddp", "synthetic", "", "fp32", 0, 1, 1000, 0.01), ("ddp", "jpeg", "tensor", "fp32", 0, 1, 800, 0.25),
+            ("apex", "synthetic", "", "fp16", 1, 1, 2500, 0.02), ("apex", "jpeg", "tensor", "fp16", 1, 1, 900, 0.6),
+            ("apex", "jpeg", "gpu", "fp16", 1, 1, 2100, 0.1),
+            ("ddp", "synthetic", "", "fp32", 0, 2, 1900, 0), ("apex", "synthetic", "", "fp16", 1, 2, 4500, 0)]
     (data / "gpu").mkdir(parents=True)
     (data / "gpu" / "precision.csv").write_text("\n".join([header] + [
-        f"{recipe},{d},{precision},{cl},{gpus},256,2,{rate},{rate - 100},{wait},resnet50,224,16,{machine}"
-        for recipe, d, precision, cl, gpus, rate, wait in rows]) + "\n")
+        f"{recipe},{d},{decoder},{precision},{cl},{gpus},256,2,{rate},{rate - 100},{wait},resnet50,224,16,{machine}"
+        for recipe, d, decoder, precision, cl, gpus, rate, wait in rows]) + "\n")
     header = ("method,error_feedback,gpus,batch_size,epochs,images_per_s,whole_epoch_images_per_s,data_wait_share,"
               "bytes_per_step,compression_ratio,arch,image_size,workers,cpu,cores,gpu,torch")
     (data / "gpu" / "compression.csv").write_text("\n".join([header] + [
@@ -382,7 +451,8 @@ def write_gpu_data(data):
         for method, ef, rate, sent, ratio in (("none", 0, 1000, 100000, 1.0), ("powersgd", 1, 950, 1000, 100.0))])
         + "\n")
     (data / "gpu" / "timings.csv").write_text("part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch\n"
-                                              f"gpu,720,25,0,2026-11-24,{machine}\n")
+                                              f"gpu-synthetic,420,8,0,2026-11-24,{machine}\n"
+                                              f"gpu-jpeg,300,8,1,2026-11-24,{machine}\n")
 
 
 def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
@@ -395,7 +465,9 @@ def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
     assert "| apex O1 fp16, channels_last | 2 | 256 | 4500 | 2.37x | 90 % | 0 % |  |  |  |" in text  # 4500 / (2 x 2500)
     assert "| powersgd + error feedback | 1 | 256 | 950 | 0.95x | 1,000 | 100.00 |" in text
     assert "| none | 1 | 256 | 1000 | 1.00x | 100,000 | 1.00 |" in text
-    assert "GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The sweep took 12.0 minutes (25 runs" in text
+    assert "| apex O1 fp16, channels_last, --decoder gpu | 1 | 256 |  |  |  |  | 2100 | 2000 | 10 % |" in text
+    assert ("GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The sweep took 12.0 minutes (synthetic 7.0, "
+            "jpeg 5.0): 16 runs trained, 1 kept from an earlier start." in text)
 
 
 def test_ps_table_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path):

@@ -25,7 +25,7 @@ WORLD_SIZE, STEPS, MICRO_BATCH = 2, 3, 4
 
 def training_args(tmp_path, accum_steps, **extra):
     return argparse.Namespace(accum_steps=accum_steps, epochs=1, print_freq=1000, save_every=0, out=str(tmp_path),
-                              evaluate=False, resume=None, **extra)
+                              evaluate=False, resume=None, mixup_alpha=0, cutmix_alpha=0, **extra)
 
 
 def one_epoch(recipe, rank, world_size, accum_steps, tmp_path, hook_calls=None):
@@ -34,7 +34,7 @@ def one_epoch(recipe, rank, world_size, accum_steps, tmp_path, hook_calls=None):
     train = importlib.import_module(f"recipes.{recipe}.train")
     torch.manual_seed(0)
     n = WORLD_SIZE * STEPS * MICRO_BATCH * 4
-    images, labels = torch.randn(n, 3, 16, 16), torch.randint(0, 3, (n,))
+    images, labels = torch.randint(0, 256, (n, 3, 16, 16), dtype=torch.uint8), torch.randint(0, 3, (n,))
     sampler = DistributedSampler(TensorDataset(images, labels), world_size, rank, shuffle=False)
     loader = DataLoader(TensorDataset(images, labels), batch_size=MICRO_BATCH * 4, sampler=sampler, drop_last=True)
     model = models.lenet(3)  # no batch norm: a micro-batch's gradient does not depend on the others
@@ -43,7 +43,7 @@ def one_epoch(recipe, rank, world_size, accum_steps, tmp_path, hook_calls=None):
     if world_size > 1:
         train_model = DDP(model)  # lenet's gradients fit in one bucket: one allreduce per synchronised backward
         train_model.register_comm_hook(hook_calls, counting_allreduce)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     args = training_args(tmp_path, accum_steps, channels_last=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     log = runlog.RunLog(args, enabled=False)
@@ -217,15 +217,17 @@ def test_ema_is_evaluated_saved_and_resumed_like_the_model(tiny_data, tmp_path):
     assert "(EMA: top1" in evaluated.stdout
 
 
-def test_mixup_and_cutmix_blend_images_and_labels():
-    args = argparse.Namespace(mixup_alpha=0.4, cutmix_alpha=1.0)
-    collate = data.mixup_cutmix(args, num_classes=3)
+def test_mixup_and_cutmix_blend_images_and_labels_on_the_device():
+    args = argparse.Namespace(mixup_alpha=0.4, cutmix_alpha=1.0, decoder="tensor")
+    to_device = data.device_transform(args, torch.device("cpu"), num_classes=3)
     torch.manual_seed(0)
-    samples = [(torch.rand(3, 8, 8), i % 3) for i in range(8)]
-    images, target = collate(samples)
+    images = torch.randint(0, 256, (8, 3, 8, 8), dtype=torch.uint8)
+    mixed, target = to_device(images, torch.arange(8) % 3)
     assert target.shape == (8, 3) and torch.allclose(target.sum(dim=1), torch.ones(8))
     assert (target.max(dim=1).values < 1).any()  # soft: two classes share each label
-    assert not torch.equal(images, torch.stack([image for image, _ in samples]))
+    plain, labels = data.device_transform(args, torch.device("cpu"), 3, train=False)(images, torch.arange(8) % 3)
+    assert mixed.dtype == plain.dtype == torch.float32 and not torch.equal(mixed, plain)  # (validation: no mixing)
+    assert torch.equal(labels, torch.arange(8) % 3)
     assert data.mixup_cutmix(argparse.Namespace(mixup_alpha=0, cutmix_alpha=0), 3) is None
 
 

@@ -28,8 +28,7 @@ def parse_args(argv=None):
 def train_one_epoch(model, loader, criterion, optimizer, scaler, autocast, run):
     model.train()
     for images, target in run.batches(loader):  # this epoch's batches (resumed mid-epoch: the rest of them)
-        images = images.to(run.device, non_blocking=True)
-        target = target.to(run.device, non_blocking=True)  # class indices, or mixup/cutmix soft targets
+        images, target = run.to_device(images, target)  # uint8 copied, then normalised (and mixed) on the device
         optimizer.zero_grad(set_to_none=True)
         micro_batches = zip(images.chunk(run.accum_steps), target.chunk(run.accum_steps))  # --accum-steps
         for i, (micro_images, micro_target) in enumerate(micro_batches):
@@ -52,7 +51,7 @@ def main(args):
 
     train_set, val_set, num_classes = data.build_datasets(args)
     train_sampler = DistributedSampler(train_set, seed=args.seed or 0)  # rank r: every W-th image of one shuffle
-    train_loader = data.train_loader(train_set, args, train_sampler, num_classes)
+    train_loader = data.train_loader(train_set, args, train_sampler)
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)
 
     data.set_seed(args.seed)
@@ -62,7 +61,8 @@ def main(args):
     global_batch = args.batch_size * ctx.world_size * args.accum_steps
     lr = args.lr * global_batch / 256  # linear scaling rule: --lr is for a global batch of 256
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (validation: plain cross-entropy)
-    optimizer = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                                fused=device.type == "cuda")  # CUDA: one kernel steps every weight
     model, optimizer, scaler, autocast = amp.initialize(model, optimizer, args, device, log)  # as apex.amp's
     ema = models.build_ema(model, args.ema_decay)  # None without --ema-decay
     scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=len(train_loader))
@@ -70,7 +70,7 @@ def main(args):
                           steps_per_epoch=len(train_loader), scaler=scaler, autocast=autocast)
     run.resume()  # --resume, or <out>/checkpoint.pt with --auto-resume
 
-    ddp_model = DDP(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)  # training goes through it
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # training goes through it
     train_model = models.compile_model(ddp_model, device, args)  # --compile: the training forward and backward
     log.print(f"apex: {ctx.world_size} process(es) on {device} ({ctx.backend}), {run.describe(train_set, val_set)}")
     for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)

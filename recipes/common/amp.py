@@ -11,11 +11,16 @@
 
 initialize() is the counterpart of apex.amp.initialize: it returns the model,
 the optimizer, a loss scaler and the autocast context for the training loop.
+GradScaler skips a step whose gradients overflowed without asking the host when the
+optimizer is fused (the recipes' SGD on CUDA takes the scale and the overflow flag
+on the device); an unfused one (ZeroRedundancyOptimizer, SGD over fully_shard's
+DTensors) makes it read the flag on the host, once per fp16 step.
 fsdp_policy() maps the same flags onto FSDP2's MixedPrecisionPolicy: O1 and O2 gather
 the weights in fp16/bf16 for forward and backward and reduce the gradients in fp32;
 O3 reduces them in fp16/bf16 too; the sharded fp32 weights are the master copy.
 """
 
+import dataclasses
 import functools
 import types
 from pathlib import Path
@@ -63,7 +68,7 @@ def initialize(model, optimizer, args, device, log):
     Call it after building the optimizer, before wrapping the model in DDP.
     """
     opt_level, dtype = resolve(args, device, log)
-    if args.channels_last:  # NHWC weights; each convolution then gives NHWC outputs, whatever its input's layout
+    if args.channels_last:  # NHWC weights (the input batches too: data.device_transform); convolutions run NHWC
         model = model.to(memory_format=torch.channels_last)
     if args.amp_backend == "apex":  # the original: apex.amp patches the model and the optimizer
         apex_amp = import_apex_amp()
@@ -81,11 +86,11 @@ def initialize(model, optimizer, args, device, log):
 
 
 def fsdp_policy(model, args, device, log):
-    """(model, MixedPrecisionPolicy, GradScaler) for --opt-level, --amp-dtype and --channels-last under
-    fully_shard, which casts each block's weights as it gathers them: no autocast in the training loop."""
+    """(model, MixedPrecisionPolicy, GradScaler) for --opt-level and --amp-dtype under fully_shard, which casts
+    each block's weights as it gathers them: no autocast in the training loop."""
     opt_level, dtype = resolve(args, device, log)
-    if args.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    # --channels-last: fully_shard takes only contiguous weights, so they stay NCHW; the input batches are NHWC
+    # (data.device_transform), and a convolution given either in NHWC runs and answers in NHWC
     policy = MixedPrecisionPolicy()  # O0: fp32 throughout
     if opt_level != "O0":
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype if opt_level == "O3" else torch.float32)
@@ -94,6 +99,12 @@ def fsdp_policy(model, args, device, log):
               f"{DTYPE_NAMES.get(policy.param_dtype, 'fp32')}, gradients reduced in "
               f"{DTYPE_NAMES.get(policy.reduce_dtype, 'fp32')}, loss scaling {'on' if scaler.is_enabled() else 'off'}")
     return model, policy, scaler
+
+
+def root_policy(policy):
+    """The root module's policy: as policy, but its output (the logits) in fp32, so that the loss is too: in fp16 a
+    loss of 7 scaled by GradScaler's 65,536 overflows, and every step would be skipped."""
+    return dataclasses.replace(policy, output_dtype=torch.float32) if policy.param_dtype is not None else policy
 
 
 def batchnorm_policy(policy):

@@ -24,23 +24,29 @@ import contextlib
 import torch.distributed as dist
 from torch import nn
 
-from recipes.common import checkpoint, data, distributed, faults, metrics, schedule
+from recipes.common import checkpoint, data, distributed, faults, metrics, models, schedule
 
 
 class Run:
     def __init__(self, args, log, device, model, optimizer, scheduler, ema, num_classes, global_batch,
-                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None, gather=None):
+                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None, control=None, gather=None):
         """model: the unwrapped model (the one checkpoints and evaluation use); ema: None without --ema-decay;
-        scaler: a GradScaler, saved with the checkpoint; autocast: what evaluation runs under; group: the ranks
-        that run the Run together (default: all; the parameter server's servers); gather: called by them before
-        each evaluation and save, to put the model together (the parameter server's, from the servers' shards)."""
+        scaler: a GradScaler, saved with the checkpoint; autocast: what evaluation runs under; group and control:
+        the ranks that run the Run together (default: all; the parameter server's servers), as a device group
+        and a gloo group (distributed.new_group, new_control_group); gather: called by them before each
+        evaluation and save, to put the model together (the parameter server's, from the servers' shards)."""
         self.args, self.log, self.device, self.autocast = args, log, device, autocast
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
         self.accum_steps, self.steps_per_epoch = args.accum_steps, steps_per_epoch
+        self.group, self.gather = group, gather
+        self.control = control if group is not None else distributed.control_group()
         self.checkpoint = checkpoint.Checkpoint(args, model, optimizer, scheduler, ema, scaler,
                                                 num_classes=num_classes, global_batch=global_batch,
-                                                steps_per_epoch=steps_per_epoch, device=device, group=group)
-        self.group, self.gather = group, gather
+                                                steps_per_epoch=steps_per_epoch, device=device, group=self.control)
+        self.stop_check = faults.StopCheck(steps_per_epoch, self.control)
+        # (images, target) -> on the device: uint8 images to normalised float there (data.device_transform)
+        self.to_device = data.device_transform(args, device, num_classes, train=True)
+        self.val_to_device = data.device_transform(args, device, num_classes, train=False)
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.epoch, self.step, self.first_step, self.epoch_lr = 0, 0, 0, 0.0
@@ -94,7 +100,8 @@ class Run:
     def step_done(self, loss, check_stop=True):
         """After each optimizer step: schedule, EMA, logs, profiler, a checkpoint every --save-every steps;
         and the stop checks: after SIGTERM on any rank, save and raise faults.Preempted; after a
-        non-finite loss on any rank, raise RunFailed. check_stop=False leaves the checks (a collective) to a
+        non-finite loss on any rank, raise RunFailed (both agreed a step later, without waiting for the
+        device: faults.StopCheck). check_stop=False leaves the checks (a collective) to a
         later step, one where ranks that do not move in lockstep all meet (the pipeline's partial reduce)."""
         args, step = self.args, self.step
         if step % args.print_freq == 0:
@@ -103,9 +110,9 @@ class Run:
                           rate and rate * self.world_size)
         self.scheduler.step()  # every step: warmup and cosine move within an epoch
         if self.ema is not None:
-            self.ema.update_parameters(self.model)  # ema = d x ema + (1 - d) x weights
+            models.update_ema(self.ema, self.model)  # ema = d x ema + (1 - d) x weights
         self.log.profile_step()
-        if check_stop and faults.should_stop(loss, self.epoch, step, self.group):  # SIGTERM on any rank: all stop
+        if check_stop and self.stop_check.after_step(loss, self.epoch, step):  # SIGTERM on a rank: all stop here
             self.save_mid_epoch(step + 1)
             raise faults.Preempted(args.out, self.epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:
@@ -124,16 +131,20 @@ class Run:
         if self.gather is not None:
             self.gather()
         else:
-            distributed.broadcast_buffers(self.model, self.group)
+            distributed.broadcast_buffers(self.model, self.group, self.control)
             if self.ema is not None:
-                distributed.broadcast_buffers(self.ema, self.group)
+                distributed.broadcast_buffers(self.ema, self.group, self.control)
         self.val_stats = metrics.evaluate(self.model, val_loader, criterion, self.device, self.log, self.autocast,
-                                          self.group)
+                                          self.group, self.val_to_device)
         self.ema_stats = metrics.evaluate_ema(self.ema, val_loader, criterion, self.device, self.log, self.autocast,
-                                              self.group)
+                                              self.group, self.val_to_device)
 
     def end_epoch(self, train_stats, val_loader):
-        """Evaluate, log the epoch, save checkpoint.pt (and best.pt); True once --desired-acc is reached."""
+        """Evaluate, log the epoch, save checkpoint.pt (and best.pt); True once --desired-acc is reached. First the
+        stop checks of the epoch's last steps, where every rank meets: after a SIGTERM, save and stop."""
+        if self.stop_check.at_epoch_end(self.epoch):
+            self.save_mid_epoch(self.steps_per_epoch)
+            raise faults.Preempted(self.args.out, self.epoch, self.steps_per_epoch)
         epoch, lr = self.epoch + 1, self.epoch_lr  # epochs count from 1 in logs
         self.evaluate(val_loader)
         self.log.epoch(epoch, "train", train_stats, lr)

@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from recipes.common import RecipeError, faults, sharding
+from recipes.common import RecipeError, distributed, faults, sharding
 
 
 class Checkpoint:
@@ -189,7 +189,7 @@ def load_sharded(path, model, optimizer, arch, num_classes, log):
 
 def _barrier():
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=distributed.control_group())
 
 
 def load(path, device):

@@ -3,6 +3,8 @@
 import argparse
 import os
 
+import torch
+
 from recipes.common import RecipeError, distributed
 
 CLASSIC_LR_STEPS = (30, 60, 80)  # epochs of the 90-epoch ImageNet ResNet schedule
@@ -54,8 +56,9 @@ def build_parser(recipe, description):
     parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
     parser.add_argument("--epochs", type=int, default=90)
     parser.add_argument("-j", "--workers", type=int,
-                        help="data loader processes per training process (default: this node's cores shared out "
-                             "among its training processes, at most 4)")
+                        help="data loader processes per training process (default: the cores this process may use "
+                             "shared out among this node's training processes, one left to each of them on CUDA; "
+                             "at most 4 on CPU, where training needs the cores)")
     parser.add_argument("--resume", metavar="PATH", help="checkpoint to resume from (or evaluate with -e)")
     parser.add_argument("--auto-resume", action="store_true",
                         help="resume from <out>/checkpoint.pt when it exists, so that a relaunch or a torchrun "
@@ -76,9 +79,11 @@ def build_parser(recipe, description):
     parser.add_argument("--scale", type=float, nargs=2, default=(0.08, 1.0), metavar=("MIN", "MAX"),
                         help="area range of RandomResizedCrop (default: 0.08 1.0)")
     parser.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability (default: 0.5)")
-    parser.add_argument("--decoder", choices=["tensor", "pil"], default="tensor",
-                        help="tensor: torchvision.io decoding and transforms.v2 on uint8 tensors (the faster one "
-                             "here, see RESULTS.md); pil: PIL images and the classic transforms")
+    parser.add_argument("--decoder", choices=["tensor", "pil", "gpu"], default="tensor",
+                        help="tensor: torchvision.io decoding and transforms.v2 on uint8 tensors in the loader "
+                             "workers (the faster CPU one, see RESULTS.md); pil: PIL images and the classic "
+                             "transforms; gpu: the workers only read the JPEG files, decoded in batches on the GPU "
+                             "(nvjpeg) and cropped there")
     add_training_args(parser)
     return parser
 
@@ -162,6 +167,11 @@ def parse_args(parser, argv=None):
                           "(1 - decay) per step; use O1 or O2, which keep fp32 weights")
     if args.data is None and not args.synthetic:
         raise RecipeError("no data: give DIR (a folder with train/ and val/) or --synthetic")
+    if args.decoder == "gpu" and not torch.cuda.is_available():
+        raise RecipeError("--decoder gpu decodes the JPEG files on a CUDA GPU, and none is visible here: use "
+                          "--decoder tensor")
+    if args.decoder == "gpu" and args.synthetic:
+        raise RecipeError("--decoder gpu decodes a folder's JPEG files; --synthetic images need no decoding")
     if args.evaluate and not args.resume:
         raise RecipeError("--evaluate needs --resume CHECKPOINT (the model to evaluate)")
     if getattr(args, "multiprocessing_distributed", False) and (args.dist_url is None or args.world_size < 1
@@ -176,11 +186,15 @@ def parse_args(parser, argv=None):
 
 
 def default_workers(spawns_per_device):
-    """At most 4 loader workers per training process, and no more than the cores each process has: more only
-    compete for the cores (and PyTorch warns). Under SLURM and taskset, the cores are those this process may use."""
+    """The cores this process may use (under SLURM and taskset, fewer than the node has), shared out among the
+    node's training processes: more workers only compete for the cores (and PyTorch warns). On CUDA the GPU
+    computes, and the workers take every core but one per training process (which queues the GPU's work);
+    on the CPU training needs the cores, and the workers take at most 4."""
     cores = usable_cores()
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (distributed.local_device_count()
                                                                 if spawns_per_device else 1)
+    if torch.cuda.is_available():
+        return max(1, cores // processes - 1)
     return min(4, max(1, cores // processes))
 
 

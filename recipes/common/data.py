@@ -1,14 +1,13 @@
 """Data sets and loaders: ImageNet-style folders or synthetic in-memory images."""
 
 import array
-import functools
 import random
 import re
 from pathlib import Path
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from torchvision import datasets, io, transforms
 from torchvision.transforms import v2
 
@@ -51,20 +50,78 @@ def read_image(path):
     return image[0] if image.ndim == 4 else image  # an animated GIF: its first frame, as PIL gives
 
 
+def read_jpeg_bytes(path):
+    """--decoder gpu: the file's bytes, for the GPU to decode (JPEG files only)."""
+    data = io.read_file(str(path))
+    if data[:3].tolist() != [0xFF, 0xD8, 0xFF]:
+        raise RecipeError(f"--decoder gpu decodes JPEG files on the GPU, and {path} is not one: use --decoder "
+                          f"tensor for other formats")
+    return data
+
+
 def build_transforms(args):
-    """The ImageNet training and validation transforms, on PIL images or on uint8 tensors."""
-    if getattr(args, "decoder", "tensor") == "pil":
-        to_float = [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    """The loader workers' share of the ImageNet training and validation transforms: crop, resize and flip, on
+    PIL images or uint8 tensors; none with --decoder gpu. The batches stay uint8, 4x fewer bytes than float
+    through shared memory, pinning and the copy; the device converts and normalises them (device_transform)."""
+    decoder = getattr(args, "decoder", "tensor")
+    if decoder == "gpu":
+        return None, None
+    if decoder == "pil":
         return (transforms.Compose([transforms.RandomResizedCrop(args.image_size, scale=tuple(args.scale)),
-                                    transforms.RandomHorizontalFlip(args.hflip), *to_float]),
+                                    transforms.RandomHorizontalFlip(args.hflip), transforms.PILToTensor()]),
                 transforms.Compose([transforms.Resize(round(args.image_size / 0.875)),  # 256 for 224
-                                    transforms.CenterCrop(args.image_size), *to_float]))
-    # crop and resize while the pixels are still uint8: 4x less memory traffic than float
-    to_float = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+                                    transforms.CenterCrop(args.image_size), transforms.PILToTensor()]))
+    return image_transforms(args)
+
+
+def image_transforms(args):
+    """RandomResizedCrop and a flip for training, resize to size/0.875 and a centre crop for validation, on uint8
+    tensors (in the loader workers, or on the GPU after --decoder gpu)."""
     return (v2.Compose([v2.RandomResizedCrop(args.image_size, scale=tuple(args.scale), antialias=True),
-                        v2.RandomHorizontalFlip(args.hflip), *to_float]),
+                        v2.RandomHorizontalFlip(args.hflip)]),
             v2.Compose([v2.Resize(round(args.image_size / 0.875), antialias=True),  # 256 for 224
-                        v2.CenterCrop(args.image_size), *to_float]))
+                        v2.CenterCrop(args.image_size)]))
+
+
+def device_transform(args, device, num_classes, train=True):
+    """What the training process does to each batch: (images, target) -> on the device, ready for the model.
+
+    The copies do not block (the loader pins its batches on CUDA). On the device: decode the JPEG bytes and
+    crop (--decoder gpu); uint8 to float, normalised; channels_last (--channels-last); and for training,
+    mixing (--mixup-alpha, --cutmix-alpha: soft targets).
+    """
+    mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
+    memory_format = torch.channels_last if getattr(args, "channels_last", False) else torch.contiguous_format
+    decode = getattr(args, "decoder", "tensor") == "gpu"
+    crop = image_transforms(args)[0 if train else 1] if decode else None
+    mix = mixup_cutmix(args, num_classes) if train else None
+
+    def to_device(images, target):
+        if decode:
+            images = decode_on_device(images, crop, device, args.image_size)
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        images = ((images.float() - mean) / std).contiguous(memory_format=memory_format)
+        return mix(images, target) if mix is not None else (images, target)
+    return to_device
+
+
+def decode_on_device(encoded, crop, device, image_size):
+    """--decoder gpu: a batch of JPEG files' bytes, decoded together on the GPU (nvjpeg), each cropped there."""
+    if not encoded:  # (an empty batch, which evaluation in lockstep runs)
+        return torch.empty(0, 3, image_size, image_size, dtype=torch.uint8, device=device)
+    try:
+        images = io.decode_jpeg(list(encoded), mode=io.ImageReadMode.RGB, device=device)
+    except RuntimeError as error:
+        raise RecipeError(f"--decoder gpu could not decode a batch on {device} "
+                          f"({str(error).strip().splitlines()[0]}): use --decoder tensor") from None
+    return torch.stack([crop(image) for image in images])
+
+
+def collate_encoded(samples):
+    """--decoder gpu: a batch of files' bytes (of different lengths) stays a list; the labels become a tensor."""
+    return [image for image, _ in samples], torch.tensor([label for _, label in samples])
 
 
 class PackedImageFolder(datasets.ImageFolder):
@@ -88,7 +145,7 @@ class PackedImageFolder(datasets.ImageFolder):
 
 
 class SyntheticImages(Dataset):
-    """Normalised random images with labels, served from a small in-memory pool."""
+    """Random uint8 images with labels, served from a small in-memory pool."""
 
     def __init__(self, length, image_size, num_classes, pool_size=256):
         self.length, self.image_size, self.num_classes, self.pool_size = length, image_size, num_classes, pool_size
@@ -96,9 +153,10 @@ class SyntheticImages(Dataset):
 
     def _make_pool(self):
         generator = torch.Generator().manual_seed(self.length)
-        return torch.randn(self.pool_size, 3, self.image_size, self.image_size, generator=generator)
+        return torch.randint(0, 256, (self.pool_size, 3, self.image_size, self.image_size), dtype=torch.uint8,
+                             generator=generator)
 
-    def __getstate__(self):  # a loader worker rebuilds the pool rather than receive 150 MB through a pipe
+    def __getstate__(self):  # a loader worker rebuilds the pool rather than receive 38 MB through a pipe
         return {key: value for key, value in self.__dict__.items() if key != "pool"}
 
     def __setstate__(self, state):
@@ -122,7 +180,7 @@ def build_datasets(args):
     if not root.is_dir():
         raise RecipeError(f"data directory {root} does not exist")
     train_transform, val_transform = build_transforms(args)
-    loader = load_image if getattr(args, "decoder", "tensor") == "pil" else read_image
+    loader = {"pil": load_image, "gpu": read_jpeg_bytes}.get(getattr(args, "decoder", "tensor"), read_image)
     splits = {}
     for split, transform in (("train", train_transform), ("val", val_transform)):
         if not (root / split).is_dir():
@@ -157,27 +215,30 @@ def shuffle_sampler(dataset, seed):
     return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed or 0)
 
 
-def train_loader(dataset, args, sampler, num_classes):
-    """One batch per optimizer step: --batch-size x --accum-steps images, mixed when asked."""
+def train_loader(dataset, args, sampler):
+    """One batch per optimizer step: --batch-size x --accum-steps images (uint8; the device normalises them)."""
     step_batch = args.batch_size * args.accum_steps
-    loader = _train_dataloader(dataset, step_batch, sampler, args.workers, mixup_cutmix(args, num_classes))
+    # persistent workers: started once, not every epoch; with --seed each epoch starts new ones, seeded per epoch
+    # (data.set_seed), so that a run resumed at an epoch's end draws the same augmentations
+    loader = _train_dataloader(dataset, step_batch, sampler, args.workers, collate(args),
+                               persistent=args.seed is None)
     if len(loader) == 0:
         raise RecipeError(f"train/ gives {len(sampler)} images per process, fewer than one step of "
                           f"--batch-size {args.batch_size} x --accum-steps {args.accum_steps}")
     return loader
 
 
+def collate(args):
+    return collate_encoded if getattr(args, "decoder", "tensor") == "gpu" else None
+
+
 def mixup_cutmix(args, num_classes):
     """--mixup-alpha, --cutmix-alpha: blend pairs of images of a batch, and their labels in the same
-    proportion (soft targets); with both on, one or the other per batch. None when both are off."""
+    proportion (soft targets); with both on, one or the other per batch. None when both are off. It runs on the
+    device, on the normalised batch (mixing commutes with the per-channel normalisation)."""
     mixes = [mix(alpha=alpha, num_classes=num_classes)
              for mix, alpha in ((v2.MixUp, args.mixup_alpha), (v2.CutMix, args.cutmix_alpha)) if alpha > 0]
-    return functools.partial(_collate_and_mix, v2.RandomChoice(mixes)) if mixes else None
-
-
-def _collate_and_mix(mix, samples):
-    """Mixing is done in the loader workers, on the whole batch, after collation."""
-    return mix(*default_collate(samples))
+    return v2.RandomChoice(mixes) if mixes else None
 
 
 def skip_batches(loader, steps):
@@ -196,9 +257,10 @@ def skip_batches(loader, steps):
                              generator=torch.Generator().manual_seed(steps))
 
 
-def _train_dataloader(dataset, batch_size, sampler, num_workers, collate_fn=None, generator=None):
+def _train_dataloader(dataset, batch_size, sampler, num_workers, collate_fn=None, generator=None, persistent=False):
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_fn,
                       pin_memory=torch.cuda.is_available(), drop_last=True, generator=generator,
+                      persistent_workers=persistent and num_workers > 0,
                       multiprocessing_context=workers.context(num_workers),
                       worker_init_fn=workers.leave_sigterm_to_the_trainer)
 
@@ -211,5 +273,7 @@ def val_loader(dataset, args, rank=0, world_size=1):
     """
     shard = Subset(dataset, range(rank, len(dataset), world_size))
     return DataLoader(shard, batch_size=args.batch_size, shuffle=False, num_workers=args.workers,
-                      pin_memory=torch.cuda.is_available(), multiprocessing_context=workers.context(args.workers),
+                      collate_fn=collate(args), pin_memory=torch.cuda.is_available(),
+                      persistent_workers=args.workers > 0,  # (evaluation draws nothing at random)
+                      multiprocessing_context=workers.context(args.workers),
                       worker_init_fn=workers.leave_sigterm_to_the_trainer)

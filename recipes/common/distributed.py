@@ -7,6 +7,14 @@
    N nodes and R the node rank (as in pytorch/examples imagenet; common/launch.py
    spawns them).
 3. plain `python train.py`: a process group of one, so the same code runs.
+
+Two groups join every rank. The default group (NCCL on CUDA, gloo on CPU) carries
+the model's tensors: gradients, weights, activations, the meters' sums, all on
+the device. Beside it, one gloo group (`control`) carries everything else, on CPU
+tensors: stop flags, counts, headers, the checkpoint's small agreements, and the
+parameter servers' pushes and pulls. NCCL has no receive from any source and
+takes no CPU tensor; gloo has both, and no send or receive of a CUDA tensor.
+A recipe with groups of its own makes them of either kind (new_group, new_control_group).
 """
 
 import datetime
@@ -27,6 +35,7 @@ class DistContext:
     world_size: int
     device: torch.device
     backend: str
+    control: object = None  # the gloo group of every rank, for CPU tensors (None before a process group exists)
 
     @property
     def is_main(self):
@@ -65,31 +74,57 @@ def init_distributed_mode(args):
         rank, world_size, local_rank, local_world_size = 0, 1, 0, 1
         init_method, where, store = None, "this process", dist.HashStore()
 
+    backend = args.dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
-            raise RecipeError(f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible")
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus and backend == "nccl":
+            raise RecipeError(f"local rank {local_rank} has no GPU: {gpus} visible (NCCL takes one GPU per "
+                              f"process; with --dist-backend gloo, processes share them)")
+        device = torch.device("cuda", local_rank % gpus)  # (gloo: local rank r on GPU r mod the GPUs)
+        torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
         if local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))  # don't oversubscribe
-    backend = args.dist_backend or ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type != "cuda":
         raise RecipeError("--dist-backend nccl needs CUDA devices; use gloo on CPU")
+    if backend == "nccl":  # a timed-out collective raises (and the lost-peer line names the cause) rather than
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"  # the watchdog killing the process (torchrun sets 1)
 
     try:
         dist.init_process_group(
             backend, init_method=init_method, store=store, rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=args.dist_timeout),
-            device_id=device if device.type == "cuda" else None)
+            device_id=device if backend == "nccl" else None)
     except (RuntimeError, ValueError) as error:  # DistStoreError and friends are RuntimeErrors
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise RecipeError(
             f"rank {rank} could not form a process group of {world_size} at {where} within "
             f"--dist-timeout={args.dist_timeout:g}s ({reason}); check that every rank was started "
             f"with the same address, port and world size") from None
-    return DistContext(rank, local_rank, world_size, device, backend)
+    global _timeout, _control
+    _timeout = datetime.timedelta(seconds=args.dist_timeout)
+    _control = new_control_group(range(world_size))
+    return DistContext(rank, local_rank, world_size, device, backend, _control)
+
+
+_timeout, _control = None, None
+
+
+def control_group():
+    """The gloo group of every rank (None when this process has no process group)."""
+    return _control if dist.is_initialized() else None
+
+
+def new_control_group(ranks):
+    """A gloo group of these ranks, for CPU tensors, with --dist-timeout (every rank of the world calls it)."""
+    return dist.new_group(list(ranks), timeout=_timeout, backend="gloo", group_desc="control")
+
+
+def new_group(ranks):
+    """A group of these ranks on the default backend, for tensors on the device, with --dist-timeout (every rank
+    of the world calls it)."""
+    return dist.new_group(list(ranks), timeout=_timeout)
 
 
 def _store_for_this_attempt(timeout, where):
@@ -122,13 +157,15 @@ def cleanup():
         dist.destroy_process_group()
 
 
-def broadcast_buffers(model, group=None):
+def broadcast_buffers(model, group=None, control=None):
     """Rank 0's buffers (BatchNorm's running statistics) to every rank, as DDP does before each forward: after
-    the last step each rank has updated them from its own batch, and evaluation and the checkpoint must agree."""
+    the last step each rank has updated them from its own batch, and evaluation and the checkpoint must agree.
+    A buffer kept on the CPU (AveragedModel's n_averaged, with the model on a GPU) goes over the control group."""
     if dist.is_initialized():
         source = dist.get_global_rank(group, 0) if group is not None else 0
         for buffer in model.buffers():
-            dist.broadcast(buffer, src=source, group=group)
+            on_cpu = buffer.device.type == "cpu"
+            dist.broadcast(buffer, src=source, group=(control or control_group()) if on_cpu else group)
 
 
 def sync_batchnorm(model, device, log):

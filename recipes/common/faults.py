@@ -2,18 +2,24 @@
 
 Preemption: SLURM, Kubernetes and cloud schedulers send SIGTERM some seconds
 before they kill a job (torchrun forwards it to every worker). The handler only
-raises a flag. After every step the ranks agree on the flags with one small
-allreduce (two numbers), so all of them stop after the same step, however long a
-step takes; rank 0 then saves a checkpoint and every rank exits with
-EXIT_PREEMPTED. Relaunching the same command with --auto-resume continues from
-that step. The price is one tiny collective per step and, on a GPU, waiting for
-the step to finish before queueing the next one (as a per-step loss.item() would);
-RESULTS.md measures it.
+raises a flag. After every step each rank starts an allreduce of its flags (did
+SIGTERM arrive, was a loss non-finite) over the control group, without waiting,
+and reads the one it started a step earlier: all ranks read the same answer at
+the same step, so all of them stop after the same step, the one after the
+signal, however long a step takes; rank 0 then saves a checkpoint and every
+rank exits with EXIT_PREEMPTED. Relaunching the same command with --auto-resume
+continues from that step.
 
-Divergence: a non-finite loss, seen at the same check, stops the run; and every
-save first checks that the weights are finite, so no checkpoint holds NaNs.
+On a GPU the check never waits for the device: the loss's finiteness is copied to
+the host without blocking, and taken into the flags once it has arrived (one step
+later, or a few when the CPU runs ahead), so the CPU can queue the next steps while
+the GPU works. RESULTS.md measures what the check costs.
+
+Divergence: a non-finite loss stops the run; and every save first checks that the
+weights are finite, so no checkpoint holds NaNs.
 """
 
+import collections
 import signal
 
 import torch
@@ -47,19 +53,79 @@ def catch_sigterm():
     signal.signal(signal.SIGTERM, request_stop)
 
 
-def should_stop(loss, epoch, step, group=None):
-    """True when any rank (of group, default all) has received SIGTERM. Every rank calls this after each step.
+class StopCheck:
+    """The ranks' agreement on stopping, one step behind, with no host synchronisation.
 
-    Raises RunFailed when the loss is NaN or infinite on any rank.
+    after_step(loss, epoch, step) after every step (every rank of the group at the same steps): True when a
+    rank had received SIGTERM by the previous check, so that every rank stops after this step; raises RunFailed
+    when a rank's loss was NaN or infinite. at_epoch_end(epoch) where the ranks meet at an epoch's end: the
+    same, for everything not yet agreed on. group: a gloo group (CPU tensors); None without a process group.
     """
-    flags = torch.stack([torch.tensor(float(_sigterm_received), device=loss.device),
-                         (~torch.isfinite(loss.detach())).float().reshape(())])
-    if dist.is_initialized():
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)  # one rank's flag is every rank's decision
-    sigterm, nonfinite = flags.tolist()
-    if nonfinite:
-        raise RunFailed(f"non-finite loss at epoch {epoch + 1} step {step + 1}: {_DIVERGED}")
-    return bool(sigterm)
+
+    def __init__(self, steps_per_epoch, group=None):
+        self.steps_per_epoch, self.group = steps_per_epoch, group
+        self.losses = collections.deque()  # (epoch, step, is the loss non-finite: on the host, or on its way)
+        self.pending = None  # (the allreduce under way, its flags): started at the last check
+
+    def after_step(self, loss, epoch, step):
+        self._note(loss, epoch, step)
+        stop = self._agreed()
+        if not stop:
+            self.pending = self._start(arrived_only=True)
+        return stop
+
+    def at_epoch_end(self, epoch):
+        """The last flags of the epoch, waited for: every rank of the group calls it (a collective)."""
+        stop = self._agreed()
+        work, flags = self._start(arrived_only=False)
+        if work is not None:
+            work.wait()
+        self.pending = None
+        return self._read(flags) or stop
+
+    def _note(self, loss, epoch, step):
+        nonfinite = (~torch.isfinite(loss.detach())).any()
+        arrived = None
+        if nonfinite.device.type == "cuda":  # copy to pinned memory without waiting; an event says when it is there
+            nonfinite = nonfinite.to("cpu", non_blocking=True)
+            arrived = torch.cuda.Event()
+            arrived.record()
+        self.losses.append((epoch, step, nonfinite, arrived))
+
+    def _start(self, arrived_only):
+        """Start the allreduce of [SIGTERM here, the position + 1 of the first non-finite loss seen, or 0]."""
+        bad = 0
+        while self.losses:
+            epoch, step, nonfinite, arrived = self.losses[0]
+            if arrived is not None and not arrived.query():
+                if arrived_only:
+                    break
+                arrived.synchronize()  # (at an epoch's end, where the meter synchronises anyway)
+            self.losses.popleft()
+            if nonfinite and not bad:
+                bad = epoch * self.steps_per_epoch + step + 1
+        flags = torch.tensor([float(_sigterm_received), float(bad)], dtype=torch.float64)
+        work = None
+        if self.group is not None:
+            work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return work, flags
+
+    def _agreed(self):
+        """The flags started at the last check, as every rank reads them (False when none was started)."""
+        if self.pending is None:
+            return False
+        work, flags = self.pending
+        self.pending = None
+        if work is not None:
+            work.wait()
+        return self._read(flags)
+
+    def _read(self, flags):
+        sigterm, bad = flags.tolist()
+        if bad:
+            epoch, step = divmod(int(bad) - 1, self.steps_per_epoch)
+            raise RunFailed(f"non-finite loss at epoch {epoch + 1} step {step + 1}: {_DIVERGED}")
+        return bool(sigterm)
 
 
 def check_finite(model, epoch, step):

@@ -52,7 +52,7 @@ def run_main(main, args, rank=0):
         release(stop)
         try:  # no rank exits before rank 0 has written it: a scheduler may kill the whole job then
             if dist.is_initialized():
-                dist.barrier()
+                dist.barrier(group=distributed.control_group())
         except RuntimeError:
             pass  # a peer is gone; the checkpoint rank 0 was writing is whole or absent, never half
         distributed.cleanup()

@@ -88,8 +88,9 @@ class EpochMeter:
 
 
 @torch.no_grad()
-def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcontext, group=None):
+def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcontext, group=None, to_device=None):
     """Exact evaluation: each rank (of group, default all) scores its shard, then the counts are summed.
+    to_device: (images, target) -> on the device, as data.device_transform(train=False) makes it.
 
     Pass the unwrapped model: shards may differ by one batch, and a DDP
     wrapper must not be called a different number of times on different ranks.
@@ -104,8 +105,7 @@ def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcont
         batches = _in_lockstep(batches, len(loader), loader.dataset, device, group)
     for images, target in batches:
         meter.data_ready()
-        images = images.to(device, non_blocking=True)
-        target = target.to(device, non_blocking=True)
+        images, target = to_device(images, target)
         with autocast():
             output = model(images)
             loss = criterion(output, target)
@@ -124,11 +124,12 @@ def _in_lockstep(batches, length, dataset, device, group):
         yield images, target
     if images is None:  # an empty shard (fewer images than ranks): the shape of one image of the set
         image, label = dataset.dataset[0] if isinstance(dataset, torch.utils.data.Subset) else dataset[0]
-        images, target = image.unsqueeze(0), torch.tensor([label])
+        images = [image] if image.ndim == 1 else image.unsqueeze(0)  # (--decoder gpu: a list of files' bytes)
+        target = torch.tensor([label])
     for _ in range(int(longest) - length):
         yield images[:0], target[:0]
 
 
-def evaluate_ema(ema, loader, criterion, device, log, autocast=contextlib.nullcontext, group=None):
+def evaluate_ema(ema, loader, criterion, device, log, autocast=contextlib.nullcontext, group=None, to_device=None):
     """--ema-decay: the averaged model's exact evaluation; None without it."""
-    return None if ema is None else evaluate(ema.module, loader, criterion, device, log, autocast, group)
+    return None if ema is None else evaluate(ema.module, loader, criterion, device, log, autocast, group, to_device)

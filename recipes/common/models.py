@@ -1,5 +1,6 @@
 """Models by name: torchvision's classification models, and one small CNN."""
 
+import itertools
 import os
 import shutil
 
@@ -58,6 +59,26 @@ def build_ema(model, decay):
     if decay is None:
         return None
     return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+
+
+@torch.no_grad()
+def update_ema(ema, model):
+    """ema.update_parameters(model), the same EMA of the weights and buffers, without its per-step copy of the
+    update counter (n_averaged, which AveragedModel keeps on the CPU) to the GPU: a host synchronisation."""
+    pairs = zip(itertools.chain(ema.module.parameters(), ema.module.buffers()),
+                itertools.chain(model.parameters(), model.buffers()))
+    if ema.n_averaged == 0:  # the first update copies
+        for averaged, current in pairs:
+            averaged.copy_(current)
+    else:
+        by_dtype = {}  # (the EMA function takes tensors of one dtype at a time)
+        for averaged, current in pairs:
+            group = by_dtype.setdefault(averaged.dtype, ([], []))
+            group[0].append(averaged)
+            group[1].append(current)
+        for averaged, current in by_dtype.values():
+            ema.multi_avg_fn(averaged, current, ema.n_averaged)
+    ema.n_averaged += 1
 
 
 def compile_model(module, device, args):

@@ -11,6 +11,11 @@ pull, the payload: a slice of the flat vector. Headers have one size, so a serve
 take them from any source in arrival order (dist.recv without src); the payload then
 comes from that source. torch.distributed.rpc is in maintenance mode upstream; this
 needs nothing but send/recv.
+
+All of it is CPU tensors over the control group (gloo), as BytePS's servers keep
+their shards in host memory: NCCL has no receive from any source, and gloo no send
+or receive of a CUDA tensor. A client on a GPU copies its gradient to the CPU to push
+it, and the weights it pulled to the GPU (copy_into).
 """
 
 import math
@@ -18,7 +23,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from recipes.common import RecipeError
+from recipes.common import RecipeError, distributed
 
 PUSH, SKIP, PULL, BYE = 0, 1, 2, 3  # a gradient; a worker's step with no gradient (rejected); a request; leaving
 HEADER = 14
@@ -70,6 +75,15 @@ def put(vector, chunks, shard):
         offset += end - start
 
 
+def copy_into(params, vector):
+    """The flat vector's values into the parameters, wherever they live: vector_to_parameters would instead
+    make each parameter a view of the vector, moving a GPU model to the CPU."""
+    offset = 0
+    for p in params:
+        p.data.copy_(vector[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
 def header(kind, version=0, stats=None, counts=None, age=1, accepted=0):
     message = torch.zeros(HEADER, dtype=torch.float64)
     message[KIND], message[VERSION], message[AGE], message[ACCEPTED] = kind, version, age, accepted
@@ -81,21 +95,21 @@ def header(kind, version=0, stats=None, counts=None, age=1, accepted=0):
 
 
 def send(message, dst, payload=None):
-    dist.send(message, dst)
+    dist.send(message, dst, group=distributed.control_group())
     if payload is not None:
-        dist.send(payload.contiguous(), dst)
+        dist.send(payload.contiguous(), dst, group=distributed.control_group())
 
 
 def recv_header(src=None):
     """The next header, from src or (None) from whoever sends first; returns (header, sender)."""
     message = torch.zeros(HEADER, dtype=torch.float64)
-    sender = dist.recv(message, src)
+    sender = dist.recv(message, src, group=distributed.control_group())
     return message, sender
 
 
 def recv_payload(src, numel, dtype=torch.float32):
     payload = torch.empty(numel, dtype=dtype)
-    dist.recv(payload, src)
+    dist.recv(payload, src, group=distributed.control_group())
     return payload
 
 
@@ -129,7 +143,7 @@ def answer_pull(request, client, shard, version, lr, stop=False):
 def push_candidate(validator, message, versions, g):
     """A worker's push to its validator: the header, the versions of the servers' chunks it used, g."""
     send(message, validator, torch.tensor(versions, dtype=torch.float32))
-    dist.send(g, validator)
+    dist.send(g, validator, group=distributed.control_group())
 
 
 def recv_candidate(src, servers, numel):

@@ -20,7 +20,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
-from recipes.common import RecipeError
+from recipes.common import RecipeError, distributed
 
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0's CPU only
 SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the whole state and keeps its shard
@@ -159,7 +159,7 @@ def memory_per_rank(model, optimizer, device):
     ranks = [mine]
     if dist.is_initialized():
         ranks = [None] * dist.get_world_size()
-        dist.all_gather_object(ranks, mine)
+        dist.all_gather_object(ranks, mine, group=distributed.control_group())
     return {name: [rank[name] for rank in ranks] for name in mine}
 
 

@@ -106,7 +106,8 @@ def fp8_hook(dtype):
         def average(fut):
             rows = gathered.view(group.size(), -1)  # one row per rank
             payloads = rows[:, :-SCALE_BYTES].view(dtype)
-            scales = rows[:, -SCALE_BYTES:].contiguous().view(torch.float32)
+            # (copied: one rank's row is contiguous already, at an offset and a stride float32 cannot view)
+            scales = rows[:, -SCALE_BYTES:].clone(memory_format=torch.contiguous_format).view(torch.float32)
             grad.copy_(decompress(payloads, scales).mean(dim=0))
             return grad
 

@@ -23,8 +23,7 @@ def parse_args(argv=None):
 def train_one_epoch(model, loader, criterion, optimizer, run):
     model.train()
     for images, target in run.batches(loader):  # this epoch's batches (resumed mid-epoch: the rest of them)
-        images = images.to(run.device, non_blocking=True)
-        target = target.to(run.device, non_blocking=True)  # class indices, or mixup/cutmix soft targets
+        images, target = run.to_device(images, target)  # uint8 copied, then normalised (and mixed) on the device
         optimizer.zero_grad(set_to_none=True)
         micro_batches = zip(images.chunk(run.accum_steps), target.chunk(run.accum_steps))  # --accum-steps
         for micro_images, micro_target in micro_batches:
@@ -43,7 +42,7 @@ def main(args):
 
     train_set, val_set, num_classes = data.build_datasets(args)
     train_sampler = data.shuffle_sampler(train_set, args.seed)
-    train_loader = data.train_loader(train_set, args, train_sampler, num_classes)
+    train_loader = data.train_loader(train_set, args, train_sampler)
     val_loader = data.val_loader(val_set, args)
 
     data.set_seed(args.seed)
@@ -51,7 +50,8 @@ def main(args):
     global_batch = args.batch_size * args.accum_steps  # DataParallel splits it across the GPUs
     lr = args.lr * global_batch / 256  # linear scaling rule: --lr is for a global batch of 256
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (validation: plain cross-entropy)
-    optimizer = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                                fused=device.type == "cuda")  # CUDA: one kernel steps every weight
     ema = models.build_ema(model, args.ema_decay)  # None without --ema-decay
     scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=len(train_loader))
     run = bookkeeping.Run(args, log, device, model, optimizer, scheduler, ema, num_classes, global_batch,

@@ -52,8 +52,7 @@ def parse_args(argv=None):
 def train_one_epoch(model, loader, criterion, optimizer, scaler, autocast, run):
     model.train()
     for images, target in run.batches(loader):  # this epoch's batches (resumed mid-epoch: the rest of them)
-        images = images.to(run.device, non_blocking=True)
-        target = target.to(run.device, non_blocking=True)  # class indices, or mixup/cutmix soft targets
+        images, target = run.to_device(images, target)  # uint8 copied, then normalised (and mixed) on the device
         optimizer.zero_grad(set_to_none=True)
         micro_batches = zip(images.chunk(run.accum_steps), target.chunk(run.accum_steps))  # --accum-steps
         for i, (micro_images, micro_target) in enumerate(micro_batches):
@@ -89,7 +88,7 @@ def shard_model(model, args, policy):
     for block in models.sequential_layers(model, args.arch):
         if list(block.parameters()) and not isinstance(block, FSDPModule):  # (a ResNet's stem BN: done above)
             fully_shard(block, mp_policy=policy, reshard_after_forward=args.shard == "full")
-    return fully_shard(model, mp_policy=policy, reshard_after_forward=args.shard == "full")
+    return fully_shard(model, mp_policy=amp.root_policy(policy), reshard_after_forward=args.shard == "full")
 
 
 def main(args):
@@ -99,7 +98,7 @@ def main(args):
 
     train_set, val_set, num_classes = data.build_datasets(args)
     train_sampler = DistributedSampler(train_set, seed=args.seed or 0)  # rank r: every W-th image of one shuffle
-    train_loader = data.train_loader(train_set, args, train_sampler, num_classes)
+    train_loader = data.train_loader(train_set, args, train_sampler)
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)
 
     data.set_seed(args.seed)
@@ -109,7 +108,8 @@ def main(args):
     global_batch = args.batch_size * ctx.world_size * args.accum_steps
     lr = args.lr * global_batch / 256  # linear scaling rule: --lr is for a global batch of 256
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (validation: plain cross-entropy)
-    sgd = dict(lr=lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    sgd = dict(lr=lr, momentum=args.momentum, weight_decay=args.weight_decay,  # fused on CUDA, as recipes/ddp,
+               fused=device.type == "cuda" and args.shard in ("none", "optimizer"))  # but not over DTensors
     if args.shard in ("none", "optimizer"):
         if args.shard == "none":
             optimizer = torch.optim.SGD(model.parameters(), **sgd)
@@ -130,7 +130,7 @@ def main(args):
 
     train_model = model
     if args.shard in ("none", "optimizer"):
-        train_model = DDP(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
+        train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     train_model = models.compile_model(train_model, device, args)  # --compile: the training forward and backward
     log.print(f"fsdp: --shard {args.shard}, {ctx.world_size} process(es) on {device} ({ctx.backend}), "
               f"{run.describe(train_set, val_set)}")

@@ -45,7 +45,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.utils.data import DistributedSampler
 from torch.utils.flop_counter import FlopCounterMode
 
-from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, faults, launch, metrics, models, pushpull,
+from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, launch, metrics, models, pushpull,
                             runlog, schedule)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -200,23 +200,36 @@ def pipeline_straggles(args, replica, epoch, step):
     return args.slow_rank in ranks or any(straggles(args, r, epoch, step) for r in ranks)
 
 
+def slow_rank_clock(args, rank, device):
+    """--slow-rank: the time, once this rank's device has done its work (a GPU runs behind the host's queue, so
+    the slow rank waits for it: what it sleeps is then F - 1 times its step's real time). Others: None."""
+    if rank != args.slow_rank:
+        return None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 # ---- how the replicas of a stage agree --------------------------------------------------------------------
 
 def flagged(vector, straggled):
-    """The vector with one more element: whether this replica straggled at this step (for the waits)."""
-    return torch.cat([vector, vector.new_full((1,), float(straggled))])
+    """The vector with one more element: whether this replica straggled at this step (for the waits; a Python
+    bool, or a tensor on the vector's device: the waits are counted there, read once at the end)."""
+    flag = straggled.reshape(1).to(vector.dtype) if torch.is_tensor(straggled) else vector.new_full((1,),
+                                                                                                 float(straggled))
+    return torch.cat([vector, flag])
 
 
 def average_gradients(params, group, replicas, straggled):
     """allreduce: the mean of the replicas' gradients, as DDP computes it. Returns whether another replica's
-    straggling held this one up (every replica waits for the last)."""
+    straggling held this one up (every replica waits for the last), as a tensor on the device."""
     flat = flagged(torch.cat([p.grad.reshape(-1) for p in params]), straggled)
     dist.all_reduce(flat, group=group)
     offset = 0
     for p in params:
         p.grad.copy_(flat[offset:offset + p.numel()].view_as(p) / replicas)
         offset += p.numel()
-    return flat[-1].item() - straggled > 0
+    return flat[-1] > float(straggled)
 
 
 def average_weights(params, group, replicas, straggled):
@@ -224,7 +237,7 @@ def average_weights(params, group, replicas, straggled):
     flat = flagged(parameters_to_vector(params).detach(), straggled)
     dist.all_reduce(flat, group=group)
     vector_to_parameters(flat[:-1] / replicas, params)
-    return flat[-1].item() - straggled > 0
+    return flat[-1] > float(straggled)
 
 
 def partial_reduce(params, store, stage, args, straggled):
@@ -234,8 +247,8 @@ def partial_reduce(params, store, stage, args, straggled):
     first arrival of a group leads it (member/1 is set at the start), waits until P - 1 more have arrived or
     --preduce-wait-ms has passed, then closes the group (arrivals n .. n+k-1) by telling each member who
     leads, and makes arrival n+k the next leader. The members send their weights to the leader, which sends
-    back the mean. Returns (whether a straggler that arrived later held this replica up, the group's size for
-    its leader and 0 for the others, so that each group is counted once)."""
+    back the mean. Returns (whether a straggler that arrived later held this replica up, as a tensor on the
+    device; the group's size for its leader and 0 for the others, so that each group is counted once)."""
     replica = dist.get_rank() // args.stages
     n = store.add("arrivals", 1)
     store.set(f"who/{n}", str(replica))
@@ -246,7 +259,7 @@ def partial_reduce(params, store, stage, args, straggled):
         dist.send(flat, leader)
         dist.recv(flat, leader)
         vector_to_parameters(flat[:-1], params)
-        return flat[-1].item() > 0, 0
+        return flat[-1] > 0, 0
     deadline = time.perf_counter() + args.preduce_wait_ms / 1000
     while not store.check([f"who/{n + args.preduce_size - 1}"]) and time.perf_counter() < deadline:
         time.sleep(0.001)
@@ -260,10 +273,11 @@ def partial_reduce(params, store, stage, args, straggled):
         received.append(torch.empty_like(flat))
         dist.recv(received[-1], member)
     mean = sum(received)[:-1] / size
+    flags = torch.stack([r[-1] for r in received] + [flat.new_zeros(())])  # (the last: none arrived later)
     for i, member in enumerate(members, start=1):  # held up: a later arrival in the group straggled
-        dist.send(flagged(mean, any(r[-1] > 0 for r in received[i + 1:])), member)
+        dist.send(flagged(mean, flags[i + 1:].amax() > 0), member)
     vector_to_parameters(mean, params)
-    return any(r[-1].item() > 0 for r in received[1:]), size
+    return flags[1:].amax() > 0, size
 
 
 def pairwise_average(params, replicas, args, epoch, step, straggled):
@@ -278,11 +292,13 @@ def pairwise_average(params, replicas, args, epoch, step, straggled):
     partner = int(order[position ^ 1]) * args.stages + dist.get_rank() % args.stages
     mine = flagged(parameters_to_vector(params).detach(), straggled)
     theirs = torch.empty_like(mine)
-    requests = [dist.isend(mine, partner), dist.irecv(theirs, partner)]
-    for request in requests:
+    # the send and the receive as one group: posted one after the other, both partners would wait in their
+    # sends on NCCL once a stage's weights outgrow its buffers
+    exchange = [dist.P2POp(dist.isend, mine, partner), dist.P2POp(dist.irecv, theirs, partner)]
+    for request in dist.batch_isend_irecv(exchange):
         request.wait()
     vector_to_parameters((mine[:-1] + theirs[:-1]) / 2, params)
-    return theirs[-1].item() > 0, True
+    return theirs[-1] > 0, True
 
 
 # ---- hetpipe's parameter servers ----------------------------------------------------------------------
@@ -320,16 +336,8 @@ def server(args, run, weights, clients, steps_per_epoch, val_loader, tally):
                     held.add(client)
                     tally["waits"] += 1
         run.meter = metrics.EpochMeter(run.device)  # (a server trains on nothing itself)
-        if run.end_epoch(run.meter.summary(), val_loader):
+        if run.end_epoch(run.meter.summary(), val_loader):  # (with the replicas: a SIGTERM is acted on here)
             break
-        stop_at_epoch_end(args, run)
-
-
-def stop_at_epoch_end(args, run):
-    """hetpipe: a SIGTERM is acted on at an epoch's end, the one point where the servers meet the replicas:
-    all ranks agree, and stop with the epoch's checkpoint saved."""
-    if args.sync == "hetpipe" and faults.should_stop(torch.zeros((), device=run.device), run.epoch, 0):
-        raise faults.Preempted(args.out, run.epoch + 1, 0)
 
 
 def disagreement(params, pipe):
@@ -358,9 +366,10 @@ def all_average(args, step):
 
 
 def pull_global_weights(pipe):
-    """hetpipe: the stage's global weights from its server, into a copy the step will not move."""
+    """hetpipe: the stage's global weights from its server (on the CPU) into this replica's copy of them, and
+    into the stage's weights (on the device)."""
     pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
-    vector_to_parameters(pipe.vector.clone(), pipe.params)
+    pushpull.copy_into(pipe.params, pipe.vector)
 
 
 def agree(args, pipe, tally, epoch, step, straggled):
@@ -379,7 +388,7 @@ def agree(args, pipe, tally, epoch, step, straggled):
         tally["partial_syncs"] += paired / 2  # (each pair counted by both)
     elif args.sync == "hetpipe":  # this step's update, which the server adds to the global weights
         pushpull.send(pushpull.header(pushpull.PUSH, pipe.versions[0]), pipe.server,
-                      parameters_to_vector(params).detach() - pipe.vector)
+                      parameters_to_vector(params).detach().cpu() - pipe.vector)
         tally["partial_syncs"] += 1
 
 
@@ -393,9 +402,9 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
             time.sleep(args.hetero)
         if args.sync == "hetpipe":  # the global weights, once this replica is not too far ahead
             pull_global_weights(pipe)
-        started = time.perf_counter()
+        started = slow_rank_clock(args, rank, run.device)
         optimizer.zero_grad(set_to_none=False)
-        images, target = images.to(run.device), target.to(run.device)
+        images, target = run.to_device(images, target)
         losses = []
         if pipe.is_last:  # (with --stages 1 also the first)
             output = pipe.schedule.step(*[images][:pipe.is_first], target=target, losses=losses)
@@ -404,7 +413,7 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
         else:
             pipe.schedule.step()
         if rank == args.slow_rank:  # --slow-factor F: this process takes about F times as long
-            time.sleep((args.slow_factor - 1) * (time.perf_counter() - started))
+            time.sleep((args.slow_factor - 1) * (slow_rank_clock(args, rank, run.device) - started))
         loss = torch.stack(losses).mean().detach() if pipe.is_last else torch.zeros((), device=run.device)
         if pipe.is_last:
             run.meter.update(loss, output, target)
@@ -443,7 +452,7 @@ def gather(model, optimizer, whole, view, stage_keys):
             momentum = {key: optimizer.state[named[key]]["momentum_buffer"].cpu() for key in keys
                         if key in named and "momentum_buffer" in optimizer.state.get(named[key], {})}
             payload = [({key: state[key].cpu() for key in keys}, momentum)]
-        dist.broadcast_object_list(payload, src=s)
+        dist.broadcast_object_list(payload, src=s, group=distributed.control_group())
         weights, momentum = payload[0]
         whole.load_state_dict(weights, strict=False)
         for key, buffer in momentum.items():
@@ -459,13 +468,13 @@ def main(args):
     stages = args.stages
     stage, replica = ctx.rank % stages, ctx.rank // stages  # rank r: stage r mod S of replica r div S
     replicas = ctx.world_size // stages - (args.sync == "hetpipe")  # those that train
-    pipe_groups = [dist.new_group(list(range(r * stages, (r + 1) * stages))) for r in range(ctx.world_size // stages)]
-    stage_groups = [dist.new_group([s + stages * r for r in range(replicas)]) for s in range(stages)]
+    pipe_groups = [distributed.new_group(range(r * stages, (r + 1) * stages)) for r in range(ctx.world_size // stages)]
+    stage_groups = [distributed.new_group([s + stages * r for r in range(replicas)]) for s in range(stages)]
 
     train_set, val_set, num_classes = data.build_datasets(args)
     train_sampler = DistributedSampler(train_set, num_replicas=replicas, rank=min(replica, replicas - 1),
                                        seed=args.seed or 0)  # replica r: the shard of ddp's rank r
-    train_loader = data.train_loader(train_set, args, train_sampler, num_classes)
+    train_loader = data.train_loader(train_set, args, train_sampler)
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)  # every rank evaluates a shard
 
     data.set_seed(args.seed)
@@ -496,8 +505,8 @@ def main(args):
               f"{args.schedule} with {args.microbatches} microbatches, --sync {args.sync}"
               f"{f' ({stages} servers)' if args.sync == 'hetpipe' else ''}; {run.describe(train_set, val_set)}")
     tally = dict.fromkeys(["waits", "full_syncs", "partial_syncs", "gap", "longest_gap", "disagreement", "oldest"], 0)
-    if replica == replicas:  # hetpipe's servers: the last S ranks
-        weights = parameters_to_vector(params).detach().clone()
+    if replica == replicas:  # hetpipe's servers: the last S ranks, their stage's weights on the CPU (as BytePS's)
+        weights = parameters_to_vector(params).detach().cpu()
         clients = [stage + stages * r for r in range(replicas)]
         server(args, run, weights, clients, len(train_loader), val_loader, tally)
     else:
@@ -512,19 +521,19 @@ def main(args):
             params=params, stage=stage, replica=replica, replicas=replicas, store=store,
             is_first=stage == 0, is_last=stage == stages - 1, last_rank=replica * stages + stages - 1,
             pipe_group=pipe_groups[replica], stage_group=stage_groups[stage],
-            server=replicas * stages + stage, vector=parameters_to_vector(params).detach().clone(),
+            server=replicas * stages + stage, vector=parameters_to_vector(params).detach().cpu(),
             versions=[-1])  # hetpipe: the server of this stage, the weights last pulled, their version
         for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
             train_sampler.set_epoch(epoch)
             train_stats = train_one_epoch(args, pipe, optimizer, train_loader, run, tally)
             if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True at --desired-acc
                 break
-            stop_at_epoch_end(args, run)
 
-    sums = torch.tensor([tally["waits"], tally["partial_syncs"]], dtype=torch.float64)
+    # the counts of every rank (CPU numbers: over the control group)
+    sums = torch.tensor([float(tally["waits"]), float(tally["partial_syncs"])], dtype=torch.float64)
     most = torch.tensor([max(tally["longest_gap"], tally["gap"]), tally["oldest"]], dtype=torch.float64)
-    dist.all_reduce(sums)
-    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    dist.all_reduce(sums, group=ctx.control)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=ctx.control)
     run.finish(val_loader, stages=stages, replicas=replicas, microbatches=args.microbatches, schedule=args.schedule,
                sync=args.sync, hetero=args.hetero, hetero_prob=args.hetero_prob, slow_rank=args.slow_rank,
                slow_factor=args.slow_factor, global_batch=global_batch, full_syncs=tally["full_syncs"],

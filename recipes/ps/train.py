@@ -42,7 +42,7 @@ import itertools
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DistributedSampler
 
 from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, launch, metrics, models, pushpull, runlog,
@@ -140,12 +140,13 @@ def check_roles(args, world_size=None):
 # ---- what every role shares ---------------------------------------------------------------------------
 
 def flat_gradient(model, criterion, images, target):
-    """The gradient of the batch's loss as one flat vector, and the (loss, output) of the batch."""
+    """The gradient of the batch's loss as one flat vector on the CPU (what a push sends), and the (loss,
+    output) of the batch."""
     model.zero_grad(set_to_none=False)
     output = model(images)
     loss = criterion(output, target)
     loss.backward()
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), loss, output
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu(), loss, output
 
 
 def batch_stats(loss, output, target):
@@ -187,8 +188,9 @@ def worker(args, ctx, model, batches, chunks, steps, num_classes):
     index = ctx.rank - args.servers - args.validators
     byzantine = index < args.byzantine
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    vector = parameters_to_vector(model.parameters()).detach()
+    vector = parameters_to_vector(model.parameters()).detach().cpu()  # this worker's copy of the weights
     versions = [-1] * args.servers  # of this worker's copy of each server's chunks: none yet
+    to_device = data.device_transform(args, ctx.device, num_classes)
     validator = args.servers + index % args.validators if args.validators else None
     counts = torch.tensor([0, 1, 0, 0] if byzantine else [1, 0, 0, 0], dtype=torch.float64)  # (for the counts only)
     model.train()
@@ -196,8 +198,8 @@ def worker(args, ctx, model, batches, chunks, steps, num_classes):
         stop, _ = pushpull.pull(vector, chunks, versions)
         if stop:  # the servers have trained enough (async), or reached --desired-acc
             break
-        vector_to_parameters(vector, model.parameters())
-        images, target = images.to(ctx.device), target.to(ctx.device)
+        pushpull.copy_into(model.parameters(), vector)  # (to the GPU, if there)
+        images, target = to_device(images, target)
         if byzantine:
             g, loss, output = attack_gradient(args, model, criterion, images, target, num_classes)
         else:
@@ -217,29 +219,29 @@ def worker(args, ctx, model, batches, chunks, steps, num_classes):
 
 # ---- validators: score each candidate against their own gradient, forward what passes ---------------
 
-def own_gradient(model, criterion, vector, batches, device):
+def own_gradient(model, criterion, vector, batches, to_device):
     """A validator's v at the weights `vector`, on its next held-out batch, and f: the loss on that batch as a
     function of the weights (zeno)."""
-    vector_to_parameters(vector, model.parameters())
-    images, target = (t.to(device) for t in next(batches))
+    pushpull.copy_into(model.parameters(), vector)
+    images, target = to_device(*next(batches))
 
     def loss_at(weights):
-        vector_to_parameters(weights, model.parameters())
+        pushpull.copy_into(model.parameters(), weights)
         with torch.no_grad():
             return criterion(model(images), target).item()
     return flat_gradient(model, criterion, images, target)[0], loss_at
 
 
-def validator_sync(args, model, batches, chunks, workers, steps, validators_group, device):
+def validator_sync(args, model, batches, chunks, workers, steps, validators_group, to_device):
     """Each step: pull, compute v, take every assigned worker's candidate, forward the sum of those accepted."""
     index, criterion = dist.get_rank(validators_group), nn.CrossEntropyLoss()
-    vector, versions = parameters_to_vector(model.parameters()).detach(), [-1] * args.servers
+    vector, versions = parameters_to_vector(model.parameters()).detach().cpu(), [-1] * args.servers
     model.train()
     for _ in range(steps):
         stop, lr = pushpull.pull(vector, chunks, versions)
         if stop:  # --desired-acc reached
             break
-        v, loss_at = own_gradient(model, criterion, vector, batches, device)
+        v, loss_at = own_gradient(model, criterion, vector, batches, to_device)
         candidates = [pushpull.recv_candidate(w, args.servers, vector.numel()) for w in workers]
         gradients = [g for _, _, _, g in candidates]
         if args.aggregate == "zenops":
@@ -261,16 +263,16 @@ def validator_sync(args, model, batches, chunks, workers, steps, validators_grou
         pushpull.send(pushpull.header(pushpull.BYE), server)
 
 
-def validator_async(args, model, batches, chunks, workers, device):
+def validator_async(args, model, batches, chunks, workers, to_device):
     """Score each candidate as it arrives and forward it (rejected: a skip, so that the servers count the
     worker's step); then catch up with the servers (zeno++: once they are --zeno-delay versions ahead) and
     recompute v when the weights changed. Until every assigned worker has left."""
     criterion = nn.CrossEntropyLoss()
-    vector, versions = parameters_to_vector(model.parameters()).detach(), [-1] * args.servers
+    vector, versions = parameters_to_vector(model.parameters()).detach().cpu(), [-1] * args.servers
     age = args.zeno_delay if args.aggregate == "zeno++" else 1
     model.train()
     _, lr = pushpull.pull(vector, chunks, versions, age)
-    v, _ = own_gradient(model, criterion, vector, batches, device)
+    v, _ = own_gradient(model, criterion, vector, batches, to_device)
     active = set(workers)
     while active:
         try:
@@ -293,7 +295,7 @@ def validator_async(args, model, batches, chunks, workers, device):
         seen = list(versions)
         _, lr = pushpull.pull(vector, chunks, versions, age)
         if versions != seen:
-            v, _ = own_gradient(model, criterion, vector, batches, device)
+            v, _ = own_gradient(model, criterion, vector, batches, to_device)
     for server in range(args.servers):
         try:
             pushpull.send(pushpull.header(pushpull.BYE), server)
@@ -326,7 +328,7 @@ def aggregate(args, gradients, clipping):
             "krum": byzfl.Krum(f=args.zeno_b)}[rule](stacked)
 
 
-def server(args, ctx, run, shard, optimizer, val_loader, servers_group):
+def server(args, ctx, run, shard, optimizer, val_loader, servers_control):
     """Per step, sync: answer every client's pull, take every push, apply their aggregate; async: answer
     pulls until the next worker step arrives, apply it unless it is too stale. At each epoch's end,
     evaluate and save. Then tell every client to stop, and write the counts into summary.json."""
@@ -346,10 +348,10 @@ def server(args, ctx, run, shard, optimizer, val_loader, servers_group):
         if run.end_epoch(run.meter.summary(), val_loader):
             break
     drain(clients, tally, shard, optimizer)
-    dist.all_reduce(tally["counts"], group=servers_group)
+    dist.all_reduce(tally["counts"], group=servers_control)
     honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = tally["counts"].long().tolist()
     most = torch.tensor([tally["stale"], tally["oldest"]])  # (every server drops and applies on its own)
-    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=servers_group)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=servers_control)
     stale, oldest = most.tolist()
     run.finish(val_loader, mode=args.mode, aggregate=args.aggregate, attack=args.attack, byzantine=args.byzantine,
                servers=args.servers, validators=args.validators, workers=ctx.world_size - first_worker,
@@ -429,24 +431,24 @@ def drain(clients, tally, shard, optimizer):
             tally["left"].add(sender)
 
 
-def gather(model, view, shard, optimizer, chunks, servers_group):
-    """Every server puts together the whole model, and the checkpoint's optimizer (view) its momentum,
-    from all servers' shards: for evaluation and the checkpoint."""
+def gather(model, view, shard, optimizer, chunks, servers_control):
+    """Every server puts together the whole model (on its device), and the checkpoint's optimizer (view) its
+    momentum, from all servers' shards (on their CPUs): for evaluation and the checkpoint."""
     longest = max(pushpull.shard_size(server_chunks) for server_chunks in chunks)
 
     def whole(values):  # every server's shard of a flat vector, put together (shards padded to one length)
         every = [torch.zeros(longest) for _ in chunks]
-        dist.all_gather(every, nn.functional.pad(values, (0, longest - values.numel())), group=servers_group)
+        dist.all_gather(every, nn.functional.pad(values, (0, longest - values.numel())), group=servers_control)
         vector = torch.empty(sum(pushpull.shard_size(server_chunks) for server_chunks in chunks))
         for server_chunks, values_of in zip(chunks, every):
             pushpull.put(vector, server_chunks, values_of)
         return vector
 
-    vector_to_parameters(whole(shard.detach()), model.parameters())
+    pushpull.copy_into(model.parameters(), whole(shard.detach()))
     momentum = optimizer.state[shard].get("momentum_buffer")  # (none before the first step)
     if momentum is not None:
         for p, buffer in zip(model.parameters(), whole(momentum).split([p.numel() for p in model.parameters()])):
-            view.state[p]["momentum_buffer"] = buffer.view_as(p).clone()
+            view.state[p]["momentum_buffer"] = buffer.view_as(p).to(p.device, copy=True)
     view.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"]
 
 
@@ -457,8 +459,10 @@ def main(args):
     log = runlog.RunLog(args, enabled=ctx.is_main)
     first_worker = args.servers + args.validators
     role = "server" if ctx.rank < args.servers else "validator" if ctx.rank < first_worker else "worker"
-    servers_group = dist.new_group(list(range(args.servers)))  # (every rank takes part in making each group)
-    validators_group = dist.new_group(list(range(args.servers, first_worker))) if args.validators else None
+    # the servers' groups: their device group evaluates, the gloo one carries the shards (on the CPU, as BytePS's)
+    servers_group = distributed.new_group(range(args.servers))  # (every rank takes part in making each group)
+    servers_control = distributed.new_control_group(range(args.servers))
+    validators_control = distributed.new_control_group(range(args.servers, first_worker)) if args.validators else None
 
     train_set, val_set, num_classes = data.build_datasets(args)
     held_out = None
@@ -487,22 +491,23 @@ def main(args):
 
     start = [0, 0]
     if role == "server":
-        shard = nn.Parameter(pushpull.take(parameters_to_vector(model.parameters()).detach(), chunks[ctx.rank]))
+        shard = nn.Parameter(pushpull.take(parameters_to_vector(model.parameters()).detach().cpu(), chunks[ctx.rank]))
         optimizer = torch.optim.SGD([shard], lr, momentum=args.momentum, weight_decay=args.weight_decay)
         view = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
         view.param_groups[0]["initial_lr"] = lr  # the checkpoint's optimizer, as the other recipes save it
         scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=update_steps)
 
         def gather_model():  # before each evaluation and save: the whole model, from every server's shard
-            gather(model, view, shard, optimizer, chunks, servers_group)
+            gather(model, view, shard, optimizer, chunks, servers_control)
         run = bookkeeping.Run(args, log, device, model, view, scheduler, None, num_classes, global_batch,
-                              steps_per_epoch=update_steps, group=servers_group, gather=gather_model)
+                              steps_per_epoch=update_steps, group=servers_group, control=servers_control,
+                              gather=gather_model)
         run.resume()  # --resume, or <out>/checkpoint.pt with --auto-resume: then take this server's chunks
-        vector = parameters_to_vector(model.parameters()).detach()
+        vector = parameters_to_vector(model.parameters()).detach().cpu()
         shard.data = pushpull.take(vector, chunks[ctx.rank])
         buffers = [view.state.get(p, {}).get("momentum_buffer") for p in model.parameters()]
         if all(buffer is not None for buffer in buffers):  # resumed with momentum: this server's share of it
-            momentum = torch.cat([buffer.reshape(-1) for buffer in buffers])
+            momentum = torch.cat([buffer.reshape(-1) for buffer in buffers]).cpu()
             optimizer.state[shard]["momentum_buffer"] = pushpull.take(momentum, chunks[ctx.rank])
         start = [run.checkpoint.epoch, run.checkpoint.step // (1 if sync else workers)]  # in worker steps
         val_loader = data.val_loader(val_set, args, ctx.rank, args.servers)
@@ -514,26 +519,27 @@ def main(args):
     if byzantine_worker or (role == "server" and args.aggregate in ROBUST[1:]):
         import byzfl  # noqa: F401 (seconds to import: before the start, so that no worker starts late)
     positions = [start]
-    dist.broadcast_object_list(positions, src=0)  # where a resumed run starts, for the workers and validators
+    dist.broadcast_object_list(positions, src=0, group=ctx.control)  # where a resumed run starts, for the clients
     start = positions[0]
     remaining_steps = (args.epochs - start[0]) * steps_per_epoch - start[1]  # (sync: a worker's and validator's)
     if args.evaluate:
         if role == "server":
             run.finish(val_loader)
     elif role == "server":
-        server(args, ctx, run, shard, optimizer, val_loader, servers_group)
+        server(args, ctx, run, shard, optimizer, val_loader, servers_control)
     elif role == "validator":
         index = ctx.rank - args.servers
         sampler = DistributedSampler(held_out, num_replicas=args.validators, rank=index, seed=args.seed or 0)
-        loader = data.train_loader(held_out, args, sampler, num_classes)
+        loader = data.train_loader(held_out, args, sampler)
         batches = forever(loader, sampler, start[0], args.seed, ctx.world_size + index)  # (a seed of its own)
         assigned = [w for w in range(first_worker, ctx.world_size) if (w - first_worker) % args.validators == index]
+        to_device = data.device_transform(args, device, num_classes)
         if sync:
-            validator_sync(args, model, batches, chunks, assigned, remaining_steps, validators_group, device)
+            validator_sync(args, model, batches, chunks, assigned, remaining_steps, validators_control, to_device)
         else:
-            validator_async(args, model, batches, chunks, assigned, device)
+            validator_async(args, model, batches, chunks, assigned, to_device)
     else:
-        loader = data.train_loader(train_set, args, worker_sampler, num_classes)
+        loader = data.train_loader(train_set, args, worker_sampler)
         batches = forever(loader, worker_sampler, start[0], args.seed, ctx.rank - first_worker, start[1])
         worker(args, ctx, model, batches, chunks, remaining_steps if sync else None, num_classes)
     distributed.cleanup()

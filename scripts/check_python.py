@@ -1,0 +1,61 @@
+"""Check, before a make target starts, that its Python has what the target needs: one line and exit 2 if not.
+
+    python scripts/check_python.py --gpu gpu-smoke      # (the Makefile runs it: PY=python3 make gpu-smoke)
+
+GPU nodes often have a Python with torch and torchvision and no package index: a missing
+package is then named at the start, with the way to bring it, not met as an ImportError
+minutes into the run. --gpu: a CUDA GPU must be visible too.
+"""
+
+import argparse
+import importlib.util
+import sys
+
+# what each target imports besides torch: the package (as pip names it) and what needs it
+NEEDS = {
+    "gpu-smoke": {"torchvision": "the recipes", "tqdm": "the recipes", "tensorboard": "the recipes",
+                  "numpy": "the JPEG folder", "PIL": "the JPEG folder", "byzfl": "the parameter-server check"},
+    "figures-gpu": {"torchvision": "the recipes", "tqdm": "the recipes", "tensorboard": "the recipes",
+                    "numpy": "the JPEG folder", "PIL": "the JPEG folder", "matplotlib": "the figures"},
+}
+PIP_NAMES = {"PIL": "pillow"}
+
+
+def missing(target):
+    """'name (what needs it)' for each package `target` needs and this Python lacks."""
+    return [f"{PIP_NAMES.get(name, name)} ({why})" for name, why in NEEDS[target].items()
+            if importlib.util.find_spec(name) is None]
+
+
+def require(target, gpu=False):
+    """Exit 2 with one line unless this Python has torch, target's packages and (gpu) a CUDA GPU."""
+    if importlib.util.find_spec("torch") is None:
+        fail(f"this Python ({sys.executable}) has no torch: make setup, or PY=a Python that has it")
+    lacking = missing(target)
+    if lacking:
+        fail(f"this Python ({sys.executable}) lacks {', '.join(lacking)}, which make {target} needs: pip install "
+             f"it, or on a node without a package index install its wheel carried there (pip download on a "
+             f"machine with one), or use make setup's .venv")
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            fail(f"no CUDA GPU here (torch.cuda.is_available() is False): make {target} needs one; make test and "
+                 f"make figures run on the CPU")
+
+
+def fail(message):
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(2)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("target", choices=sorted(NEEDS))
+    parser.add_argument("--gpu", action="store_true", help="a CUDA GPU must be visible too")
+    args = parser.parse_args()
+    require(args.target, args.gpu)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The one-GPU check: every recipe's single-GPU path, a few steps each, one line per check.
+
+    make gpu-smoke                          # PY=python3 make gpu-smoke: a Python of your own
+    python scripts/gpu_smoke.py [--only ddp apex ...] [--list]
+
+On the first GPU, a small JPEG folder (written once into runs/gpu-smoke/jpeg) and
+ResNet-18 at 64 px, one or two short epochs per check:
+  nd, dp                  the single-device and DataParallel recipes
+  ddp                     --ema-decay, --sync-bn, --accum-steps and mixup/cutmix together;
+                          the JPEG folder under each --decoder (tensor, pil, gpu)
+  apex                    --opt-level O0-O3 (fp16), each with and without --channels-last
+  compression             every --compress method, and fp8 with --error-feedback
+  fsdp                    every --shard mode at O0 and O1 fp16, with --channels-last; and
+                          a --sharded-checkpoint resumed by a second run
+  pipeline                --stages 1
+  ps                      one server and two workers sharing the GPU (their push and pull
+                          go over gloo on the CPU; the processes share it over gloo too)
+  faults                  a SIGTERM ends in exit 75, and --auto-resume then finishes
+  syncs                   ddp under torch.cuda.set_sync_debug_mode("warn"): the host
+                          synchronisations per training step, by source (scripts/count_syncs.py);
+                          the check fails when the recipes' own code makes one
+Each run goes to runs/gpu-smoke/<check>/ (its output in output.log). Prints one line per
+check, then a summary; exits 1 when a check failed. Without CUDA: one line, exit 2. A
+package the checks need and this Python lacks: one line naming it, exit 2.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts import check_python, measuring  # noqa: E402
+
+OUT = ROOT / "runs" / "gpu-smoke"
+DATA = OUT / "jpeg"
+SMALL = ["-a", "resnet18", "--image-size", "64", "-b", "32", "--lr", "0.01", "-p", "2", "-j", "2"]
+AMP = ["O0", "O1", "O2", "O3"]
+COMPRESS = ["none", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "powersgd"]
+SHARDS = ["none", "optimizer", "grad-op", "full"]
+
+
+def checks():
+    """[(name, group, [(recipe or script, processes, flags, expected exit code), ...])]: the runs of each check,
+    in order (a later run of a check may read an earlier one's output: {out} is the check's folder)."""
+    data = str(DATA)
+    one = lambda recipe, *flags, processes=1: (recipe, processes, [data, *SMALL, "--epochs", "1", *flags], 0)
+    found = [("nd", "nd", [one("nd")]), ("dp", "dp", [one("dp")]),
+             ("ddp-ema-syncbn-accum-mix", "ddp", [one("ddp", "--ema-decay", "0.99", "--sync-bn", "--accum-steps",
+                                                       "2", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0")])]
+    found += [(f"ddp-decoder-{decoder}", "ddp", [one("ddp", "--decoder", decoder)]) for decoder in ("pil", "gpu")]
+    for level in AMP:
+        for channels_last in (False, True):
+            found.append((f"apex-{level}{'-cl' if channels_last else ''}", "apex",
+                          [one("apex", "--opt-level", level, *(["--channels-last"] if channels_last else []))]))
+    found += [(f"compression-{method}", "compression", [one("compression", "--compress", method)])
+              for method in COMPRESS]
+    found.append(("compression-fp8-e4m3-ef", "compression",
+                  [one("compression", "--compress", "fp8-e4m3", "--error-feedback")]))
+    for shard in SHARDS:
+        for level in ("O0", "O1"):
+            found.append((f"fsdp-{shard}-{level}", "fsdp",
+                          [one("fsdp", "--shard", shard, "--opt-level", level, "--amp-dtype", "fp16",
+                               "--channels-last")]))
+    found.append(("fsdp-sharded-checkpoint", "fsdp", [
+        one("fsdp", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16", "--sharded-checkpoint",
+            "--out", "{out}/first"),
+        ("fsdp", 1, [data, *SMALL, "--epochs", "2", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16",
+                     "--resume", "{out}/first/checkpoint_dcp"], 0)]))
+    found.append(("pipeline-stages-1", "pipeline", [one("pipeline", "--stages", "1", "--microbatches", "2")]))
+    found.append(("ps-1-server-2-workers", "ps", [one("ps", "--servers", "1", "--aggregate", "median",
+                                                      "--dist-backend", "gloo", "-b", "16", processes=3)]))
+    injected = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", "term", "--step", "3", "--",
+                str(ROOT / "recipes" / "ddp" / "train.py")]
+    found.append(("faults-sigterm-then-resume", "faults", [
+        (injected, 1, [data, *SMALL, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 75),
+        ("ddp", 1, [data, *SMALL, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 0)]))
+    counted = [str(ROOT / "scripts" / "count_syncs.py"), "--json", "{out}/syncs.json", "--",
+               str(ROOT / "recipes" / "ddp" / "train.py")]
+    found.append(("syncs-per-step-ddp", "syncs", [(counted, 1, [data, *SMALL, "--epochs", "2", "-p", "1000"], 0)]))
+    return found
+
+
+def parse_args(argv=None):
+    groups = sorted({group for _, group, _ in checks()})
+    parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=groups, help="these groups of checks (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the checks and exit")
+    return parser.parse_args(argv)
+
+
+def command(run, out):
+    """The command line of one run of a check: a recipe, or a script that wraps one (a list)."""
+    target, processes, flags, _ = run
+    flags = [flag.replace("{out}", str(out)) for flag in flags]
+    if "--out" not in flags:
+        flags += ["--out", str(out)]
+    script = target if isinstance(target, list) else [str(ROOT / "recipes" / target / "train.py")]
+    script = [part.replace("{out}", str(out)) for part in script]
+    return [*measuring.python_command(processes), *script, *flags]
+
+
+def last_error(output):
+    """The line that says what went wrong: the last 'error:' line, else the output's last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["(no output)"])[-1][:300]
+
+
+def run_check(name, runs):
+    """Run a check's runs in turn; (ok, what to say)."""
+    out = OUT / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    with open(out / "output.log", "w") as log:
+        for run in runs:
+            line = command(run, out)
+            log.write(f"$ {' '.join(line)}\n")
+            log.flush()
+            result = subprocess.run(line, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+            log.write(result.stdout)
+            if result.returncode != run[3]:
+                return False, f"exit {result.returncode}, not {run[3]}: {last_error(result.stdout)}"
+    if name.startswith("syncs"):
+        counted = json.loads((out / "syncs.json").read_text())
+        ours = {source: n for source, n in counted["sources"].items() if source.startswith("recipes/")}
+        said = (f"{counted['per_step']:.2f} per step over {counted['steps']} steps" if counted["steps"] else
+                "no step counted")
+        if ours or not counted["steps"]:
+            return False, f"{said}; from the recipes: {ours or 'none'}"
+        return True, f"{said}; none from the recipes{': torch ' + str(counted['sources']) if counted['syncs'] else ''}"
+    return True, ""
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    chosen = [(name, group, runs) for name, group, runs in checks() if not args.only or group in args.only]
+    if args.list:
+        for name, group, runs in chosen:
+            commands = " && ".join(" ".join(command(run, OUT / name)[1:]) for run in runs)
+            print(f"{name:32s} {commands.replace(str(ROOT) + os.sep, '')}")
+        return
+    check_python.require("gpu-smoke", gpu=True)  # (one line and exit 2 without CUDA or a package it needs)
+    import torch
+
+    if not (DATA / "train").is_dir():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like", str(DATA),
+                        "--classes", "8", "--images", "40"], check=True, stdout=subprocess.DEVNULL)
+    print(f"gpu-smoke: {len(chosen)} checks on {torch.cuda.get_device_name(0)}, torch {torch.__version__}; "
+          f"output in {OUT.relative_to(ROOT)}/<check>/", flush=True)
+    started, failed = time.perf_counter(), []
+    for name, _, runs in chosen:
+        begun = time.perf_counter()
+        ok, said = run_check(name, runs)
+        print(f"  {name:32s} {'ok    ' if ok else 'FAILED'} {time.perf_counter() - begun:6.1f} s"
+              f"{'  ' + said if said else ''}", flush=True)
+        if not ok:
+            failed.append(name)
+    minutes = (time.perf_counter() - started) / 60
+    print(f"gpu-smoke: {len(chosen) - len(failed)} of {len(chosen)} checks ok in {minutes:.1f} min"
+          f"{'; failed: ' + ' '.join(failed) if failed else ''}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
