@@ -15,6 +15,7 @@ ResNet-18 at 64 px, one or two short epochs per check:
   pipeline                --stages 1
   ps                      one server and two workers sharing the GPU (their push and pull
                           go over gloo on the CPU; the processes share it over gloo too)
+                          (ddp's first check, the pipeline and ps run under scripts/nccl_rules.py)
   faults                  a SIGTERM ends in exit 75, and --auto-resume then finishes
   syncs                   ddp under torch.cuda.set_sync_debug_mode("warn"): the host
                           synchronisations per training step, by source (scripts/count_syncs.py);
@@ -46,14 +47,21 @@ COMPRESS = ["none", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "powersgd"]
 SHARDS = ["none", "optimizer", "grad-op", "full"]
 
 
+def under_nccl_rules(recipe):
+    """The recipe, run under scripts/nccl_rules.py: where tensors' devices differ, a CPU tensor on a device group
+    or a CUDA tensor on the control group ends the run."""
+    return [str(ROOT / "scripts" / "nccl_rules.py"), str(ROOT / "recipes" / recipe / "train.py")]
+
+
 def checks():
     """[(name, group, [(recipe or script, processes, flags, expected exit code), ...])]: the runs of each check,
     in order (a later run of a check may read an earlier one's output: {out} is the check's folder)."""
     data = str(DATA)
     one = lambda recipe, *flags, processes=1: (recipe, processes, [data, *SMALL, "--epochs", "1", *flags], 0)
     found = [("nd", "nd", [one("nd")]), ("dp", "dp", [one("dp")]),
-             ("ddp-ema-syncbn-accum-mix", "ddp", [one("ddp", "--ema-decay", "0.99", "--sync-bn", "--accum-steps",
-                                                       "2", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0")])]
+             ("ddp-ema-syncbn-accum-mix", "ddp", [one(under_nccl_rules("ddp"), "--ema-decay", "0.99", "--sync-bn",
+                                                       "--accum-steps", "2", "--mixup-alpha", "0.2", "--cutmix-alpha",
+                                                       "1.0")])]
     found += [(f"ddp-decoder-{decoder}", "ddp", [one("ddp", "--decoder", decoder)]) for decoder in ("pil", "gpu")]
     for level in AMP:
         for channels_last in (False, True):
@@ -73,9 +81,10 @@ def checks():
             "--out", "{out}/first"),
         ("fsdp", 1, [data, *SMALL, "--epochs", "2", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16",
                      "--resume", "{out}/first/checkpoint_dcp"], 0)]))
-    found.append(("pipeline-stages-1", "pipeline", [one("pipeline", "--stages", "1", "--microbatches", "2")]))
-    found.append(("ps-1-server-2-workers", "ps", [one("ps", "--servers", "1", "--aggregate", "median",
-                                                      "--dist-backend", "gloo", "-b", "16", processes=3)]))
+    found.append(("pipeline-stages-1", "pipeline", [one(under_nccl_rules("pipeline"), "--stages", "1",
+                                                        "--microbatches", "2")]))
+    found.append(("ps-1-server-2-workers", "ps", [one(under_nccl_rules("ps"), "--servers", "1", "--aggregate",
+                                                      "median", "--dist-backend", "gloo", "-b", "16", processes=3)]))
     injected = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", "term", "--step", "3", "--",
                 str(ROOT / "recipes" / "ddp" / "train.py")]
     found.append(("faults-sigterm-then-resume", "faults", [

@@ -7,6 +7,8 @@ Reads only the measured files that the benchmark scripts write:
   curves/<recipe>-seed<S>.csv  per-epoch metrics copied from run directories (learning_curves.py)
   scaling.csv           images/s and epoch time per world size, and the bare loop (bench_scaling.py)
   io.csv                input-pipeline images/s and MB/s per decoder and worker count (bench_io.py)
+  io_loader.json        uint8 batches on the trainer, first-batch waits (bench_io.py)
+  examples.json         the nd recipe against pytorch/examples' imagenet/main.py (bench_examples.py)
   recovery.json         checkpoint cost and restart time (bench_recovery.py)
   compression.csv       time, accuracy and bytes per gradient-compression method and seed (compression_table.py)
   compile.csv           epoch times, eager against torch.compile (bench_compile.py)
@@ -237,35 +239,66 @@ def scaling_tables(scaling):
     return setup + "\n\n" + scaling_md, overhead_md
 
 
+def io_batches(row):
+    """uint8 (the workers hand over uint8, the device normalises) or float32 (normalised in the workers)."""
+    return row.get("batches") or "float32"  # (before the column: the workers normalised)
+
+
 def plot_io(io_rows, figures):
     fig, ax = plt.subplots(figsize=(6, 4))
-    for decoder in sorted({r["decoder"] for r in io_rows}):
-        points = sorted((int(r["workers"]), float(r["images_per_s"])) for r in io_rows if r["decoder"] == decoder)
-        ax.plot(*zip(*points), marker="o", label=DECODERS.get(decoder, decoder))
+    for decoder, batches in sorted({(r["decoder"], io_batches(r)) for r in io_rows}):
+        points = sorted((int(r["workers"]), float(r["images_per_s"])) for r in io_rows
+                        if (r["decoder"], io_batches(r)) == (decoder, batches))
+        ax.plot(*zip(*points), marker="o", linestyle="-" if batches == "uint8" else "--",
+                label=f"{DECODERS.get(decoder, decoder)}, {batches} batches")
     size = io_rows[0].get("image_size") or "?"
     ax.set(xlabel="data-loader workers (0: in the training process)", ylabel="images/s",
            title=f"Input pipeline throughput (decode + augment to {size} px)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     save(fig, figures / "IO.png")
 
 
-DECODERS = {"pil": "PIL + transforms", "tensor": "torchvision.io + transforms.v2 (uint8)"}
+DECODERS = {"pil": "PIL + transforms", "tensor": "torchvision.io + transforms.v2"}
 
 
-def io_tables(io_rows):
-    rows, by_key = [], {(r["decoder"], int(r["workers"])): r for r in io_rows}
-    for (decoder, workers), r in sorted(by_key.items()):
-        rows.append([decoder, workers, f"{float(r['images_per_s']):.1f}", f"{float(r['mb_per_s']):.1f}",
+def io_tables(io_rows, loader=None):
+    rows, by_key = [], {(r["decoder"], io_batches(r), int(r["workers"])): r for r in io_rows}
+    for (decoder, batches, workers), r in sorted(by_key.items()):
+        rows.append([decoder, batches, workers, f"{float(r['images_per_s']):.1f}", f"{float(r['mb_per_s']):.1f}",
                      f"{float(r['images_per_s_per_worker']):.1f}"])
-    io_md = table(["decoder", "workers", "images/s", "MB/s read", "images/s per worker"], rows)
+    io_md = table(["decoder", "batches", "workers", "images/s", "MB/s read", "images/s per worker"], rows)
     rate = {key: float(r["images_per_s"]) for key, r in by_key.items()}
-    ratios = [f"{workers} worker(s): {rate['tensor', workers] / rate['pil', workers]:.2f}x"
-              for decoder, workers in sorted(rate) if decoder == "pil" and ("tensor", workers) in rate]
+    ratios = [f"{workers} worker(s): {rate['tensor', 'uint8', workers] / rate['pil', 'uint8', workers]:.2f}x"
+              for decoder, batches, workers in sorted(rate)
+              if (decoder, batches) == ("pil", "uint8") and ("tensor", "uint8", workers) in rate]
     if ratios:
         io_md += "\n\ntensor / PIL images/s: " + ", ".join(ratios) + "."
+    ratios = [f"{workers} worker(s): {rate['tensor', 'uint8', workers] / rate['tensor', 'float32', workers]:.2f}x"
+              for decoder, batches, workers in sorted(rate)
+              if (decoder, batches) == ("tensor", "float32") and ("tensor", "uint8", workers) in rate]
+    if ratios:
+        io_md += "\n\nuint8 / float32 batches, images/s of the tensor decoder: " + ", ".join(ratios) + "."
+    if loader:
+        io_md += (f"\n\nWhat the uint8 batches move to the training process on a CPU: "
+                  f"{loader['normalise_ms_per_batch']:.2f} ms to convert and normalise a batch of "
+                  f"{loader['batch_size']} at {loader['image_size']} px (on a GPU, the device does it); a batch is "
+                  f"{loader['uint8_batch_bytes'] / 1e6:.1f} MB as uint8 and {loader['float32_batch_bytes'] / 1e6:.1f} "
+                  f"MB as float32. An epoch's first batch, with {loader['first_batch_workers']} workers: "
+                  f"{loader['first_batch_s_fresh_workers']:.3f} s when they start anew each epoch (with --seed), "
+                  f"{loader['first_batch_s_persistent_workers']:.3f} s when they persist (the default).")
     return io_md
+
+
+def examples_table(result):
+    """The nd recipe against pytorch/examples' imagenet/main.py (bench_examples.py)."""
+    rows = [[name, f"{result[key]['wall_s']:.2f}", f"{result[key]['cpu_s']:.2f}", result[key]["left_running"]]
+            for name, key in (("recipes/nd/train.py", "recipe"), ("pytorch/examples imagenet/main.py", "examples"))]
+    return (table(["command", "wall (s)", "CPU (s)", "processes left when it ended"], rows) +
+            f"\n\nrecipe / examples: wall {result['wall_ratio']:.3f}x, CPU {result['cpu_ratio']:.3f}x; the medians "
+            f"of {result['repeats']} runs of each, taken in turn: `{result['flags']}`, one epoch of "
+            f"{result['images']} JPEGs on {result['cpu']} ({result['cores']} cores), torch {result['torch']}.")
 
 
 def recovery_table(recovery):
@@ -910,10 +943,13 @@ def main():
     if (data / "io.csv").exists():
         io_rows = read_csv(data / "io.csv")
         plot_io(io_rows, figures)
-        sections["io"] = io_tables(io_rows)
+        loader = data / "io_loader.json"
+        sections["io"] = io_tables(io_rows, json.loads(loader.read_text()) if loader.exists() else None)
         sections.setdefault("hardware", hardware_line(io_rows))
     else:
         missing.append("io.csv (scripts/bench_io.py)")
+    if (data / "examples.json").exists():  # (scripts/bench_examples.py, run by hand: it needs pytorch/examples)
+        sections["examples"] = examples_table(json.loads((data / "examples.json").read_text()))
     if (data / "recovery.json").exists():
         sections["recovery"] = recovery_table(json.loads((data / "recovery.json").read_text()))
     else:

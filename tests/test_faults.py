@@ -164,6 +164,41 @@ def test_no_process_outlives_a_trainer_killed_by_sigkill(tiny_data, tmp_path):
     assert not {pid: name for pid, name in below.items() if alive(pid)}
 
 
+def test_a_run_ends_with_every_process_it_started(tiny_data, tmp_path):
+    """When the trainer exits, its fork server, resource tracker and loader workers have ended already: none of
+    its process group is left (the fork server used to spend about a second tearing down torch after it)."""
+    for flags in (["-j", "2"], ["-j", "2", "--epochs", "1000"]):  # a run that ends, and one that fails at start
+        trainer = subprocess.Popen(recipe_command("nd", [tiny_data, *ND, *flags[:2], "--out", tmp_path / "run",
+                                                         *flags[2:]]),
+                                   cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        trainer.communicate(timeout=300)
+        group = [pid for pid in map(int, (p.name for p in Path("/proc").glob("[0-9]*"))) if group_of(pid) ==
+                 trainer.pid]
+        assert trainer.returncode == (0 if len(flags) == 2 else 2) and group == []
+
+
+def group_of(pid):
+    """The process group of a living (not zombie) process, else None."""
+    try:
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[2]) if fields[0] not in "ZX" else None
+
+
+def test_the_loader_workers_fork_server_is_a_fork_of_the_trainer():
+    """Forked as the trainer starts, the server has torch and the recipes loaded: its workers start at once (a
+    server started by multiprocessing is a new interpreter that imports them again, about 2 s before the first
+    batch on this machine)."""
+    check = ("import os, multiprocessing.forkserver as f; from recipes.common import workers; workers.fork_server(); "
+             "pid = f._forkserver._forkserver_pid; cmdline = lambda p: open(f'/proc/{p}/cmdline').read(); "
+             "print(cmdline(pid) == cmdline(os.getpid()), 'torch' in open(f'/proc/{pid}/maps').read())")
+    result = subprocess.run([sys.executable, "-c", "import torch; " + check], cwd=ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["True", "True"], result.stderr
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
 def test_a_worker_whose_parent_died_before_it_asked_to_die_with_it_ends():
     """A loader worker forked just before the trainer (and so the fork server) dies is left to init before

@@ -78,12 +78,22 @@ def write_figures_data(data):
     (data / "scaling.csv").write_text("\n".join([header] + [
         f"{k},{r},{d},{p},1,resnet18,32,32,{rate},{epoch_s},{','.join(map(str, machine.values()))}"
         for k, r, d, p, rate, epoch_s in rows]) + "\n")
-    header = ("decoder,workers,batch_size,image_size,images,seconds,images_per_s,mb_per_s,images_per_s_per_worker,"
-              "cpu,cores,gpu,torch")
-    rows = [("pil", 0, 100), ("pil", 2, 200), ("tensor", 0, 150), ("tensor", 2, 300)]
+    header = ("decoder,batches,workers,batch_size,image_size,images,seconds,images_per_s,mb_per_s,"
+              "images_per_s_per_worker,cpu,cores,gpu,torch")
+    rows = [("pil", "uint8", 0, 100), ("pil", "uint8", 2, 200), ("tensor", "uint8", 0, 150),
+            ("tensor", "uint8", 2, 300), ("tensor", "float32", 0, 125), ("tensor", "float32", 2, 240)]
     (data / "io.csv").write_text("\n".join([header] + [
-        f"{d},{w},32,224,320,1,{rate},{rate / 10},{rate / max(w, 1)},{','.join(map(str, machine.values()))}"
-        for d, w, rate in rows]) + "\n")
+        f"{d},{b},{w},32,224,320,1,{rate},{rate / 10},{rate / max(w, 1)},{','.join(map(str, machine.values()))}"
+        for d, b, w, rate in rows]) + "\n")
+    (data / "io_loader.json").write_text(json.dumps(
+        {"batch_size": 32, "image_size": 224, "normalise_ms_per_batch": 12.5, "uint8_batch_bytes": 4816896,
+         "float32_batch_bytes": 19267584, "first_batch_workers": 2, "first_batch_s_fresh_workers": 0.9,
+         "first_batch_s_persistent_workers": 0.2}))
+    (data / "examples.json").write_text(json.dumps(
+        {"flags": "-a resnet18 -b 32 -j 2 --epochs 1 -p 1000", "images": 800, "repeats": 3,
+         "recipe": {"wall_s": 37.0, "cpu_s": 70.0, "left_running": 0},
+         "examples": {"wall_s": 40.0, "cpu_s": 75.0, "left_running": 0}, "wall_ratio": 0.925, "cpu_ratio": 0.9333,
+         **machine}))
     (data / "recovery.json").write_text(json.dumps(
         {"arch": "resnet18", "processes": 2, "checkpoint_mb": 89.5, "seconds_per_save": 0.3,
          "save_share_of_epoch": 0.01, "kill_to_first_step_s": 14.0, "steps_redone": 20, "stop_check_us": 150.0,
@@ -127,6 +137,12 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "| nd | 1 | 1 | 97.0 | 100.0 | 97.0 % |" in text and "| ddp | 2 | 1 | 180.0 | 200.0 | 90.0 % |" in text
     assert "| unconnected bare loops | memory | 2 | 150.0 |  | 1.50x | 75 % |" in text  # against nd's bare loop
     assert "tensor / PIL images/s: 0 worker(s): 1.50x, 2 worker(s): 1.50x." in text
+    assert "uint8 / float32 batches, images/s of the tensor decoder: 0 worker(s): 1.20x, 2 worker(s): 1.25x." in text
+    assert "12.50 ms to convert and normalise a batch of 32 at 224 px" in text and "4.8 MB as uint8 and 19.3" in text
+    assert "0.900 s when they start anew each epoch (with --seed), 0.200 s when they persist" in text
+    assert "| recipes/nd/train.py | 37.00 | 70.00 | 0 |" in text
+    assert "| pytorch/examples imagenet/main.py | 40.00 | 75.00 | 0 |" in text
+    assert "recipe / examples: wall 0.925x, CPU 0.933x; the medians of 3 runs of each" in text
     assert ("| nd | 1 | 3 | 2 | 61.00 (60.00\u201362.00) | 90.00 (90.00\u201390.00) | 61.00 (60.00\u201362.00) | 121.0 "
             "| 56 |") in text
     assert "| apex | 2 | 3 | 2 | 66.00 (65.00\u201367.00) |" in text
@@ -313,6 +329,18 @@ def test_a_python_without_a_package_a_gpu_target_needs_is_told_in_one_line(monke
     assert stopped.value.code == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and f"lacks {lacking} (" in error and f"which make {target} needs" in error
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("count_syncs.py", ["--json", "x.json", "recipes/ddp/train.py"], "counts CUDA synchronisations, and no CUDA GPU"),
+    ("bench_examples.py", ["data/none", "--examples", "main.py"], "data/none has no train/ folder"),
+    ("bench_examples.py", ["{tiny}", "--examples", "no/main.py"], "--examples no/main.py is not a file")])
+def test_the_gpu_and_parity_tools_refuse_in_one_line(tiny_data, script, flags, message):
+    flags = [flag.replace("{tiny}", str(tiny_data)) for flag in flags]
+    result = subprocess.run([sys.executable, f"scripts/{script}", *flags], cwd=ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr
 
 
 def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():

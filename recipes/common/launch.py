@@ -5,6 +5,7 @@ Exit codes: 0 done, 1 the run could not go on (a peer died, training diverged),
 2 bad input, 75 preempted (a checkpoint was saved: run the same command again).
 """
 
+import atexit
 import gc
 import os
 import sys
@@ -13,30 +14,54 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from recipes.common import RecipeError, RunFailed, distributed, faults
+from recipes.common import RecipeError, RunFailed, distributed, faults, workers
 
 EXIT_BAD_INPUT = 2
 
 
 def start(main, parse_args):
-    """main(parse_args()) here, or in one spawned process per local device (--multiprocessing-distributed)."""
+    """main(parse_args()) here, or in one spawned process per local device (--multiprocessing-distributed); then
+    the process ends (end())."""
     rank = int(os.environ.get("RANK", 0))
     try:
-        args = parse_args()
-    except RecipeError as error:
-        fail(error, rank)
-    if not getattr(args, "multiprocessing_distributed", False):
-        run_main(main, args, rank)
-        return
-    try:
-        mp.spawn(_spawned, args=(main, args), nprocs=distributed.local_device_count())
-    except mp.ProcessExitedException as error:  # the child already said why
-        sys.exit(error.exit_code or 1)
+        try:
+            args = parse_args()
+        except RecipeError as error:
+            fail(error, rank)
+        if not getattr(args, "multiprocessing_distributed", False):
+            if args.workers:  # the loader workers' fork server: a fork of this process, before it has threads
+                workers.fork_server()
+            run_main(main, args, rank)
+            return end(0)
+        try:
+            mp.spawn(_spawned, args=(main, args), nprocs=distributed.local_device_count())
+        except mp.ProcessExitedException as error:  # the child already said why
+            sys.exit(error.exit_code or 1)
+    except SystemExit as stop:
+        end(stop.code if isinstance(stop.code, int) else 1)
+    end(0)
 
 
 def _spawned(local_rank, main, args):
     args.spawned_local_rank = local_rank
-    run_main(main, args, rank=args.rank * distributed.local_device_count() + local_rank)
+    try:
+        if args.workers:
+            workers.fork_server()
+        run_main(main, args, rank=args.rank * distributed.local_device_count() + local_rank)
+    except SystemExit as stop:
+        end(stop.code if isinstance(stop.code, int) else 1)
+    end(0)
+
+
+def end(code):
+    """End the process now: the exit handlers (which stop the loader workers), then the fork server and the
+    resource tracker, waited for, so that no process of the run outlives it; then exit without tearing down
+    every module the interpreter loaded, which takes about a second with torch's and does nothing for a run."""
+    workers.stop_helpers()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 def run_main(main, args, rank=0):
