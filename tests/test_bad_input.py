@@ -1,10 +1,16 @@
 """Bad input: one clear line on stderr, exit code 2, no traceback, no harm to checkpoints."""
 
 import hashlib
+import pickle
+import shutil
 
 import pytest
 import torch
-from conftest import TINY, run_recipe, write_tiny_folder
+import torch.distributed.checkpoint as dcp
+from conftest import ROOT, TINY, run_recipe, write_tiny_folder
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from recipes.common import models
 
 
 def assert_one_clear_line(result, *phrases):
@@ -146,6 +152,72 @@ def test_checkpoint_carrying_code_is_not_run(tiny_data, tmp_path):
                         expect_ok=False)
     assert_one_clear_line(result, "refusing to load")
     assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def sharded_checkpoint(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded") / "run"
+    run_recipe("fsdp", [tiny_data, *TINY, "--epochs", "1", "--shard", "full", "--sharded-checkpoint", "--out", out])
+    return out / "checkpoint_dcp"
+
+
+def with_crafted_metadata(sharded, crafted, marker):
+    """A copy of a sharded checkpoint whose .metadata would create marker when unpickled."""
+    shutil.copytree(sharded, crafted)
+    (crafted / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
+    return crafted
+
+
+def with_crafted_entry(sharded, crafted, marker):
+    """A sharded checkpoint, true to DCP's format, whose learning rate would create marker when loaded."""
+    model = models.build_model("lenet", 3)
+    model_state, optimizer_state = get_state_dict(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    optimizer_state["param_groups"][0].update(lr=RunsCode(marker), initial_lr=0.1)
+    with pytest.warns(UserWarning):  # (DCP warns that it assumes one process)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=crafted)
+    shutil.copy(sharded / "meta.json", crafted / "meta.json")
+    return crafted
+
+
+def assert_refused(result, nproc, *phrases):
+    """One process: assert_one_clear_line. Under torchrun: each failing rank's line says it, no recipe's traceback."""
+    if nproc is None:
+        return assert_one_clear_line(result, *phrases)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith(("error: ", "[rank "))]
+    assert lines and all(phrase in line for line in lines for phrase in phrases), result.stderr[-3000:]
+    assert f'File "{ROOT / "recipes"}' not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("craft,phrase", [(with_crafted_metadata, "it names io.open, which is no part of"),
+                                          (with_crafted_entry, "its entry optimizer.param_groups.0.lr holds")])
+@pytest.mark.parametrize("recipe,nproc,flags", [("nd", None, ["-e"]),
+                                                ("fsdp", 2, ["--shard", "full", "--epochs", "2"]),
+                                                ("ps", 3, ["--epochs", "2"])], ids=["nd-e", "fsdp-2", "ps"])
+def test_a_sharded_checkpoint_carrying_code_is_not_run(tiny_data, tmp_path, sharded_checkpoint, craft, phrase,
+                                                       recipe, nproc, flags):
+    marker = tmp_path / "code-ran"
+    crafted = craft(sharded_checkpoint, tmp_path / "crafted", marker)
+    result = run_recipe(recipe, [tiny_data, *TINY, *flags, "--resume", crafted, "--out", tmp_path / "o"],
+                        nproc=nproc, expect_ok=False)
+    assert_refused(result, nproc, f"refusing to load {crafted}", phrase)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("metadata,phrase", [
+    (lambda good: good[:len(good) // 2], "refusing to load"),  # cut off
+    (lambda good: b"not a pickle", "refusing to load"),
+    (lambda good: pickle.dumps({"storage_data": {}}), "not a torch.distributed.checkpoint metadata file"),
+    (lambda good: good.replace(b"__0_0.distcp", b"../_0.distcp"), "not to a file beside it"),
+], ids=["truncated", "garbage", "foreign", "outside"])
+def test_a_damaged_or_foreign_sharded_metadata_is_one_line(tiny_data, tmp_path, sharded_checkpoint, metadata,
+                                                            phrase):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(sharded_checkpoint, damaged)
+    (damaged / ".metadata").write_bytes(metadata((sharded_checkpoint / ".metadata").read_bytes()))
+    result = run_recipe("nd", [tiny_data, *TINY, "-e", "--resume", damaged, "--out", tmp_path / "o"],
+                        expect_ok=False)
+    assert_one_clear_line(result, phrase, str(damaged / ".metadata"))
 
 
 def test_foreign_checkpoint(tiny_data, tmp_path):

@@ -3,6 +3,7 @@
 import argparse
 import os
 import pickle
+import time
 
 import pytest
 import torch
@@ -22,6 +23,19 @@ def test_correct_counts_top1_top5():
     assert (top1.item(), top5.item()) == (1, 3)
     top1, top5 = metrics.correct_counts(output[:, :3], torch.tensor([1, 2, 0]))  # fewer than 5 classes
     assert (top1.item(), top5.item()) == (1, 3)
+
+
+def test_throughput_counts_from_the_end_of_the_first_optimizer_step():
+    meter = metrics.EpochMeter(torch.device("cpu"))
+    for _ in range(4):  # the first step's micro-batches, or a server's burst of pushes: microseconds apart
+        meter.add(torch.zeros(3), 8)
+    meter.optimizer_step()
+    assert meter.images_per_s() is None  # (the progress line of the first step shows no rate)
+    time.sleep(0.05)
+    meter.add(torch.zeros(3), 8)
+    meter.optimizer_step()
+    assert 8 / 1.0 < meter.images_per_s() <= 8 / 0.05
+    assert meter.summary()["images"] == 40
 
 
 @pytest.mark.parametrize("size", [1, 2, 5, 23, 64])

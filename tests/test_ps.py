@@ -25,8 +25,8 @@ def test_sync_mean_ends_with_ddps_weights(tiny_data, tmp_path, servers):
     """S servers and 2 workers, no attack: the same weights, momentum and lr as ddp on 2 processes."""
     ddp_out, ps_out = tmp_path / "ddp", tmp_path / "ps"
     run_recipe("ddp", [tiny_data, *TINY, "--epochs", "2", "--out", ddp_out], nproc=2)
-    run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", ps_out, "--servers", servers,
-                      "--partition-bytes", "40000"], nproc=servers + 2)
+    result = run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", ps_out, "--servers", servers,
+                               "--partition-bytes", "40000"], nproc=servers + 2)
     ddp, ps_state = weights(ddp_out), weights(ps_out)
     for key, value in ddp["model"].items():
         torch.testing.assert_close(ps_state["model"][key], value, atol=1e-5, rtol=0, msg=key)
@@ -39,6 +39,8 @@ def test_sync_mean_ends_with_ddps_weights(tiny_data, tmp_path, servers):
     summary = read_summary(ps_out)
     assert summary["honest_pushed"] == 12 and summary["byzantine_pushed"] == summary["stale_dropped"] == 0
     assert summary["mode"] == "sync" and summary["aggregate"] == "mean" and summary["attack"] == "none"
+    steps = [line for line in result.stdout.splitlines() if line.startswith("epoch 1 step ")]
+    assert "images/s" not in steps[0] and "images/s" in steps[1]  # the first: a burst of pushes, no rate yet
 
 
 def test_a_ps_checkpoint_evaluates_in_nd(tiny_data, tmp_path):

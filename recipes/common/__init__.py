@@ -8,7 +8,7 @@
     amp          mixed precision: apex's opt levels on torch.amp
     schedule     learning-rate schedules, stepped every optimizer step
     bookkeeping  the Run: position, meters, schedule and EMA steps, evaluation, logs, checkpoints
-    checkpoint   the one checkpoint schema: atomic saves, safe loads, resume
+    checkpoint   the one checkpoint schema: atomic saves, safe loads, resume; safe_dcp: sharded ones, as safely
     metrics      top-k counts, epoch meters summed across ranks, exact evaluation
     runlog       rank 0's output: console, progress bars, metrics.csv, TensorBoard, summary.json
     faults       SIGTERM and divergence checks

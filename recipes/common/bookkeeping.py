@@ -104,6 +104,7 @@ class Run:
         device: faults.StopCheck). check_stop=False leaves the checks (a collective) to a
         later step, one where ranks that do not move in lockstep all meet (the pipeline's partial reduce)."""
         args, step = self.args, self.step
+        self.meter.optimizer_step()
         if step % args.print_freq == 0:
             rate = self.meter.images_per_s()
             self.log.step(self.epoch, step, self.steps_per_epoch, loss, self.optimizer.param_groups[0]["lr"],

@@ -18,8 +18,8 @@ the same schema (common/sharding), so its checkpoint is like any other. With
 --sharded-checkpoint, each save also writes <out>/checkpoint_dcp: a
 torch.distributed.checkpoint directory into which every rank writes its own shard
 (the model and optimizer; the rest, but the random state, in meta.json), which
-loads without gathering the model. --resume DIRECTORY loads one, resharded when
-the world size changed.
+loads without gathering the model. --resume DIRECTORY loads one, resharded when the
+world size changed; no code in it runs (common/safe_dcp).
 
 The learning-rate schedule is a function of the position, so it is not saved: a
 resume puts it there (checkpoints of earlier versions hold a "scheduler" entry,
@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from recipes.common import RecipeError, distributed, faults, sharding
+from recipes.common import RecipeError, distributed, faults, safe_dcp, sharding
 
 
 class Checkpoint:
@@ -76,7 +76,7 @@ class Checkpoint:
             save(state, self.args.out, is_best)
         if getattr(self.args, "sharded_checkpoint", False):
             meta = {key: value for key, value in state.items() if key not in ("model", "optimizer", "rng")}
-            save_sharded(Path(self.args.out) / "checkpoint_dcp", self.model, self.optimizer, meta)
+            save_sharded(Path(self.args.out) / "checkpoint_dcp", self.model, self.optimizer, meta, self.group)
 
     def resume(self, log):
         """Load --resume, or <out>/checkpoint.pt with --auto-resume, when there is one, and say so.
@@ -87,7 +87,7 @@ class Checkpoint:
         if not path:
             return
         if Path(path).is_dir():
-            state = load_sharded(path, self.model, self.optimizer, self.args.arch, self.num_classes, log)
+            state = load_sharded(path, self.model, self.optimizer, self.args.arch, self.num_classes, log, self.group)
         else:
             state = load(path, self.device)
         self.epoch, self.step, self.best_top1 = restore(
@@ -138,19 +138,20 @@ def save(state, out_dir, is_best):
             _replace_atomically(path.with_name("best.pt"), lambda f: shutil.copyfileobj(src, f))
 
 
-def save_sharded(path, model, optimizer, meta):
+def save_sharded(path, model, optimizer, meta, group=None):
     """--sharded-checkpoint: every rank writes its own shard of the model and optimizer into a DCP directory
     (on a file system that every node sees); rank 0 adds meta.json (the checkpoint's other entries and the
-    world size). Written beside path, then renamed over it: a crash leaves the old one (or path.old)."""
+    world size). Written beside path, then renamed over it: a crash leaves the old one (or path.old). group: the
+    gloo group of the ranks that save it (DCP plans over it)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)  # DTensors: each rank's shard
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp, process_group=group)
     if rank == 0:
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         (tmp / "meta.json").write_text(json.dumps({**meta, "world_size": world_size}, indent=2) + "\n")
         shutil.rmtree(old, ignore_errors=True)
         if path.exists():
@@ -160,9 +161,10 @@ def save_sharded(path, model, optimizer, meta):
     _barrier()
 
 
-def load_sharded(path, model, optimizer, arch, num_classes, log):
+def load_sharded(path, model, optimizer, arch, num_classes, log, group=None):
     """Load a --sharded-checkpoint directory: each rank reads the parts of the tensors its shards need, so a
-    checkpoint saved by another number of ranks is resharded. Returns the checkpoint's other entries."""
+    checkpoint saved by another number of ranks is resharded. group: the gloo group of the ranks that load it
+    (DCP plans over it). Returns the checkpoint's other entries."""
     path = Path(path)
     if not (path / ".metadata").is_file() or not (path / "meta.json").is_file():
         raise RecipeError(f"{path} is a directory but not a --sharded-checkpoint of these recipes (it needs "
@@ -173,15 +175,24 @@ def load_sharded(path, model, optimizer, arch, num_classes, log):
         if missing:
             raise ValueError(f"meta.json lacks {', '.join(sorted(missing))}")
         _check_model(meta, path, arch, num_classes)  # before loading: a clearer line than a shape mismatch
+        safe_dcp.read_metadata(path / ".metadata")  # refused here, on every rank, before DCP reads anything
         model_state, optimizer_state = get_state_dict(model, optimizer)  # what this rank holds: the shapes to fill
-        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+        with warnings.catch_warnings():  # (one process: DCP warns that it assumes one process)
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.load({"model": model_state, "optimizer": optimizer_state}, storage_reader=safe_dcp.SafeReader(path),
+                     planner=safe_dcp.WeightsOnlyPlanner(path), process_group=group,
+                     no_dist=not dist.is_initialized())
     except RecipeError:
         raise
-    except Exception as error:  # a damaged or incomplete meta.json; CheckpointException wraps each rank's failure
+    except (Exception, dcp.CheckpointException) as error:  # a damaged meta.json or shard
+        # (CheckpointException, a BaseException, holds each rank's failure: say the first)
+        cause = next((failure for failure, _ in getattr(error, "failures", {}).values()), error)
+        if isinstance(cause, RecipeError):
+            raise cause from None
         raise RecipeError(f"sharded checkpoint {path} is corrupt or does not fit this model and optimizer: "
-                          f"{_first_line(error)}") from None
+                          f"{_first_line(cause)}") from None
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    world_size = dist.get_world_size(group) if dist.is_initialized() else 1
     if meta["world_size"] != world_size:
         log.print(f"resharding {path}: saved by {meta['world_size']} rank(s), loaded by {world_size}")
     return {**meta, "model": None, "optimizer": None}

@@ -32,13 +32,15 @@ class EpochMeter:
 
     Sums stay on the device (no sync per step). summary() adds them up across
     ranks (of group, default all), so every rank reports the metrics of the whole
-    epoch, not its shard. Throughput skips the first step, which pays for loader start-up.
+    epoch, not its shard. Throughput skips the first step, which pays for loader start-up:
+    in training, the first optimizer step (optimizer_step()), with all its micro-batches or,
+    on a parameter server, its burst of pushes; in evaluation, the first batch.
     """
 
     def __init__(self, device, group=None):
         self.device, self.group = device, group
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss * n, top-1 hits, top-5 hits
-        self.steps, self.images, self.timed_images, self.data_s = 0, 0, 0, 0.0
+        self.steps, self.optimizer_steps, self.images, self.timed_images, self.data_s = 0, 0, 0, 0, 0.0
         self.start = self.last = time.perf_counter()
         self.timed_start = None
 
@@ -60,6 +62,14 @@ class EpochMeter:
         else:
             self.timed_images += n
         self.last = time.perf_counter()
+
+    def optimizer_step(self):
+        """Training: after each optimizer step. The throughput counts from the end of the first."""
+        self.optimizer_steps += 1
+        if self.optimizer_steps == 1:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # (once an epoch)
+            self.timed_start, self.timed_images = time.perf_counter(), 0
 
     def images_per_s(self):
         """This rank's training throughput so far in the epoch (first step excluded), or None after one step."""
