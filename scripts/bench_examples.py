@@ -66,6 +66,15 @@ def timed(command, cwd, threads):
     return wall, cpu, left
 
 
+def version_of(main_py):
+    """Which main.py was compared: its checkout's commit (when it is in one) and the file's sha256."""
+    import hashlib
+
+    commit = subprocess.run(["git", "-C", str(Path(main_py).resolve().parent), "rev-parse", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"commit": commit or None, "sha256": hashlib.sha256(Path(main_py).read_bytes()).hexdigest()}
+
+
 def main():
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="an ImageNet-style JPEG folder (train/ and val/)")
@@ -95,7 +104,7 @@ def main():
                      "left_running": max(t[2] for t in runs)} for name, runs in times.items()}
     result = {"command": "python scripts/bench_examples.py --examples EXAMPLES/imagenet/main.py " + args.folder,
               "flags": " ".join(FLAGS), "images": sum(1 for p in (Path(folder) / "train").rglob("*") if p.is_file()),
-              "repeats": args.repeats, "recipe": median["recipe"], "examples": median["examples"],
+              "repeats": args.repeats, "examples_version": version_of(args.examples), "recipe": median["recipe"], "examples": median["examples"],
               "wall_ratio": median["recipe"]["wall_s"] / median["examples"]["wall_s"],
               "cpu_ratio": median["recipe"]["cpu_s"] / median["examples"]["cpu_s"],
               "runs": {name: [{"wall_s": round(w, 3), "cpu_s": round(c, 3), "left_running": n} for w, c, n in runs]

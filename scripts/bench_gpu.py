@@ -53,7 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recipes.common.data import SYNTHETIC_TRAIN_IMAGES  # noqa: E402
+from recipes.common.data import SYNTHETIC_TRAIN_IMAGES, SYNTHETIC_VAL_IMAGES  # noqa: E402
 from scripts import check_python, measuring  # noqa: E402
 
 PARTS = ["synthetic", "jpeg", "compression"]
@@ -137,16 +137,37 @@ def compression_runs(gpus):
              ["--compress", method, *(["--error-feedback"] if ef else [])]) for method, ef in COMPRESSION]
 
 
+# --list's estimate, a model, not a measurement: ResNet-50 training images/s per H100 as published for current
+# PyTorch (fp32 on TF32 tensor cores; AMP), one CPU core's JPEG decoding (RESULTS.md, "Input pipeline"), and each
+# run's start-up (imports, cuDNN's autotuning, the loader workers); evaluation at three times the training rate
+MODEL_IMAGES_PER_S = {"fp32": 1000, "fp16": 2500, "bf16": 2500}
+MODEL_DECODE_PER_CORE, MODEL_START_S = 250, 30
+
+
+def estimated_minutes(args, runs, cores):
+    """--list: the minutes a part's runs take by the model above, at the batch asked for (a run that does not fit
+    takes longer: it is tried again at half its batch)."""
+    seconds = 0.0
+    for _, _, gpus, data, decoder, variant, _, flags in runs:
+        rate = MODEL_IMAGES_PER_S.get(variant, MODEL_IMAGES_PER_S["fp32"]) * gpus  # (compression: fp32)
+        if data == "jpeg" and decoder != "gpu":
+            rate = min(rate, MODEL_DECODE_PER_CORE * max(1, cores - gpus))
+        epochs, _ = epochs_for(train_images(args, data), gpus, args.batch_size, args.min_steps)
+        val = SYNTHETIC_VAL_IMAGES if data == "synthetic" else train_images(args, data, "val")
+        seconds += MODEL_START_S + epochs * (train_images(args, data) / rate + val / (3 * rate))
+    return seconds / 60
+
+
 def epochs_for(train_images, gpus, batch_size, min_steps):
     """The first epoch warms up; enough epochs after it for min_steps steps."""
     steps = math.ceil(train_images / gpus) // batch_size  # DistributedSampler pads, the loader drops the rest
     return 1 + math.ceil(min_steps / max(steps, 1)), steps
 
 
-def train_images(args, data):
+def train_images(args, data, split="train"):
     if data == "synthetic":
         return SYNTHETIC_TRAIN_IMAGES
-    return sum(1 for path in (Path(args.jpeg) / "train").rglob("*") if path.is_file())
+    return sum(1 for path in (Path(args.jpeg) / split).rglob("*") if path.is_file())
 
 
 def throughput(out, steps, images_per_step):
@@ -250,8 +271,11 @@ def main(argv=None):
 
         counts = gpu_counts(max(torch.cuda.device_count(), 1), args.gpus)
         runs, skipped = plan(args, counts)
+        cores = measuring.usable_cores()
         for part in args.parts:
-            print(f"{part}: {len(runs.get(part, []))} run(s){'; ' + skipped[part] if part in skipped else ''}")
+            minutes = estimated_minutes(args, runs.get(part, []), cores)
+            print(f"{part}: {len(runs.get(part, []))} run(s), about {minutes:.1f} min by the model of --list (H100s)"
+                  f"{'; ' + skipped[part] if part in skipped else ''}")
             for name, recipe, gpus, data, *_, flags in runs.get(part, []):
                 print(f"  {name:36s} {recipe} on {gpus} GPU(s), {data}: {' '.join(flags)}")
         return

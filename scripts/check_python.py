@@ -19,6 +19,25 @@ NEEDS = {
                     "numpy": "the JPEG folder", "PIL": "the JPEG folder", "matplotlib": "the figures"},
 }
 PIP_NAMES = {"PIL": "pillow"}
+# the oldest releases the recipes are written for (fully_shard with output_dtype, DCP's reader and planner API,
+# decode_jpeg on CUDA in batches); pyproject.toml pins newer ones, and GPU nodes often have these
+OLDEST = {"torch": (2, 11), "torchvision": (0, 26)}
+
+
+def too_old():
+    """'name version (at least x.y)' for torch or torchvision older than OLDEST."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name, oldest in OLDEST.items():
+        try:
+            release = version(name)
+        except PackageNotFoundError:
+            continue
+        numbers = tuple(int(part) for part in release.split("+")[0].split(".")[:2] if part.isdigit())
+        if numbers < oldest:
+            found.append(f"{name} {release} (at least {'.'.join(map(str, oldest))})")
+    return found
 
 
 def missing(target):
@@ -31,6 +50,10 @@ def require(target, gpu=False):
     """Exit 2 with one line unless this Python has torch, target's packages and (gpu) a CUDA GPU."""
     if importlib.util.find_spec("torch") is None:
         fail(f"this Python ({sys.executable}) has no torch: make setup, or PY=a Python that has it")
+    old = too_old()
+    if old:
+        fail(f"this Python ({sys.executable}) has {', '.join(old)}: make {target} needs newer releases; pip install "
+             f"a newer one, or use make setup's .venv")
     lacking = missing(target)
     if lacking:
         fail(f"this Python ({sys.executable}) lacks {', '.join(lacking)}, which make {target} needs: pip install "

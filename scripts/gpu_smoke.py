@@ -14,12 +14,15 @@ ResNet-18 at 64 px, one or two short epochs per check:
                           a --sharded-checkpoint resumed by a second run
   pipeline                --stages 1
   ps                      one server and two workers sharing the GPU (their push and pull
-                          go over gloo on the CPU; the processes share it over gloo too)
+                          go over gloo on the CPU; NCCL takes one GPU per process, so
+                          --dist-backend gloo makes the default group gloo too: ps over
+                          NCCL needs a GPU per process, and only nccl_rules checks it here)
                           (ddp's first check, the pipeline and ps run under scripts/nccl_rules.py)
   faults                  a SIGTERM ends in exit 75, and --auto-resume then finishes
-  syncs                   ddp under torch.cuda.set_sync_debug_mode("warn"): the host
-                          synchronisations per training step, by source (scripts/count_syncs.py);
-                          the check fails when the recipes' own code makes one
+  syncs                   ddp in fp32, and apex at O1 fp16 (GradScaler) with --ema-decay, under
+                          torch.cuda.set_sync_debug_mode("warn"): the host synchronisations
+                          per training step, by source (scripts/count_syncs.py); the check
+                          fails when the recipes' own code makes one
 Each run goes to runs/gpu-smoke/<check>/ (its output in output.log). Prints one line per
 check, then a summary; exits 1 when a check failed. Without CUDA: one line, exit 2. A
 package the checks need and this Python lacks: one line naming it, exit 2.
@@ -90,9 +93,11 @@ def checks():
     found.append(("faults-sigterm-then-resume", "faults", [
         (injected, 1, [data, *SMALL, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 75),
         ("ddp", 1, [data, *SMALL, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 0)]))
-    counted = [str(ROOT / "scripts" / "count_syncs.py"), "--json", "{out}/syncs.json", "--",
-               str(ROOT / "recipes" / "ddp" / "train.py")]
-    found.append(("syncs-per-step-ddp", "syncs", [(counted, 1, [data, *SMALL, "--epochs", "2", "-p", "1000"], 0)]))
+    for recipe, flags in (("ddp", []), ("apex", ["--opt-level", "O1", "--amp-dtype", "fp16", "--ema-decay", "0.99"])):
+        counted = [str(ROOT / "scripts" / "count_syncs.py"), "--json", "{out}/syncs.json", "--",
+                   str(ROOT / "recipes" / recipe / "train.py")]
+        found.append((f"syncs-per-step-{recipe}{'-fp16-ema' if flags else ''}", "syncs",
+                      [(counted, 1, [data, *SMALL, "--epochs", "2", "-p", "1000", *flags], 0)]))
     return found
 
 

@@ -8,7 +8,9 @@ whose groups are described as "control"). A recipe tested on CPU runs both kinds
 gloo, which takes what NCCL refuses; this wrapper refuses it too, so a CPU run shows
 what would fail on GPUs:
   on a device group   no receive from any source (NCCL has none); no object collective
-                      made by recipes/ (control traffic: the control group's); every tensor on this
+                      made by recipes/ (this project's rule, not NCCL's, which runs them by
+                      copying the objects through the GPU: control traffic is the control
+                      group's); every tensor on this
                       process's device (CUDA when there is one); recipes/'s isend and
                       irecv only grouped by batch_isend_irecv (posted one by one, two peers
                       that both send first wait for ever once a message outgrows NCCL's

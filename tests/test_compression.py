@@ -198,7 +198,7 @@ def test_a_two_process_run_writes_a_complete_run_directory(tiny_data, tmp_path, 
 @pytest.mark.parametrize("method", ["fp8-e4m3", "fp8-e5m2"])
 def test_fp8_runs_on_one_process_whatever_the_bucket_size(tiny_data, tmp_path, method):
     """One rank's gathered row is contiguous already; lenet's bucket (an odd number of bytes) put its scale at an
-    offset that float32 cannot view (make gpu-smoke found it, on one GPU)."""
+    offset that float32 cannot view ("storage_offset() must be divisible by 4")."""
     run_recipe("compression", [tiny_data, *TINY, "--epochs", "1", "--compress", method, "--out", tmp_path])
     assert read_summary(tmp_path)["compression_ratio"] > 3.9
 

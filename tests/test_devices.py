@@ -24,7 +24,7 @@ def recorded(monkeypatch):
     calls, control = [], object()
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(distributed, "_control", control)
-    for name in ("broadcast", "send", "recv"):
+    for name in ("broadcast", "send", "recv", "all_reduce"):
         monkeypatch.setattr(dist, name, lambda tensor, peer=None, group=None, name=name, **_:
                             calls.append((name, tensor, group, peer)))
     return calls, control
@@ -85,6 +85,31 @@ def test_pushes_and_pulls_travel_over_the_control_group(recorded):
     assert all(group is control and tensor.device.type == "cpu" for _, tensor, group, _ in calls)
 
 
+def test_the_summary_counts_go_over_a_control_group(recorded):
+    """The pipeline's and the servers' counts are CPU numbers: on the world's or the servers' device group (NCCL on
+    GPUs) their all-reduce would fail, after training, before summary.json."""
+    from recipes.pipeline import train as pipeline
+    from recipes.ps import train as ps
+
+    calls, control = recorded
+    tally = {"waits": 3, "partial_syncs": 4, "gap": 1, "longest_gap": 2, "oldest": 0, "full_syncs": 5,
+             "disagreement": 0.0}
+    counts = pipeline.counts_of_every_rank(tally, stages=2)
+    servers = argparse.Namespace(group=object(), control=object())  # a Run of the servers: device and gloo groups
+    ps.counts_of_every_server({"counts": torch.ones(4, dtype=torch.float64), "stale": 0, "oldest": 2}, servers)
+    assert [(name, group) for name, _, group, _ in calls] == [("all_reduce", control)] * 2 + [
+        ("all_reduce", servers.control)] * 2
+    assert all(tensor.device.type == "cpu" for _, tensor, _, _ in calls)
+    assert counts["waits"] == 1.5 and counts["longest_without_full_sync"] == 2
+
+
+@pytest.mark.parametrize("before,after", [(None, "2"), ("1", "2"), ("0", "0"), ("3", "3"), ("2", "2")])
+def test_nccl_errors_raise_unless_the_user_chose_otherwise(before, after):
+    environ = {} if before is None else {"TORCH_NCCL_ASYNC_ERROR_HANDLING": before}  # (1: torchrun's default)
+    distributed.raise_nccl_errors(environ)
+    assert environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == after
+
+
 def test_batches_leave_the_workers_as_uint8_and_are_normalised_on_the_device(tiny_data):
     args = cli.parse_args(cli.build_parser("nd", ""), [str(tiny_data), *TINY])
     train_set, _, num_classes = data.build_datasets(args)
@@ -130,17 +155,41 @@ def test_the_gpu_decoder_reads_jpeg_files_only_and_needs_cuda(tmp_path):
             cli.parse_args(cli.build_parser("nd", ""), [str(tmp_path), "--decoder", "gpu"])
 
 
+def test_the_gpu_decoders_batches_are_decoded_cropped_and_normalised_where_the_model_is(tmp_path):
+    """--decoder gpu's path after the loader, on the CPU (decode_jpeg decodes there too): the files' bytes, of
+    different lengths and image sizes, become one normalised batch."""
+    import numpy as np
+    from PIL import Image
+
+    for i, (height, width, value) in enumerate([(20, 30, 40), (48, 24, 200)]):
+        Image.fromarray(np.full((height, width, 3), value, np.uint8)).save(tmp_path / f"{i}.jpg", quality=95)
+    images, target = data.collate_encoded([(data.read_jpeg_bytes(tmp_path / f"{i}.jpg"), i) for i in range(2)])
+    assert isinstance(images, list) and target.tolist() == [0, 1]
+    args = argparse.Namespace(decoder="gpu", image_size=16, scale=[0.5, 1.0], hflip=0.5, channels_last=True,
+                              mixup_alpha=0.0, cutmix_alpha=0.0)
+    for train in (True, False):
+        batch, _ = data.device_transform(args, torch.device("cpu"), 2, train)(images, target)
+        assert batch.shape == (2, 3, 16, 16) and batch.dtype == torch.float32
+        assert batch.is_contiguous(memory_format=torch.channels_last)
+        expected = [(value - 255 * torch.tensor(data.IMAGENET_MEAN)) / (255 * torch.tensor(data.IMAGENET_STD))
+                    for value in (40, 200)]  # (flat images: every crop is the same colour)
+        for image, colour in zip(batch, expected):
+            torch.testing.assert_close(image.mean(dim=(1, 2)), colour, atol=0.05, rtol=0)
+    empty, _ = data.device_transform(args, torch.device("cpu"), 2, False)([], torch.zeros(0, dtype=torch.long))
+    assert empty.shape == (0, 3, 16, 16)  # (evaluation in lockstep runs empty batches)
+
+
 def test_a_sharded_model_at_fp16_answers_in_fp32(monkeypatch):
     """fully_shard at O1 fp16: the loss in fp16 would overflow once scaled (about 7 x 65,536 > 65,504)."""
     from recipes.fsdp import train as fsdp
 
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
-        args = argparse.Namespace(opt_level="O1", amp_dtype="fp16", channels_last=True, shard="full", arch="lenet")
+        args = argparse.Namespace(opt_level="O1", amp_dtype="fp16", channels_last=False, shard="full", arch="lenet")
         log = argparse.Namespace(print=lambda message: None)
         model, policy, _ = amp.fsdp_policy(models.lenet(3), args, torch.device("cpu"), log)
         model = fsdp.shard_model(model, args, policy)
-        output = model(torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last))
+        output = model(torch.randn(2, 3, 16, 16))
         assert policy.param_dtype == torch.float16 and output.dtype == torch.float32
     finally:
         dist.destroy_process_group()

@@ -168,14 +168,15 @@ def test_a_run_ends_with_every_process_it_started(tiny_data, tmp_path):
     """When the trainer exits, its fork server, resource tracker and loader workers have ended already: none of
     its process group is left (the fork server used to spend about a second tearing down torch after it)."""
     for flags in (["-j", "2"], ["-j", "2", "--epochs", "1000"]):  # a run that ends, and one that fails at start
-        trainer = subprocess.Popen(recipe_command("nd", [tiny_data, *ND, *flags[:2], "--out", tmp_path / "run",
-                                                         *flags[2:]]),
-                                   cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        trainer.communicate(timeout=300)
+        with open(tmp_path / "output.log", "w") as output:  # (not a pipe: read the group the moment the trainer ends)
+            trainer = subprocess.Popen(recipe_command("nd", [tiny_data, *ND, *flags[:2], "--out", tmp_path / "run",
+                                                             *flags[2:]]),
+                                       cwd=ROOT, env=child_env(), stdout=output, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            trainer.wait(timeout=300)
         group = [pid for pid in map(int, (p.name for p in Path("/proc").glob("[0-9]*"))) if group_of(pid) ==
                  trainer.pid]
-        assert trainer.returncode == (0 if len(flags) == 2 else 2) and group == []
+        assert trainer.returncode == (0 if len(flags) == 2 else 2) and group == [], (tmp_path / "output.log").read_text()
 
 
 def group_of(pid):

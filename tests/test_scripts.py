@@ -331,6 +331,20 @@ def test_a_python_without_a_package_a_gpu_target_needs_is_told_in_one_line(monke
     assert error.count("\n") == 1 and f"lacks {lacking} (" in error and f"which make {target} needs" in error
 
 
+def test_a_torch_older_than_the_recipes_is_told_in_one_line(monkeypatch, capsys):
+    import importlib.metadata
+
+    from scripts import check_python
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"torch": "2.9.1+cu128"}.get(name, "0.26.0"))
+    with pytest.raises(SystemExit) as stopped:
+        check_python.require("gpu-smoke", gpu=True)
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and error.count("\n") == 1 and "has torch 2.9.1+cu128 (at least 2.11)" in error
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"torch": "2.11.0"}.get(name, "0.26.0"))
+    assert check_python.too_old() == []
+
+
 @pytest.mark.parametrize("script, flags, message", [
     ("count_syncs.py", ["--json", "x.json", "recipes/ddp/train.py"], "counts CUDA synchronisations, and no CUDA GPU"),
     ("bench_examples.py", ["data/none", "--examples", "main.py"], "data/none has no train/ folder"),
@@ -358,25 +372,33 @@ def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():
     faults = plan["faults-sigterm-then-resume"]
     assert "--fault term" in faults and "--auto-resume" in faults
     assert "count_syncs.py" in plan["syncs-per-step-ddp"]
+    assert "--amp-dtype fp16" in plan["syncs-per-step-apex-fp16-ema"] and "--ema-decay" in plan["syncs-per-step-apex-fp16-ema"]
     result = subprocess.run([sys.executable, "scripts/gpu_smoke.py"], cwd=ROOT, env=child_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
     assert "no CUDA GPU here" in result.stderr
 
 
-def test_figures_gpu_comes_in_parts_and_skips_compression_on_one_gpu(tmp_path):
+def test_figures_gpu_comes_in_parts_and_skips_compression_on_one_gpu(tmp_path, monkeypatch):
     jpegs = tmp_path / "jpegs"
     (jpegs / "train").mkdir(parents=True)
     listed = subprocess.run([sys.executable, "scripts/bench_gpu.py", "--jpeg", str(jpegs), "--list"], cwd=ROOT,
                             env=child_env(), capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     parts = [line for line in listed.stdout.splitlines() if not line.startswith(" ")]
-    assert parts[0] == "synthetic: 8 run(s)" and parts[1] == "jpeg: 9 run(s)"
-    assert parts[2].startswith("compression: 0 run(s); compression at 1 GPU: skipped, one GPU sends no gradients")
+    assert parts[0].startswith("synthetic: 8 run(s), about ") and parts[1].startswith("jpeg: 9 run(s), about ")
+    assert parts[2].startswith("compression: 0 run(s), about 0.0 min by the model of --list (H100s); compression at "
+                               "1 GPU: skipped, one GPU sends no gradients")
     assert "--decoder gpu" in listed.stdout
     args = bench_gpu.parse_args(["--jpeg", str(jpegs), "--gpus", "1", "2", "--list"])
     runs, skipped = bench_gpu.plan(args, [1, 2])
     assert {gpus for _, _, gpus, *_ in runs["compression"]} == {2} and "compression" in skipped
+    # each part within 9 minutes on one H100 by --list's model, with make figures-gpu's 20,000 + 5,000 JPEGs
+    monkeypatch.setattr(bench_gpu, "train_images", lambda args, data, split="train": {"synthetic": 12800}.get(
+        data, 20000 if split == "train" else 5000))
+    runs, _ = bench_gpu.plan(args, [1])
+    minutes = {part: bench_gpu.estimated_minutes(args, runs[part], cores=16) for part in ("synthetic", "jpeg")}
+    assert all(3 < m < 9 for m in minutes.values()), minutes
     # a part measured again replaces its own rows and keeps the others' (a resumed make figures-gpu ONLY=jpeg)
     data = tmp_path / "precision.csv"
     measuring.write_csv(data, bench_gpu.PRECISION_FIELDS, [{"data": d, "gpus": 1} for d in ("synthetic", "jpeg")])

@@ -88,8 +88,8 @@ def init_distributed_mode(args):
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))  # don't oversubscribe
     if backend == "nccl" and device.type != "cuda":
         raise RecipeError("--dist-backend nccl needs CUDA devices; use gloo on CPU")
-    if backend == "nccl":  # a timed-out collective raises (and the lost-peer line names the cause) rather than
-        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"  # the watchdog killing the process (torchrun sets 1)
+    if backend == "nccl":
+        raise_nccl_errors(os.environ)
 
     try:
         dist.init_process_group(
@@ -109,6 +109,14 @@ def init_distributed_mode(args):
 
 
 _timeout, _control = None, None
+
+
+def raise_nccl_errors(environ):
+    """A timed-out or failed NCCL collective raises in the training process (then the lost-peer line names the
+    cause) instead of the watchdog ending the process: TORCH_NCCL_ASYNC_ERROR_HANDLING=2. torchrun sets 1 where
+    it is unset, so 1 is taken for its default; any other value (0, 3) is the user's and kept."""
+    if environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1") == "1":
+        environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
 
 
 def control_group():

@@ -439,6 +439,17 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
     return run.meter.summary()
 
 
+def counts_of_every_rank(tally, stages):
+    """The summary's sync counts, added up (or the most) over every rank: CPU numbers, over the control group."""
+    sums = torch.tensor([float(tally["waits"]), float(tally["partial_syncs"])], dtype=torch.float64)
+    most = torch.tensor([max(tally["longest_gap"], tally["gap"]), tally["oldest"]], dtype=torch.float64)
+    dist.all_reduce(sums, group=distributed.control_group())
+    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=distributed.control_group())
+    return dict(full_syncs=tally["full_syncs"], partial_syncs=sums[1].item() / stages, waits=sums[0].item() / stages,
+                longest_without_full_sync=int(most[0]), max_applied_staleness=int(most[1]),
+                disagreement=tally["disagreement"])
+
+
 # ---- the whole model, put together ------------------------------------------------------------------------
 
 def gather(model, optimizer, whole, view, stage_keys):
@@ -529,17 +540,9 @@ def main(args):
             if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True at --desired-acc
                 break
 
-    # the counts of every rank (CPU numbers: over the control group)
-    sums = torch.tensor([float(tally["waits"]), float(tally["partial_syncs"])], dtype=torch.float64)
-    most = torch.tensor([max(tally["longest_gap"], tally["gap"]), tally["oldest"]], dtype=torch.float64)
-    dist.all_reduce(sums, group=ctx.control)
-    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=ctx.control)
     run.finish(val_loader, stages=stages, replicas=replicas, microbatches=args.microbatches, schedule=args.schedule,
                sync=args.sync, hetero=args.hetero, hetero_prob=args.hetero_prob, slow_rank=args.slow_rank,
-               slow_factor=args.slow_factor, global_batch=global_batch, full_syncs=tally["full_syncs"],
-               partial_syncs=sums[1].item() / stages, waits=sums[0].item() / stages,
-               longest_without_full_sync=int(most[0]), max_applied_staleness=int(most[1]),
-               disagreement=tally["disagreement"])
+               slow_factor=args.slow_factor, global_batch=global_batch, **counts_of_every_rank(tally, stages))
     distributed.cleanup()
 
 

@@ -328,7 +328,7 @@ def aggregate(args, gradients, clipping):
             "krum": byzfl.Krum(f=args.zeno_b)}[rule](stacked)
 
 
-def server(args, ctx, run, shard, optimizer, val_loader, servers_control):
+def server(args, ctx, run, shard, optimizer, val_loader):
     """Per step, sync: answer every client's pull, take every push, apply their aggregate; async: answer
     pulls until the next worker step arrives, apply it unless it is too stale. At each epoch's end,
     evaluate and save. Then tell every client to stop, and write the counts into summary.json."""
@@ -348,15 +348,21 @@ def server(args, ctx, run, shard, optimizer, val_loader, servers_control):
         if run.end_epoch(run.meter.summary(), val_loader):
             break
     drain(clients, tally, shard, optimizer)
-    dist.all_reduce(tally["counts"], group=servers_control)
-    honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = tally["counts"].long().tolist()
-    most = torch.tensor([tally["stale"], tally["oldest"]])  # (every server drops and applies on its own)
-    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=servers_control)
-    stale, oldest = most.tolist()
     run.finish(val_loader, mode=args.mode, aggregate=args.aggregate, attack=args.attack, byzantine=args.byzantine,
                servers=args.servers, validators=args.validators, workers=ctx.world_size - first_worker,
-               honest_pushed=honest_pushed, honest_rejected=honest_rejected, byzantine_pushed=byzantine_pushed,
-               byzantine_rejected=byzantine_rejected, stale_dropped=stale, max_applied_staleness=oldest)
+               **counts_of_every_server(tally, run))
+
+
+def counts_of_every_server(tally, run):
+    """The summary's update counts, added up (or the most) over the servers: CPU numbers, over their gloo group
+    (run.control; run.group, on the device, is NCCL's on GPUs)."""
+    dist.all_reduce(tally["counts"], group=run.control)
+    honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = tally["counts"].long().tolist()
+    most = torch.tensor([tally["stale"], tally["oldest"]])  # (every server drops and applies on its own)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=run.control)
+    stale, oldest = most.tolist()
+    return dict(honest_pushed=honest_pushed, honest_rejected=honest_rejected, byzantine_pushed=byzantine_pushed,
+                byzantine_rejected=byzantine_rejected, stale_dropped=stale, max_applied_staleness=oldest)
 
 
 def sync_step(args, run, shard, optimizer, clients, senders, tally):
@@ -526,7 +532,7 @@ def main(args):
         if role == "server":
             run.finish(val_loader)
     elif role == "server":
-        server(args, ctx, run, shard, optimizer, val_loader, servers_control)
+        server(args, ctx, run, shard, optimizer, val_loader)
     elif role == "validator":
         index = ctx.rank - args.servers
         sampler = DistributedSampler(held_out, num_replicas=args.validators, rank=index, seed=args.seed or 0)
