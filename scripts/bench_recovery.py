@@ -13,15 +13,25 @@
    get SIGTERM, is any loss non-finite? agreed without waiting, read a step later):
    microseconds per call on 2 processes, and its share of one training step of the
    run in 2.
-Writes figures/data/recovery.json (with the hardware) and prints it. The killed
-run goes to runs/figures/recovery/; once it has finished, a new start reads it
-again instead of training it again.
+4. The same restart for every recipe that trains on several processes (lenet on the
+   digits, 3 epochs, the kill a third into epoch 2): ddp; fsdp in each --shard mode,
+   with and without --sharded-checkpoint (from which --auto-resume then resumes); ps
+   sync and async, a worker killed and a server killed; the pipeline under each
+   --sync, a stage killed. Per row: the seconds from the kill to the first step after
+   the restart, the steps redone (rank 0's, from its position at the kill back to the
+   checkpoint resumed from), and the final top-1 against uninterrupted runs: the same
+   seed where the method is deterministic (it must be equal), else seeds 0, 1 and 2
+   (it should lie within their range).
+Writes figures/data/recovery.json and recovery_recipes.csv (with the hardware) and
+prints them. The runs go to runs/figures/recovery/; once one has finished, a new
+start reads it again instead of training it again.
 """
 
 import argparse
 import csv
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -44,6 +54,22 @@ from scripts.measuring import DEMO_MODEL, QUICK_MODEL, hardware  # noqa: E402
 
 DEMO = [*DEMO_MODEL, "-b", "32", "--lr", "0.05", "-j", "1", "--seed", "0"]
 QUICK = [*QUICK_MODEL, "-b", "4", "-j", "0", "--seed", "0"]
+# the per-recipe rows: lenet on the digits (the ps and pipeline tables' model), -b 16 per process, print every step
+RECIPES = ["-a", "lenet", "--image-size", "28", "-b", "16", "--lr", "0.1", "-j", "0", "-p", "1", "--epochs", "3"]
+QUICK_RECIPES = [*QUICK_MODEL, "-b", "4", "-j", "0", "-p", "1", "--epochs", "3"]
+PIPELINE = ["--stages", "2", "--microbatches", "2"]
+# (row, recipe, processes, flags, the rank killed, deterministic: a resumed run ends exactly as an uninterrupted one)
+CASES = [("ddp", "ddp", 2, [], 1, True)] + [
+    (f"fsdp {shard}{' sharded checkpoint' if dcp else ''}", "fsdp", 2, ["--shard", shard, *dcp], 1, True)
+    for shard in ("none", "optimizer", "grad-op", "full") for dcp in ([], ["--sharded-checkpoint"])
+    if not (shard == "optimizer" and dcp)] + [
+    (f"ps {mode}, {what} killed", "ps", 4, ["--mode", mode, "--servers", str(servers)], victim, mode == "sync")
+    for mode in ("sync", "async") for what, servers, victim in (("a worker", 1, 3), ("a server", 2, 1))] + [
+    (f"pipeline {sync}", "pipeline", 6 if sync == "hetpipe" else 4, [*PIPELINE, "--sync", sync], 3,
+     sync in ("allreduce", "adpsgd")) for sync in ("allreduce", "preduce", "adpsgd", "hetpipe")]
+RECIPE_FIELDS = ["row", "recipe", "processes", "killed_rank", "deterministic", "finished", "kill_to_first_step_s",
+                 "steps_redone", "steps_per_epoch", "top1", "reference_top1", "reference_min", "reference_max",
+                 "as_uninterrupted", "cpu", "cores", "gpu", "torch"]
 
 
 def seconds_per_save(arch, num_classes, repeats):
@@ -128,6 +154,105 @@ def killed_run(data, flags, out, steps_per_epoch, into_epoch_2):
             "train_epoch_s": epoch_s, "steps_redone": into_epoch_2}
 
 
+def position(line):
+    """(epoch, step) done, from a progress line 'epoch E step S/N ...' (counting from 1) or a resume line
+    'resuming ...: E epoch(s) and S step(s) done'; and N (or None)."""
+    found = re.search(r"epoch (\d+) step (\d+)/(\d+)", line)
+    if found:
+        epoch, step, steps = map(int, found.groups())
+        return (epoch - 1, step), steps
+    found = re.search(r"(\d+) epoch\(s\) and (\d+) step\(s\) done", line)
+    return (tuple(map(int, found.groups())), None) if found else (None, None)
+
+
+def steps_redone(output):
+    """Rank 0's steps between its last progress line before the restart and the checkpoint resumed from."""
+    lines = output.splitlines()
+    resumed = next(i for i, line in enumerate(lines) if line.startswith("resuming ") and "done" in line)
+    last = [position(line) for line in lines[:resumed] if line.startswith("epoch ")][-1]
+    (epoch, step), steps = last
+    (resumed_epoch, resumed_step), _ = position(lines[resumed])
+    return (epoch - resumed_epoch) * steps + step - resumed_step, steps
+
+
+def victim_steps(case, train_images, batch):
+    """The steps per epoch of the rank a case kills, as it counts them (a parameter-server worker its pushes, an
+    async server its updates)."""
+    _, recipe, processes, extra, victim, _ = case
+    if recipe == "ps":
+        servers = int(extra[extra.index("--servers") + 1])
+        workers = processes - servers
+        steps = -(-train_images // workers) // batch
+        return steps * workers if victim < servers and "async" in extra else steps
+    shards = processes // 2 - ("hetpipe" in extra) if recipe == "pipeline" else processes  # replicas
+    return -(-train_images // shards) // batch
+
+
+def killed_recipe(data, flags, case, out, victim_steps_per_epoch):
+    """One row's recipe under torchrun --max-restarts=1 --auto-resume, rank `victim` SIGKILLed a third into epoch 2
+    (counted in its own steps): the row's measurements."""
+    row, recipe, processes, extra, victim, _ = case
+    times = out / "times.jsonl"
+    fault = ["--fault", "kill", "--step", str(victim_steps_per_epoch + victim_steps_per_epoch // 3), "--rank",
+             str(victim), "--times", str(times)]
+    command = [*measuring.python_command(processes)[1:], "--max-restarts=1", str(ROOT / "scripts" / "inject_fault.py"),
+               *fault, "--", str(ROOT / "recipes" / recipe / "train.py"), str(data), *flags, *extra, "--auto-resume",
+               "--out", str(out / "run")]
+    launch = measuring.launch_of(recipe, processes, command, threads=1)
+    if measuring.finished_summary(out, launch) is not None:
+        measuring.note_reused(out)
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        (out / "launch.json").write_text(json.dumps(launch, indent=2) + "\n")
+        started = time.perf_counter()
+        result = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+        measuring.note_trained(out, time.perf_counter() - started)
+        (out / "output.log").write_text(result.stdout + result.stderr)
+        if result.returncode == 0 and (out / "run" / "summary.json").exists():
+            shutil.copy(out / "run" / "summary.json", out / "summary.json")  # what a new start looks for
+    events = [json.loads(line) for line in times.read_text().splitlines()] if times.exists() else []
+    killed = next((e["time"] for e in events if e["event"] == "fault"), None)
+    resumed = min((e["time"] for e in events if e["event"] == "first_step"), default=None)
+    finished = (out / "summary.json").exists()
+    redone, steps = steps_redone((out / "output.log").read_text()) if finished else (None, None)
+    return {"row": row, "recipe": recipe, "processes": processes, "killed_rank": victim, "finished": finished,
+            "kill_to_first_step_s": round(resumed - killed, 1) if killed and resumed else None,
+            "steps_redone": redone, "steps_per_epoch": steps,
+            "top1": json.loads((out / "summary.json").read_text())["top1"] if finished else None}
+
+
+def slug(row):
+    return re.sub(r"[^a-z0-9]+", "-", row).strip("-")
+
+
+def recipe_rows(data, flags, runs, train_images, quick, only=None):
+    """Every case (only: those whose slug() is in it) killed and restarted, beside its uninterrupted runs (seed 0;
+    and 1, 2 where not deterministic)."""
+    rows, batch = [], int(flags[flags.index("-b") + 1])
+    for case in CASES:
+        row, recipe, processes, extra, _, deterministic = case
+        name = slug(row)
+        if only and name not in only:
+            continue
+        measured = killed_recipe(data, [*flags, "--seed", "0"], case, runs / name / "killed",
+                                 victim_steps(case, train_images, batch))
+        seeds = [0] if deterministic or quick else measuring.SEEDS
+        references = [measuring.train(recipe, processes, [data, *flags, *extra, "--seed", seed],
+                                      runs / name / f"seed{seed}", threads=1, env={"CUDA_VISIBLE_DEVICES": ""})["top1"]
+                      for seed in seeds]
+        top1 = measured["top1"]
+        same = top1 is not None and (top1 == references[0] if deterministic else
+                                     min(references) <= top1 <= max(references))
+        rows.append({**measured, "deterministic": deterministic, "reference_top1": references[0],
+                     "reference_min": min(references), "reference_max": max(references), "as_uninterrupted": same,
+                     **hardware()})
+        print(f"{row:36s} {measured['kill_to_first_step_s']} s to the first step after the restart, "
+              f"{measured['steps_redone']} steps redone, top-1 {top1} (uninterrupted: {references})", flush=True)
+    return rows
+
+
 def main():
     started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,6 +260,8 @@ def main():
     parser.add_argument("--quick", metavar="DIR", help="lenet on this tiny folder instead, for tests")
     parser.add_argument("--json", default="figures/data/recovery.json", help="where to write the results")
     parser.add_argument("--runs", default="runs/figures/recovery", help="where the killed run goes")
+    parser.add_argument("--cases", nargs="+", choices=[slug(case[0]) for case in CASES],
+                        help="the per-recipe rows to measure (default: all)")
     args = parser.parse_args()
     data, flags, arch = (args.quick, QUICK, "lenet") if args.quick else (args.data, DEMO, "resnet18")
     if not (Path(data) / "train").is_dir():
@@ -157,9 +284,13 @@ def main():
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+    rows = recipe_rows(data, QUICK_RECIPES if args.quick else RECIPES, Path(args.runs) / "recipes", train_images,
+                       args.quick, args.cases)
+    measuring.write_csv(Path(args.json).with_name("recovery_recipes.csv"), RECIPE_FIELDS, rows)
     measuring.record_part(Path(args.json).parent, "recovery", started)
-    if not recovery["finished"]:
-        sys.exit("error: the killed run did not finish after its restart")
+    unfinished = [row["row"] for row in rows if not row["finished"]] + ([] if recovery["finished"] else ["ddp demo"])
+    if unfinished:
+        sys.exit(f"error: killed runs that did not finish after their restart: {', '.join(unfinished)}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from recipes.common import distributed, faults  # noqa: E402
+from recipes.common import bookkeeping, distributed, pushpull  # noqa: E402
 
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
 
@@ -68,12 +68,14 @@ def main():
     armed = fault is not None and attempt == args.attempt and not fired(args.times, rank)
     if args.fault == "term-parent" and "TORCHELASTIC_RUN_ID" not in os.environ:
         sys.exit("error: --fault term-parent signals torchrun's agent: run it under torchrun")
-    steps = 0
+    steps, counted_by = 0, None
 
-    after_step = faults.StopCheck.after_step
-
-    def after_step_with_fault(check, loss, epoch, step):
-        nonlocal steps
+    def stepped(by, loss, epoch=None, step=None):
+        """After each step of this process (the first hook to fire counts them): the fault, when it is due."""
+        nonlocal steps, counted_by
+        counted_by = counted_by or by
+        if by != counted_by:
+            return loss
         steps += 1
         if attempt != args.attempt and steps == 1:
             record(args.times, "first_step", attempt=attempt, rank=rank)
@@ -88,9 +90,22 @@ def main():
                 os.killpg(os.getpgid(0), signal.SIGTERM)
             else:
                 os.kill(os.getpid(), SIGNALS[fault])
-        return after_step(check, loss, epoch, step)
+        return loss
 
-    faults.StopCheck.after_step = after_step_with_fault
+    # a Run's step (every recipe's training ranks, the parameter servers), before its stop check ...
+    step_done = bookkeeping.Run.step_done
+    bookkeeping.Run.step_done = lambda run, loss, *a, **k: step_done(run, stepped("run", loss, run.epoch, run.step),
+                                                                     *a, **k)
+    # ... or, in a rank without one (a parameter server's worker or validator), its pull before the next step
+    pull, pulls = pushpull.pull, 0
+
+    def pull_after_a_step(*a, **k):
+        nonlocal pulls
+        pulls += 1
+        if pulls > 1:
+            stepped("pull", None)
+        return pull(*a, **k)
+    pushpull.pull = pull_after_a_step
     if armed and fault == "hang-init":
         distributed.init_distributed_mode = lambda _: time.sleep(3600)
 

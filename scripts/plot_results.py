@@ -313,6 +313,27 @@ def recovery_table(recovery):
                    f"{100 * recovery['stop_check_share_of_step']:.2f} %" if check else ""]])
 
 
+def recovery_recipes_table(rows):
+    """Each recipe killed and restarted under torchrun (bench_recovery.py, recovery_recipes.csv)."""
+    def compared(row):
+        if row["top1"] == "":
+            return "did not finish"
+        if row["deterministic"] == "True":
+            return f"{'equal to' if row['as_uninterrupted'] == 'True' else 'differs from'} seed 0's {row['reference_top1']}"
+        return (f"{'within' if row['as_uninterrupted'] == 'True' else 'outside'} seeds 0-2's "
+                f"{row['reference_min']}-{row['reference_max']}")
+    body = table(["recipe", "processes", "rank killed", "kill to first step after restart (s)",
+                  "steps redone (of an epoch)", "final top-1", "against uninterrupted runs"],
+                 [[row["row"], row["processes"], row["killed_rank"], row["kill_to_first_step_s"],
+                   f"{row['steps_redone']} (of {row['steps_per_epoch']})" if row["steps_redone"] else "",
+                   row["top1"], compared(row)] for row in rows])
+    first = rows[0]
+    unfinished = [row["row"] for row in rows if row["finished"] != "True"]
+    return body + (f"\n\n{len(rows) - len(unfinished)} of {len(rows)} killed runs finished after their restart"
+                   f"{': not ' + ', '.join(unfinished) if unfinished else ''}; on {first['cpu']} ({first['cores']} "
+                   f"cores), torch {first['torch']}.")
+
+
 def method_label(row):
     return row["method"] + (" + error feedback" if row["error_feedback"] == "1" else "")
 
@@ -954,6 +975,10 @@ def main():
         sections["recovery"] = recovery_table(json.loads((data / "recovery.json").read_text()))
     else:
         missing.append("recovery.json (scripts/bench_recovery.py)")
+    if (data / "recovery_recipes.csv").exists():
+        sections["recovery-recipes"] = recovery_recipes_table(read_csv(data / "recovery_recipes.csv"))
+    else:
+        missing.append("recovery_recipes.csv (scripts/bench_recovery.py)")
     if (data / "compression.csv").exists():
         compression = read_csv(data / "compression.csv")
         plot_compression(compression, figures)

@@ -362,3 +362,80 @@ def test_a_worker_killed_on_one_node_while_its_peer_hangs_restarts_both_nodes(ti
     assert sorted(e["fault"] for e in events if e["event"] == "fault") == ["kill", "stop"]
     assert "resuming" in output and "1 epoch(s) and 0 step(s) done" in output
     assert final(tmp_path / "run") == ddp_reference
+
+
+# a rank (or a replica: all its ranks) that stops, as a hung node does, and what its peers wait on then
+STOPPED_PEER = {  # (recipe, world size, flags, the ranks stopped)
+    "ps-sync": ("ps", 4, ["--mode", "sync"], [3]),  # the server waits for worker 3's push, the workers for a pull
+    "ps-async": ("ps", 4, ["--mode", "async"], [3]),  # the others go on: the server saves, then they wait on it
+    "pipeline-allreduce": ("pipeline", 4, ["--sync", "allreduce"], [2, 3]),
+    "pipeline-preduce": ("pipeline", 4, ["--sync", "preduce"], [2, 3]),
+    "pipeline-adpsgd": ("pipeline", 4, ["--sync", "adpsgd"], [2, 3]),
+    "pipeline-hetpipe": ("pipeline", 4, ["--sync", "hetpipe"], [2]),  # stage 0's server
+}
+
+
+@pytest.mark.parametrize("case", STOPPED_PEER)
+def test_sigterm_ends_a_rank_waiting_on_a_stopped_peer_within_two_seconds(tiny_data, tmp_path, case):
+    """Launched rank by rank (torchrun would itself SIGTERM the others when one dies): a peer stops, and the
+    others, waiting on it, receive SIGTERM, as a scheduler's preemption or torchrun's tear-down sends it. Each
+    ends within 2 s with exit 75 and one line saying whether it saved; a checkpoint it leaves loads."""
+    recipe, world_size, flags, stopped = STOPPED_PEER[case]
+    args = [tiny_data, *TINY, "-b", "4", "--epochs", "100", "--dist-url", f"tcp://127.0.0.1:{free_port()}",
+            "--world-size", world_size, "--dist-timeout", "60", "--out", tmp_path / "run", *flags]
+    if recipe == "pipeline":
+        args += ["--stages", "2", "--microbatches", "2"]
+    outputs = [tmp_path / f"rank{rank}.out" for rank in range(world_size)]
+    ranks = [subprocess.Popen(recipe_command(recipe, [*map(str, args), "--rank", str(rank)]), cwd=ROOT,
+                              env=child_env(), stdout=open(output, "w"), stderr=subprocess.STDOUT)
+             for rank, output in enumerate(outputs)]
+    signalled, ended = None, {}
+    try:
+        deadline = time.monotonic() + 240
+        while "epoch 1 step 3/" not in outputs[0].read_text() and time.monotonic() < deadline:
+            assert all(rank.poll() is None for rank in ranks), outputs[0].read_text()[-3000:]
+            time.sleep(0.05)
+        for rank in stopped:
+            ranks[rank].send_signal(signal.SIGSTOP)
+        time.sleep(0.5)  # the others now wait on it
+        others = [rank for rank in range(world_size) if rank not in stopped]
+        signalled = time.monotonic()
+        for rank in others:
+            ranks[rank].send_signal(signal.SIGTERM)
+        while len(ended) < len(others) and time.monotonic() < signalled + 30:
+            for rank in others:
+                if rank not in ended and ranks[rank].poll() is not None:
+                    ended[rank] = time.monotonic() - signalled
+            time.sleep(0.02)
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    said = {rank: outputs[rank].read_text() for rank in others}
+    assert {rank: ranks[rank].returncode for rank in others} == dict.fromkeys(others, 75), said
+    assert max(ended.values()) < 2.0, ended
+    for rank in others:
+        lines = [line for line in said[rank].splitlines() if "preempted" in line]
+        assert len(lines) == 1 and "Traceback" not in said[rank], said[rank][-3000:]
+        assert ("saved" in lines[0]) != ("without saving" in lines[0]), lines[0]
+    if (tmp_path / "run" / "checkpoint.pt").exists():
+        assert load(tmp_path / "run" / "checkpoint.pt")["model"]
+
+
+@pytest.mark.parametrize("recipe, flags, nproc, victim, resumed", [
+    ("ps", ["--mode", "async"], 4, 3, "checkpoint.pt"), ("ps", ["--mode", "sync"], 4, 3, "checkpoint.pt"),
+    ("pipeline", ["--sync", "preduce", "--stages", "2", "--microbatches", "2"], 4, 3, "checkpoint.pt"),
+    ("fsdp", ["--shard", "full", "--sharded-checkpoint"], 2, 1, "checkpoint_dcp")],
+    ids=["ps-async", "ps-sync", "pipeline-preduce", "fsdp-sharded"])
+def test_a_killed_rank_is_restarted_and_the_run_finishes(tiny_data, tmp_path, recipe, flags, nproc, victim, resumed):
+    """torchrun tears the job down when a rank dies (a worker; a pipeline stage) and starts it again; every rank
+    resumes from what the last checkpoint holds (async ps: the mid-epoch one its servers saved on torchrun's
+    SIGTERM; with --sharded-checkpoint, the directory of shards), and the run ends with all its epochs."""
+    out, times = tmp_path / "run", tmp_path / "times.jsonl"
+    result = injected(recipe, [tiny_data, *TINY, "-b", "4", "--epochs", "5", "--auto-resume", "--out", out, *flags],
+                      "kill", 7, nproc=nproc, torchrun_args=["--max-restarts=1"],
+                      inject_args=["--rank", str(victim), "--times", times])
+    assert result.returncode == 0, result.stderr[-4000:]
+    events = [json.loads(line) for line in times.read_text().splitlines()]
+    assert [e["event"] for e in events].count("fault") == 1  # (attempt 1 ran clean, from the line below)
+    assert f"resuming {out / resumed}" in result.stdout and read_summary(out)["epochs"] == 5, result.stdout[-3000:]

@@ -46,14 +46,21 @@ def test_imagenet_like_folder(tmp_path):
 def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     out = tmp_path / "recovery.json"
     command = [sys.executable, "scripts/bench_recovery.py", "--quick", str(tiny_data), "--json", str(out), "--runs",
-               str(tmp_path / "runs")]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+               str(tmp_path / "runs"), "--cases", "fsdp-full-sharded-checkpoint", "ps-async-a-worker-killed"]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     measured = json.loads(out.read_text())
     assert measured["finished"] and measured["arch"] == "lenet"
     assert 0 < measured["seconds_per_save"] < measured["train_epoch_s"]
     assert 0 < measured["stop_check_us"] and 0 < measured["stop_check_share_of_step"] < 1
     assert measured["kill_to_first_step_s"] > 0 and measured["checkpoint_mb"] > 0
+    rows = {row["row"]: row for row in measuring.read_csv(tmp_path / "recovery_recipes.csv")}
+    fsdp, ps = rows["fsdp full sharded checkpoint"], rows["ps async, a worker killed"]
+    assert fsdp["deterministic"] == "True" and fsdp["as_uninterrupted"] == "True"  # equal to seed 0's top-1
+    assert fsdp["top1"] == fsdp["reference_top1"] and ps["deterministic"] == "False"
+    for row in (fsdp, ps):  # (a worker counts its pushes; rank 0, an async server, every worker's)
+        assert row["finished"] == "True" and float(row["kill_to_first_step_s"]) > 0
+        assert 0 <= int(row["steps_redone"]) <= 2 * int(row["steps_per_epoch"])
 
 
 def write_figures_data(data):

@@ -77,7 +77,8 @@ class Run:
         start_epoch, start_step = self.checkpoint.epoch, self.checkpoint.step
         self.log.start_metrics(start_epoch)
         self.log.start_profiler(self.args.profile, self.device)
-        faults.catch_sigterm()  # from here on, SIGTERM means: save after the current step, then exit
+        faults.catch_sigterm(self.args.out, dist.get_rank() if dist.is_initialized() else 0)  # from here on,
+        # SIGTERM means: save after the current step, then exit
         for epoch in range(start_epoch, self.args.epochs):
             self.epoch, self.first_step = epoch, start_step if epoch == start_epoch else 0
             if not self.first_step:

@@ -225,7 +225,9 @@ def load(path, device):
 
 
 def resume_path(args, group=None):
-    """<out>/checkpoint.pt with --auto-resume when it exists (a relaunch continues), else --resume.
+    """<out>/checkpoint.pt with --auto-resume when it exists (a relaunch continues), else --resume; with
+    --sharded-checkpoint, <out>/checkpoint_dcp instead when it is at least as new (saved after checkpoint.pt at
+    every save: each rank then reads only its shard).
 
     -e with --resume evaluates that checkpoint. Every rank must see the same
     answer (a collective: every rank calls it).
@@ -233,6 +235,10 @@ def resume_path(args, group=None):
     own = Path(args.out) / "checkpoint.pt"
     if not getattr(args, "auto_resume", False) or (args.evaluate and args.resume):
         return args.resume
+    sharded = Path(args.out) / "checkpoint_dcp"
+    if getattr(args, "sharded_checkpoint", False) and (sharded / "meta.json").exists() and (
+            not own.exists() or (sharded / "meta.json").stat().st_mtime >= own.stat().st_mtime):
+        own = sharded
     found = [own.exists()]
     if dist.is_initialized():
         found = [None] * dist.get_world_size(group)

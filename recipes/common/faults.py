@@ -15,17 +15,29 @@ the host without blocking, and taken into the flags once it has arrived (one ste
 later, or a few when the CPU runs ahead), so the CPU can queue the next steps while
 the GPU works. RESULTS.md measures what the check costs.
 
+A rank that waits on another (a parameter server's message, the partial reduce's
+ready queue, an AD-PSGD partner) cannot act on SIGTERM while it waits: the handler
+runs only once the wait returns, and a dead or stopped peer never answers. Those
+waits are marked (waiting_for), and a watch thread that wakes at every signal ends
+the process when a SIGTERM finds it in one for PEER_WAIT_GRACE_S: exit 75, after
+one line saying whether this rank had saved the preemption checkpoint.
+
 Divergence: a non-finite loss stops the run; and every save first checks that the
 weights are finite, so no checkpoint holds NaNs.
 """
 
 import collections
+import contextlib
+import os
 import signal
+import sys
+import threading
+import time
 
 import torch
 import torch.distributed as dist
 
-from recipes.common import RunFailed
+from recipes.common import RunFailed, workers
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, run it again
 
@@ -36,21 +48,95 @@ class Preempted(Exception):
     """Raised by the loop once the preemption checkpoint is saved; the run then exits with EXIT_PREEMPTED."""
 
     def __init__(self, out, epoch, step):
-        super().__init__(f"preempted: SIGTERM received; saved {out}/checkpoint.pt at epoch {epoch + 1} step {step}. "
-                         f"Run the same command with --auto-resume to continue from there "
-                         f"(exit code {EXIT_PREEMPTED})")
+        global _saved
+        _saved = f"{out}/checkpoint.pt at epoch {epoch + 1} step {step}"
+        super().__init__(f"preempted: SIGTERM received; saved {_saved}. Run the same command with --auto-resume to "
+                         f"continue from there (exit code {EXIT_PREEMPTED})")
+
+    @staticmethod
+    def unsaved(out, detail):
+        """The error that ends a rank whose peer went away after a SIGTERM, before the ranks agreed to stop and
+        save: exit 75 (a relaunch resumes). detail: what the lost connection said."""
+        error = RunFailed(f"preempted: SIGTERM received, and a peer went away ({detail}) before the ranks agreed to "
+                          f"save: exiting without saving; --auto-resume continues from the last checkpoint in {out}")
+        error.exit_code = EXIT_PREEMPTED
+        return error
 
 
-def catch_sigterm():
-    """From now on SIGTERM asks the loop to stop at the next step boundary instead of killing.
+def catch_sigterm(out, rank=0):
+    """From now on SIGTERM asks the loop to stop at the next step boundary instead of killing, and a wait on a peer
+    that goes on for PEER_WAIT_GRACE_S after it ends the process (waiting_for). out: the run directory, for the
+    line that says where a resume continues from.
 
     (Data-loader workers ignore SIGTERM, see workers.leave_sigterm_to_the_trainer.)
     """
-    def request_stop(signum, frame):
-        global _sigterm_received
-        _sigterm_received = True
+    global _watching
+    signal.signal(signal.SIGTERM, lambda signum, frame: request_stop())
+    if _watching is None:
+        read_fd, write_fd = os.pipe()  # the C-level handler writes each signal's number here, even while the
+        os.set_blocking(write_fd, False)  # main thread is stuck in a wait that runs no Python handler
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=_watch, args=(read_fd,), name="sigterm-watch", daemon=True).start()
+    _watching = (out, rank)
 
-    signal.signal(signal.SIGTERM, request_stop)
+
+def request_stop():
+    """What SIGTERM does: the next stop check stops every rank (also called for a peer's SIGTERM, learnt from its
+    message: the parameter servers' clients)."""
+    global _sigterm_received
+    _sigterm_received = True
+
+
+def sigterm_received():
+    return _sigterm_received
+
+
+# ---- a wait on a peer, under SIGTERM --------------------------------------------------------------------
+
+PEER_WAIT_GRACE_S = 1.0  # how long a wait on another rank may go on after SIGTERM before this process gives up
+_waiting = None  # (what, since): the main thread's wait on another rank, while it is in one
+_watching = None  # (the run directory, this rank), once catch_sigterm has started the watch
+_saved = None  # where this process saved the preemption checkpoint, once it has
+
+
+@contextlib.contextmanager
+def waiting_for(what):
+    """Mark a wait on another rank (`what` names it, for the line): a SIGTERM that finds the main thread in it for
+    PEER_WAIT_GRACE_S ends the process, exit 75, saving nothing more. Mark only waits, not computation: a step
+    that computes for longer should end normally and save."""
+    global _waiting
+    outer, _waiting = _waiting, (what, time.monotonic())
+    try:
+        yield
+    finally:
+        _waiting = outer
+
+
+def _watch(read_fd):
+    """The watch thread: wakes at each signal; after a SIGTERM, gives up on a marked wait that goes on for
+    PEER_WAIT_GRACE_S (it started, or the SIGTERM came, that long ago)."""
+    while signal.SIGTERM not in os.read(read_fd, 512):
+        pass
+    signalled = time.monotonic()
+    while True:
+        waiting = _waiting
+        if waiting is not None and time.monotonic() - max(waiting[1], signalled) >= PEER_WAIT_GRACE_S:
+            _give_up(waiting[0])
+        time.sleep(0.05)
+
+
+def _give_up(what):
+    """One line, then exit 75 from the watch thread (the main thread is stuck: no exit handlers)."""
+    out, rank = _watching
+    done = (f"saved {_saved} first" if _saved else
+            f"exiting without saving; --auto-resume continues from the last checkpoint in {out}")
+    sys.stderr.write(f"{f'[rank {rank}] ' if rank else ''}preempted: SIGTERM received, and {what} did not come "
+                     f"within {PEER_WAIT_GRACE_S:g} s (a peer stopped or is gone): {done} "
+                     f"(exit code {EXIT_PREEMPTED})\n")  # (one write: ranks sharing a pipe never splice lines)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    workers.kill_helpers()
+    os._exit(EXIT_PREEMPTED)
 
 
 class StopCheck:
@@ -79,7 +165,8 @@ class StopCheck:
         stop = self._agreed()
         work, flags = self._start(arrived_only=False)
         if work is not None:
-            work.wait()
+            with waiting_for("the other ranks' stop checks at the epoch's end"):
+                work.wait()
         self.pending = None
         return self._read(flags) or stop
 
@@ -117,7 +204,8 @@ class StopCheck:
         work, flags = self.pending
         self.pending = None
         if work is not None:
-            work.wait()
+            with waiting_for("the other ranks' stop checks"):
+                work.wait()
         return self._read(flags)
 
     def _read(self, flags):

@@ -9,6 +9,7 @@ import atexit
 import gc
 import os
 import sys
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -76,8 +77,9 @@ def run_main(main, args, rank=0):
     except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
         release(stop)
         try:  # no rank exits before rank 0 has written it: a scheduler may kill the whole job then
-            if dist.is_initialized():
-                dist.barrier(group=distributed.control_group())
+            if dist.is_initialized():  # (rank 0, done writing, waits only so long for the others)
+                with faults.waiting_for("the other ranks, after the checkpoint") if rank == 0 else nullcontext():
+                    dist.barrier(group=distributed.control_group())
         except RuntimeError:
             pass  # a peer is gone; the checkpoint rank 0 was writing is whole or absent, never half
         distributed.cleanup()
@@ -89,6 +91,8 @@ def run_main(main, args, rank=0):
         if explained is None:
             raise  # a bug: keep the traceback
         release(error)
+        if faults.sigterm_received():  # the job is being stopped, and a peer went first: nothing to save with it
+            explained = faults.Preempted.unsaved(args.out, _detail(error))
         fail(explained, rank)
 
 
@@ -97,7 +101,7 @@ def _lost_peer(error, rank, args):
     text = str(error)
     if not (isinstance(error, dist.DistError) or "gloo" in text or "NCCL" in text):
         return None
-    detail = text.strip().splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # without gloo's source path
+    detail = _detail(error)
     if "timed out" in text.lower() or "timeout" in text.lower():
         timeout = getattr(args, "dist_timeout", 0)
         cause = (f"a peer did not answer within --dist-timeout={timeout:g}s: a process of this job "
@@ -106,6 +110,11 @@ def _lost_peer(error, rank, args):
         cause = ("a peer process died or its node went down: look above for its own error, or in the "
                  "system log for an out-of-memory kill")
     return RunFailed(f"rank {rank} lost contact with the other ranks during training ({detail}); {cause}")
+
+
+def _detail(error):
+    """The first sentence of a gloo or NCCL error, without gloo's source path."""
+    return str(error).strip().splitlines()[0].split("] ", 1)[-1].split(". ")[0]
 
 
 def release(error=None):

@@ -23,16 +23,17 @@ import math
 import torch
 import torch.distributed as dist
 
-from recipes.common import RecipeError, distributed
+from recipes.common import RecipeError, distributed, faults
 
 PUSH, SKIP, PULL, BYE = 0, 1, 2, 3  # a gradient; a worker's step with no gradient (rejected); a request; leaving
-HEADER = 14
+HEADER = 15
 # header fields: kind; version (of the weights a gradient was computed on; in a pull, of the client's copy);
 # age (a pull: send the shard once it is this many versions newer); the sender's training statistics
 # (loss x images, top-1 hits, top-5 hits, images); update counts (honest pushed, byzantine pushed, honest
 # rejected, byzantine rejected); stop and lr (a pull's answer: training is over; the server's learning
-# rate); accepted (a validator's push: how many gradients its sum holds)
-KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, ACCEPTED = 0, 1, 2, slice(3, 7), slice(7, 11), 11, 12, 13
+# rate); accepted (a validator's push: how many gradients its sum holds); sigterm (the sender has received
+# SIGTERM: the receiver stops as if it had, so that the servers save and stop, faults.request_stop)
+KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, ACCEPTED, SIGTERM = 0, 1, 2, slice(3, 7), slice(7, 11), 11, 12, 13, 14
 
 
 def partition(sizes, partition_bytes, servers, element_bytes=4):
@@ -87,6 +88,7 @@ def copy_into(params, vector):
 def header(kind, version=0, stats=None, counts=None, age=1, accepted=0):
     message = torch.zeros(HEADER, dtype=torch.float64)
     message[KIND], message[VERSION], message[AGE], message[ACCEPTED] = kind, version, age, accepted
+    message[SIGTERM] = faults.sigterm_received()
     if stats is not None:
         message[STATS] = stats
     if counts is not None:
@@ -95,21 +97,27 @@ def header(kind, version=0, stats=None, counts=None, age=1, accepted=0):
 
 
 def send(message, dst, payload=None):
-    dist.send(message, dst, group=distributed.control_group())
-    if payload is not None:
-        dist.send(payload.contiguous(), dst, group=distributed.control_group())
+    with faults.waiting_for(f"rank {dst} to take a message"):  # (every wait on a peer is marked: faults)
+        dist.send(message, dst, group=distributed.control_group())
+        if payload is not None:
+            dist.send(payload.contiguous(), dst, group=distributed.control_group())
 
 
 def recv_header(src=None):
-    """The next header, from src or (None) from whoever sends first; returns (header, sender)."""
+    """The next header, from src or (None) from whoever sends first; returns (header, sender). A header that
+    says its sender has received SIGTERM makes this process stop as if it had too."""
     message = torch.zeros(HEADER, dtype=torch.float64)
-    sender = dist.recv(message, src, group=distributed.control_group())
+    with faults.waiting_for(f"a message from {'any client' if src is None else f'rank {src}'}"):
+        sender = dist.recv(message, src, group=distributed.control_group())
+    if message[SIGTERM]:
+        faults.request_stop()
     return message, sender
 
 
 def recv_payload(src, numel, dtype=torch.float32):
     payload = torch.empty(numel, dtype=dtype)
-    dist.recv(payload, src, group=distributed.control_group())
+    with faults.waiting_for(f"the rest of rank {src}'s message"):
+        dist.recv(payload, src, group=distributed.control_group())
     return payload
 
 
@@ -143,7 +151,8 @@ def answer_pull(request, client, shard, version, lr, stop=False):
 def push_candidate(validator, message, versions, g):
     """A worker's push to its validator: the header, the versions of the servers' chunks it used, g."""
     send(message, validator, torch.tensor(versions, dtype=torch.float32))
-    dist.send(g, validator, group=distributed.control_group())
+    with faults.waiting_for(f"rank {validator} to take a message"):
+        dist.send(g, validator, group=distributed.control_group())
 
 
 def recv_candidate(src, servers, numel):

@@ -45,8 +45,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.utils.data import DistributedSampler
 from torch.utils.flop_counter import FlopCounterMode
 
-from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, launch, metrics, models, pushpull,
-                            runlog, schedule)
+from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, faults, launch, metrics, models,
+                            pushpull, runlog, schedule)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -224,7 +224,8 @@ def average_gradients(params, group, replicas, straggled):
     """allreduce: the mean of the replicas' gradients, as DDP computes it. Returns whether another replica's
     straggling held this one up (every replica waits for the last), as a tensor on the device."""
     flat = flagged(torch.cat([p.grad.reshape(-1) for p in params]), straggled)
-    dist.all_reduce(flat, group=group)
+    with faults.waiting_for("the stage's other replicas (allreduce)"):  # (every wait on a peer is marked: faults)
+        dist.all_reduce(flat, group=group)
     offset = 0
     for p in params:
         p.grad.copy_(flat[offset:offset + p.numel()].view_as(p) / replicas)
@@ -235,7 +236,8 @@ def average_gradients(params, group, replicas, straggled):
 def average_weights(params, group, replicas, straggled):
     """A full synchronisation: every replica of the stage gets the mean of their weights."""
     flat = flagged(parameters_to_vector(params).detach(), straggled)
-    dist.all_reduce(flat, group=group)
+    with faults.waiting_for("the stage's other replicas (a full synchronisation)"):
+        dist.all_reduce(flat, group=group)
     vector_to_parameters(flat[:-1] / replicas, params)
     return flat[-1] > float(straggled)
 
@@ -249,6 +251,11 @@ def partial_reduce(params, store, stage, args, straggled):
     leads, and makes arrival n+k the next leader. The members send their weights to the leader, which sends
     back the mean. Returns (whether a straggler that arrived later held this replica up, as a tensor on the
     device; the group's size for its leader and 0 for the others, so that each group is counted once)."""
+    with faults.waiting_for("the partial reduce's group"):
+        return _partial_reduce(params, store, stage, args, straggled)
+
+
+def _partial_reduce(params, store, stage, args, straggled):
     replica = dist.get_rank() // args.stages
     n = store.add("arrivals", 1)
     store.set(f"who/{n}", str(replica))
@@ -295,8 +302,9 @@ def pairwise_average(params, replicas, args, epoch, step, straggled):
     # the send and the receive as one group: posted one after the other, both partners would wait in their
     # sends on NCCL once a stage's weights outgrow its buffers
     exchange = [dist.P2POp(dist.isend, mine, partner), dist.P2POp(dist.irecv, theirs, partner)]
-    for request in dist.batch_isend_irecv(exchange):
-        request.wait()
+    with faults.waiting_for(f"rank {partner}, this step's AD-PSGD partner"):
+        for request in dist.batch_isend_irecv(exchange):
+            request.wait()
     vector_to_parameters((mine[:-1] + theirs[:-1]) / 2, params)
     return theirs[-1] > 0, True
 
@@ -344,12 +352,13 @@ def disagreement(params, pipe):
     """The replicas' mean distance (L2, over the whole model) from their average weights."""
     mine = parameters_to_vector(params).detach()
     mean = mine.clone()
-    dist.all_reduce(mean, group=pipe.stage_group)
-    squared = (mine - mean / pipe.replicas).square().sum().reshape(1)
-    dist.all_reduce(squared, group=pipe.pipe_group)  # this replica's stages together
-    distance = squared.sqrt()
-    dist.all_reduce(distance, group=pipe.stage_group)
-    return distance.item() / pipe.replicas
+    with faults.waiting_for("the other replicas at the epoch's end"):
+        dist.all_reduce(mean, group=pipe.stage_group)
+        squared = (mine - mean / pipe.replicas).square().sum().reshape(1)
+        dist.all_reduce(squared, group=pipe.pipe_group)  # this replica's stages together
+        distance = squared.sqrt()
+        dist.all_reduce(distance, group=pipe.stage_group)
+        return distance.item() / pipe.replicas
 
 
 # ---- the replicas: run the pipeline, step, agree ---------------------------------------------------------

@@ -14,8 +14,13 @@ shard of train/ and push it. Messages are point-to-point send/recv (recipes/comm
 --mode sync: each step waits for every worker's push and applies the aggregate of them (--lr is
 scaled to the batch of all workers). --mode async: each push is applied as it arrives (--lr is
 scaled to one worker's batch), to the version it was computed on or a later one; with
---max-staleness D a gradient more than D versions old is dropped and counted. Async goes on
-when a worker dies: the others train its share. Sync ends with one line within --dist-timeout.
+--max-staleness D a gradient more than D versions old is dropped and counted.
+
+A lost process: under torchrun, any death ends the job (torchrun SIGTERMs the others: the
+servers save after their step when the workers still push, and every rank left waiting on a
+peer gives up within a second, exit 75); --max-restarts N with --auto-resume starts it again.
+Launched with --dist-url, one command per process, async goes on when a worker dies (the others
+train its share); sync ends with the lost-peer line, as does every rank when a server dies.
 
 Validators hold out --validation-split of train/ (never val/), compute their own gradient v on
 it, score each candidate gradient g of the workers assigned to them (worker i to validator
@@ -45,8 +50,8 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DistributedSampler
 
-from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, launch, metrics, models, pushpull, runlog,
-                            schedule)
+from recipes.common import (RecipeError, bookkeeping, cli, data, distributed, faults, launch, metrics, models, pushpull,
+                            runlog, schedule)
 from recipes.ps import zeno
 
 ROBUST = ["mean", "median", "trimmed-mean", "krum", "centered-clipping", "phocas"]  # on the servers
@@ -249,7 +254,8 @@ def validator_sync(args, model, batches, chunks, workers, steps, validators_grou
         else:  # zeno: the n - b highest scores among all validators' candidates
             scores = zeno.zeno_scores(loss_at, vector, gradients, lr, args.rho)
             every = [None] * args.validators
-            dist.all_gather_object(every, scores, group=validators_group)
+            with faults.waiting_for("the other validators' scores"):
+                dist.all_gather_object(every, scores, group=validators_group)
             kept = set(zeno.zeno_keep([score for scores_of in every for score in scores_of], args.zeno_b))
             offset = sum(len(scores_of) for scores_of in every[:index])
             accepted = [offset + i in kept for i in range(len(scores))]
@@ -534,6 +540,7 @@ def main(args):
     elif role == "server":
         server(args, ctx, run, shard, optimizer, val_loader)
     elif role == "validator":
+        faults.catch_sigterm(args.out, ctx.rank)  # (a SIGTERM travels with its messages: the servers save, stop)
         index = ctx.rank - args.servers
         sampler = DistributedSampler(held_out, num_replicas=args.validators, rank=index, seed=args.seed or 0)
         loader = data.train_loader(held_out, args, sampler)
@@ -545,6 +552,7 @@ def main(args):
         else:
             validator_async(args, model, batches, chunks, assigned, to_device)
     else:
+        faults.catch_sigterm(args.out, ctx.rank)
         loader = data.train_loader(train_set, args, worker_sampler)
         batches = forever(loader, worker_sampler, start[0], args.seed, ctx.rank - first_worker, start[1])
         worker(args, ctx, model, batches, chunks, remaining_steps if sync else None, num_classes)
