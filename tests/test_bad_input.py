@@ -10,7 +10,7 @@ import torch.distributed.checkpoint as dcp
 from conftest import ROOT, TINY, run_recipe, write_tiny_folder
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from recipes.common import models
+from recipes.common import RecipeError, models
 
 
 def assert_one_clear_line(result, *phrases):
@@ -244,3 +244,72 @@ def test_apex_backend_without_apex_amp(tiny_data, tmp_path):
 def test_evaluate_without_a_checkpoint(tiny_data, tmp_path):
     result = run_recipe("nd", [tiny_data, *TINY, "-e", "--out", tmp_path / "o"], expect_ok=False)
     assert_one_clear_line(result, "--evaluate needs --resume")
+
+
+# The flags whose combinations with each --shard, --sync and parameter-server mode the walk tries, at each value
+WALKED = {"--channels-last": [[], ["--channels-last"]],
+          "--opt-level": [[], ["--opt-level", "O1", "--amp-dtype", "fp16"], ["--opt-level", "O2", "--amp-dtype", "bf16"],
+                          ["--opt-level", "O3", "--amp-dtype", "bf16"]],
+          "--ema-decay": [[], ["--ema-decay", "0.9"]], "--sharded-checkpoint": [[], ["--sharded-checkpoint"]],
+          "--accum-steps": [[], ["--accum-steps", "2"]], "--compile": [[], ["--compile"]]}
+MODES = ([("fsdp", ["--shard", shard]) for shard in ("none", "optimizer", "grad-op", "full")] +
+         [("ps", ["--mode", mode]) for mode in ("sync", "async")] +
+         [("pipeline", ["--sync", sync, "--stages", "2", "--microbatches", "2", "-a", "lenet"])
+          for sync in ("allreduce", "preduce", "adpsgd", "hetpipe")])
+# what each recipe's docstring and README say it does not take (beside the walked flags)
+DOCUMENTED = {"ps": [["--save-every", "2"], ["--profile", "2"], ["--sync-bn"], ["--accum-steps", "2"]],
+              "pipeline": [["--mixup-alpha", "0.2"], ["--cutmix-alpha", "1"], ["--sync-bn"], ["--accum-steps", "2"]],
+              "fsdp": [["--sync-bn"], ["--amp-backend", "apex"]]}
+
+
+def walked_combinations():
+    import itertools
+
+    for recipe, mode in MODES:
+        for combination in itertools.product(*WALKED.values()):
+            yield recipe, [*mode, *(flag for flags in combination for flag in flags)]
+        for flags in DOCUMENTED[recipe]:
+            yield recipe, [*mode, *flags]
+
+
+def test_every_refused_combination_of_flags_and_modes_is_one_line():
+    """Each recipe's flag checks, over every combination of the walked flags with every mode and each documented
+    refusal: a combination is taken, or refused with a RecipeError (one line and exit 2 from launch); nothing
+    else escapes. The combinations taken are run in test_the_combinations_a_mode_takes_train."""
+    import importlib
+
+    for recipe, flags in walked_combinations():
+        parse_args = importlib.import_module(f"recipes.{recipe}.train").parse_args
+        try:
+            parse_args(["data", *flags])
+            taken = True
+        except RecipeError as error:
+            taken, message = False, str(error).strip()
+            assert message and "\n" not in message, (recipe, flags, message)
+        assert taken == documented_as_taken(recipe, flags), (recipe, flags)
+
+
+def documented_as_taken(recipe, flags):
+    """What the docstrings say of a combination: ps and the pipeline take none of the walked flags (nor the
+    documented ones); fsdp refuses --ema-decay, --sync-bn and apex with grad-op and full, --sharded-checkpoint with
+    optimizer and with --ema-decay, and (every recipe) --ema-decay with O3's low-precision weights."""
+    extra = flags[flags.index("-a") + 2:] if recipe == "pipeline" else flags[2:]
+    if recipe != "fsdp":
+        return not extra
+    shard, given = flags[1], set(extra)
+    return not ((shard in ("grad-op", "full") and given & {"--ema-decay", "--sync-bn", "apex"})
+                or ("--sharded-checkpoint" in given and (shard == "optimizer" or "--ema-decay" in given))
+                or ("--ema-decay" in given and "O3" in given))
+
+
+@pytest.mark.parametrize("shard, flags", [
+    ("none", ["--ema-decay", "0.9"]), ("none", ["--sharded-checkpoint"]), ("optimizer", ["--ema-decay", "0.9"]),
+    ("grad-op", ["--sharded-checkpoint"]), ("full", ["--sharded-checkpoint"])])
+def test_the_combinations_a_mode_takes_train(tiny_data, tmp_path, shard, flags):
+    """What test_every_refused_combination_of_flags_and_modes_is_one_line finds taken runs: each --shard mode with
+    every walked flag it takes at once (--compile aside: tests/test_training.py compiles), fp16 with loss scaling,
+    on 2 processes (ps and the pipeline take none of them)."""
+    run_recipe("fsdp", [tiny_data, *TINY, "-b", "4", "--epochs", "1", "--out", tmp_path, "--shard", shard,
+                        "--channels-last", "--opt-level", "O1", "--amp-dtype", "fp16", "--accum-steps", "2", *flags],
+               nproc=2)
+    assert (tmp_path / "summary.json").exists()

@@ -61,6 +61,11 @@ def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     for row in (fsdp, ps):  # (a worker counts its pushes; rank 0, an async server, every worker's)
         assert row["finished"] == "True" and float(row["kill_to_first_step_s"]) > 0
         assert 0 <= int(row["steps_redone"]) <= 2 * int(row["steps_per_epoch"])
+    from scripts import plot_results  # the script's own output, drawn into RESULTS.md's table
+
+    text = plot_results.recovery_recipes_table(list(rows.values()))
+    assert f"| fsdp full sharded checkpoint | 2 | 1 | {fsdp['kill_to_first_step_s']} |" in text
+    assert f"equal to seed 0's {fsdp['top1']}" in text and "2 of 2 killed runs finished" in text
 
 
 def write_figures_data(data):
