@@ -71,7 +71,9 @@ def main():
     steps, counted_by = 0, None
 
     def stepped(by, loss, epoch=None, step=None):
-        """After each step of this process (the first hook to fire counts them): the fault, when it is due."""
+        """After each step of this process: the fault, when it is due. Two hooks call it; the steps are counted
+        by the one that fires first, which stays the one: Run.step_done in a rank that trains with a Run (a
+        hetpipe replica pulls too, but its first step ends before its second pull), pushpull.pull in one without."""
         nonlocal steps, counted_by
         counted_by = counted_by or by
         if by != counted_by:

@@ -273,9 +273,10 @@ def walked_combinations():
 
 
 def test_every_refused_combination_of_flags_and_modes_is_one_line():
-    """Each recipe's flag checks, over every combination of the walked flags with every mode and each documented
-    refusal: a combination is taken, or refused with a RecipeError (one line and exit 2 from launch); nothing
-    else escapes. The combinations taken are run in test_the_combinations_a_mode_takes_train."""
+    """Each recipe's flag checks (parse_args), over every combination of the walked flags with every mode and each
+    documented refusal: a combination is taken, or refused with a one-line RecipeError (exit 2 from launch), as
+    the docstrings say; nothing else escapes. Refusals that need the world size are test_ps's and
+    test_pipeline's; each mode's taken flags train together in test_the_combinations_a_mode_takes_train."""
     import importlib
 
     for recipe, flags in walked_combinations():

@@ -116,7 +116,7 @@ class Run:
         self.log.profile_step()
         if check_stop and self.stop_check.after_step(loss, self.epoch, step):  # SIGTERM on a rank: all stop here
             self.save_mid_epoch(step + 1)
-            raise faults.Preempted(args.out, self.epoch, step + 1)
+            raise faults.preempted_after_saving(args.out, self.epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:
             self.save_mid_epoch(step + 1)
 
@@ -146,7 +146,7 @@ class Run:
         stop checks of the epoch's last steps, where every rank meets: after a SIGTERM, save and stop."""
         if self.stop_check.at_epoch_end(self.epoch):
             self.save_mid_epoch(self.steps_per_epoch)
-            raise faults.Preempted(self.args.out, self.epoch, self.steps_per_epoch)
+            raise faults.preempted_after_saving(self.args.out, self.epoch, self.steps_per_epoch)
         epoch, lr = self.epoch + 1, self.epoch_lr  # epochs count from 1 in logs
         self.evaluate(val_loader)
         self.log.epoch(epoch, "train", train_stats, lr)

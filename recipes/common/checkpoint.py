@@ -76,7 +76,8 @@ class Checkpoint:
             save(state, self.args.out, is_best)
         if getattr(self.args, "sharded_checkpoint", False):
             meta = {key: value for key, value in state.items() if key not in ("model", "optimizer", "rng")}
-            save_sharded(Path(self.args.out) / "checkpoint_dcp", self.model, self.optimizer, meta, self.group)
+            save_sharded(Path(self.args.out) / "checkpoint_dcp", self.model, self.optimizer, meta, state["rng"],
+                         self.group)
 
     def resume(self, log):
         """Load --resume, or <out>/checkpoint.pt with --auto-resume, when there is one, and say so.
@@ -138,20 +139,22 @@ def save(state, out_dir, is_best):
             _replace_atomically(path.with_name("best.pt"), lambda f: shutil.copyfileobj(src, f))
 
 
-def save_sharded(path, model, optimizer, meta, group=None):
+def save_sharded(path, model, optimizer, meta, rng, group=None):
     """--sharded-checkpoint: every rank writes its own shard of the model and optimizer into a DCP directory
     (on a file system that every node sees); rank 0 adds meta.json (the checkpoint's other entries and the
-    world size). Written beside path, then renamed over it: a crash leaves the old one (or path.old). group: the
-    gloo group of the ranks that save it (DCP plans over it)."""
+    world size) and rng.pt (every rank's random state). Written beside path, then renamed over it: a crash leaves
+    the old one (or path.old). group: the gloo group of the ranks that save it (DCP plans over it)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)  # DTensors: each rank's shard
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp, process_group=group)
+    # (a str: a Path would be pickled into .metadata, as a class that differs between Python versions)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp), process_group=group)
     if rank == 0:
         world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        torch.save(rng, tmp / "rng.pt")
         (tmp / "meta.json").write_text(json.dumps({**meta, "world_size": world_size}, indent=2) + "\n")
         shutil.rmtree(old, ignore_errors=True)
         if path.exists():
@@ -195,7 +198,18 @@ def load_sharded(path, model, optimizer, arch, num_classes, log, group=None):
     world_size = dist.get_world_size(group) if dist.is_initialized() else 1
     if meta["world_size"] != world_size:
         log.print(f"resharding {path}: saved by {meta['world_size']} rank(s), loaded by {world_size}")
-    return {**meta, "model": None, "optimizer": None}
+    return {**meta, "model": None, "optimizer": None, "rng": _load_rng(path / "rng.pt")}
+
+
+def _load_rng(path):
+    """A sharded checkpoint's random states (none in one saved before they were kept there)."""
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # (weights_only refuses code; a cut-off file fails to unpickle)
+        raise RecipeError(f"{path} is corrupt or not the random states of a sharded checkpoint: "
+                          f"{_first_line(error)}") from None
 
 
 def _barrier():
@@ -232,22 +246,22 @@ def resume_path(args, group=None):
     -e with --resume evaluates that checkpoint. Every rank must see the same
     answer (a collective: every rank calls it).
     """
-    own = Path(args.out) / "checkpoint.pt"
+    own, sharded = Path(args.out) / "checkpoint.pt", Path(args.out) / "checkpoint_dcp"
     if not getattr(args, "auto_resume", False) or (args.evaluate and args.resume):
         return args.resume
-    sharded = Path(args.out) / "checkpoint_dcp"
-    if getattr(args, "sharded_checkpoint", False) and (sharded / "meta.json").exists() and (
-            not own.exists() or (sharded / "meta.json").stat().st_mtime >= own.stat().st_mtime):
-        own = sharded
-    found = [own.exists()]
+    newer = getattr(args, "sharded_checkpoint", False) and (sharded / "meta.json").exists() and (
+        not own.exists() or (sharded / "meta.json").stat().st_mtime >= own.stat().st_mtime)
+    mine = (own.exists() or newer, newer)  # (a checkpoint to resume, and is it the sharded one)
+    found = [mine]
     if dist.is_initialized():
         found = [None] * dist.get_world_size(group)
-        dist.all_gather_object(found, own.exists(), group=group)
-    if any(found) and not all(found):
-        missing = [rank for rank, seen in enumerate(found) if not seen]
+        dist.all_gather_object(found, mine, group=group)
+    own = sharded if found[0][1] else own  # (rank 0's choice: file times may differ between nodes)
+    if any(exists for exists, _ in found) and not all(exists for exists, _ in found):
+        missing = [rank for rank, (seen, _) in enumerate(found) if not seen]
         raise RecipeError(f"{own} exists for some ranks but not for ranks {missing}: with --auto-resume, --out "
                           f"must be on a file system that every node sees")
-    return own if all(found) else args.resume
+    return own if all(exists for exists, _ in found) else args.resume
 
 
 def resume(path, device, arch, num_classes, model, optimizer=None, scheduler=None, scaler=None, global_batch=None,

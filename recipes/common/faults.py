@@ -19,8 +19,9 @@ A rank that waits on another (a parameter server's message, the partial reduce's
 ready queue, an AD-PSGD partner) cannot act on SIGTERM while it waits: the handler
 runs only once the wait returns, and a dead or stopped peer never answers. Those
 waits are marked (waiting_for), and a watch thread that wakes at every signal ends
-the process when a SIGTERM finds it in one for PEER_WAIT_GRACE_S: exit 75, after
-one line saying whether this rank had saved the preemption checkpoint.
+the process when a SIGTERM finds it in one for longer than its grace (1 s, or three
+times the longest of the rank's recent waits): exit 75, after one line saying
+whether the preemption checkpoint had been saved.
 
 Divergence: a non-finite loss stops the run; and every save first checks that the
 weights are finite, so no checkpoint holds NaNs.
@@ -37,7 +38,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from recipes.common import RunFailed, workers
+from recipes.common import RunFailed
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, run it again
 
@@ -45,45 +46,55 @@ _sigterm_received = False
 
 
 class Preempted(Exception):
-    """Raised by the loop once the preemption checkpoint is saved; the run then exits with EXIT_PREEMPTED."""
+    """Raised once the ranks have agreed to stop after a SIGTERM (and, where the run has a checkpoint to write,
+    once it is saved); the run then exits with EXIT_PREEMPTED."""
 
-    def __init__(self, out, epoch, step):
-        global _saved
-        _saved = f"{out}/checkpoint.pt at epoch {epoch + 1} step {step}"
-        super().__init__(f"preempted: SIGTERM received; saved {_saved}. Run the same command with --auto-resume to "
-                         f"continue from there (exit code {EXIT_PREEMPTED})")
 
-    @staticmethod
-    def unsaved(out, detail):
-        """The error that ends a rank whose peer went away after a SIGTERM, before the ranks agreed to stop and
-        save: exit 75 (a relaunch resumes). detail: what the lost connection said."""
-        error = RunFailed(f"preempted: SIGTERM received, and a peer went away ({detail}) before the ranks agreed to "
-                          f"save: exiting without saving; --auto-resume continues from the last checkpoint in {out}")
-        error.exit_code = EXIT_PREEMPTED
-        return error
+def preempted_after_saving(out, epoch, step):
+    """The Preempted of a run whose checkpoint this process has just saved (or, on ranks > 0, seen saved)."""
+    global _saved
+    _saved = f"{out}/checkpoint.pt at epoch {epoch + 1} step {step}"
+    return Preempted(f"preempted: SIGTERM received; saved {_saved}. Run the same command with --auto-resume to "
+                     f"continue from there (exit code {EXIT_PREEMPTED})")
+
+
+def preempted_without_saving(out, detail):
+    """The error that ends a rank whose peer went away after a SIGTERM, before the ranks agreed to stop and save:
+    exit 75 (a relaunch resumes). detail: what the lost connection said."""
+    error = RunFailed(f"preempted: SIGTERM received, and a peer went away ({detail}) before the ranks agreed to "
+                      f"save: exiting without saving; --auto-resume continues from the last checkpoint in {out}")
+    error.exit_code = EXIT_PREEMPTED
+    return error
 
 
 def catch_sigterm(out, rank=0):
     """From now on SIGTERM asks the loop to stop at the next step boundary instead of killing, and a wait on a peer
-    that goes on for PEER_WAIT_GRACE_S after it ends the process (waiting_for). out: the run directory, for the
-    line that says where a resume continues from.
+    that outlasts its grace after it ends the process (waiting_for). out: the run directory, for the line that
+    says where a resume continues from. Call it once the data loaders exist (they start their fork server with
+    SIGTERM ignored for a moment).
 
     (Data-loader workers ignore SIGTERM, see workers.leave_sigterm_to_the_trainer.)
     """
-    global _watching
+    global _watching, _wake
     signal.signal(signal.SIGTERM, lambda signum, frame: request_stop())
     if _watching is None:
-        read_fd, write_fd = os.pipe()  # the C-level handler writes each signal's number here, even while the
-        os.set_blocking(write_fd, False)  # main thread is stuck in a wait that runs no Python handler
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        read_fd, _wake = os.pipe()  # the C-level handler writes each signal's number here, even while the main
+        os.set_blocking(_wake, False)  # thread is stuck in a wait that runs no Python handler
+        signal.set_wakeup_fd(_wake, warn_on_full_buffer=False)
+        os.register_at_fork(after_in_child=_forget_watch)  # (a forked child's signals are its own)
         threading.Thread(target=_watch, args=(read_fd,), name="sigterm-watch", daemon=True).start()
     _watching = (out, rank)
 
 
 def request_stop():
-    """What SIGTERM does: the next stop check stops every rank (also called for a peer's SIGTERM, learnt from its
-    message: the parameter servers' clients)."""
+    """What SIGTERM does: the next stop check stops every rank, and the watch starts timing waits on peers. Also
+    called for a peer's SIGTERM, learnt from its message (the parameter servers and their clients)."""
     global _sigterm_received
+    if not _sigterm_received and _wake is not None:
+        try:
+            os.write(_wake, bytes([signal.SIGTERM]))  # (a real SIGTERM has written it already: one more is harmless)
+        except OSError:
+            pass
     _sigterm_received = True
 
 
@@ -93,50 +104,76 @@ def sigterm_received():
 
 # ---- a wait on a peer, under SIGTERM --------------------------------------------------------------------
 
-PEER_WAIT_GRACE_S = 1.0  # how long a wait on another rank may go on after SIGTERM before this process gives up
+# How long a wait on another rank may go on after a SIGTERM before this process gives up on it: 1 s, or three
+# times the longest of its last 50 waits (a healthy run whose peers compute for seconds is not cut short); the
+# first waits after catch_sigterm, which absorb the ranks' different start-up times, are not counted
+PEER_WAIT_GRACE_S, GRACE_TIMES_RECENT, RECENT_WAITS, START_WAITS = 1.0, 3, 50, 3
 _waiting = None  # (what, since): the main thread's wait on another rank, while it is in one
-_watching = None  # (the run directory, this rank), once catch_sigterm has started the watch
+_recent = collections.deque(maxlen=RECENT_WAITS)  # how long the last waits took (seconds)
+_started_waits = 0  # waits since catch_sigterm, up to START_WAITS
+_lock = threading.Lock()  # the main thread leaves a wait, or the watch gives up on it: never both
+_watching = _wake = None  # (the run directory, this rank) and the pipe's write end, once catch_sigterm ran
 _saved = None  # where this process saved the preemption checkpoint, once it has
 
 
 @contextlib.contextmanager
 def waiting_for(what):
-    """Mark a wait on another rank (`what` names it, for the line): a SIGTERM that finds the main thread in it for
-    PEER_WAIT_GRACE_S ends the process, exit 75, saving nothing more. Mark only waits, not computation: a step
-    that computes for longer should end normally and save."""
-    global _waiting
+    """Mark a wait on another rank (`what` names it, for the line). SIGTERM cannot interrupt it: Python runs the
+    handler only once the wait returns, and a dead or stopped peer never answers. A SIGTERM that finds the main
+    thread in it for grace() seconds therefore ends the process from the watch thread, exit 75. Mark waits, not
+    computation: a step that computes for longer should end normally and save."""
+    global _waiting, _started_waits
     outer, _waiting = _waiting, (what, time.monotonic())
     try:
         yield
     finally:
-        _waiting = outer
+        with _lock:
+            if _watching is not None and _started_waits >= START_WAITS:
+                _recent.append(time.monotonic() - _waiting[1])
+            _started_waits += _watching is not None
+            _waiting = (outer[0], time.monotonic()) if outer else None  # (the outer wait's clock starts again)
+
+
+def grace():
+    return max(PEER_WAIT_GRACE_S, GRACE_TIMES_RECENT * max(_recent, default=0.0))
 
 
 def _watch(read_fd):
-    """The watch thread: wakes at each signal; after a SIGTERM, gives up on a marked wait that goes on for
-    PEER_WAIT_GRACE_S (it started, or the SIGTERM came, that long ago)."""
+    """The watch thread: wakes at each signal; after a SIGTERM, gives up on a marked wait that has gone on for
+    grace() seconds since it started or since the SIGTERM, whichever came later."""
     while signal.SIGTERM not in os.read(read_fd, 512):
         pass
     signalled = time.monotonic()
     while True:
-        waiting = _waiting
-        if waiting is not None and time.monotonic() - max(waiting[1], signalled) >= PEER_WAIT_GRACE_S:
-            _give_up(waiting[0])
+        with _lock:
+            if _waiting is not None and time.monotonic() - max(_waiting[1], signalled) >= grace():
+                _give_up(_waiting[0])  # (holding the lock: the main thread cannot leave the wait meanwhile)
         time.sleep(0.05)
 
 
 def _give_up(what):
-    """One line, then exit 75 from the watch thread (the main thread is stuck: no exit handlers)."""
+    """One line, then exit 75 from the watch thread: the main thread is stuck, so no exit handlers run; the loader
+    workers and their fork server die with this process (workers.die_with_parent)."""
     out, rank = _watching
     done = (f"saved {_saved} first" if _saved else
             f"exiting without saving; --auto-resume continues from the last checkpoint in {out}")
     sys.stderr.write(f"{f'[rank {rank}] ' if rank else ''}preempted: SIGTERM received, and {what} did not come "
-                     f"within {PEER_WAIT_GRACE_S:g} s (a peer stopped or is gone): {done} "
+                     f"within {grace():.3g} s (a peer stopped or is gone): {done} "
                      f"(exit code {EXIT_PREEMPTED})\n")  # (one write: ranks sharing a pipe never splice lines)
     sys.stderr.flush()
     sys.stdout.flush()
-    workers.kill_helpers()
     os._exit(EXIT_PREEMPTED)
+
+
+def _forget_watch():
+    """In a child forked from a process with the watch: no wakeup fd, no watch, no SIGTERM handler of the parent's."""
+    global _watching, _wake
+    _watching = _wake = None
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # (forked from a thread other than the main one)
+        pass
 
 
 class StopCheck:

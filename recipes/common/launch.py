@@ -66,15 +66,17 @@ def end(code):
 
 
 def run_main(main, args, rank=0):
-    """main(args), with each way a run can end early turned into one line and an exit code."""
+    """main(args), with each way a run can end early turned into one line and an exit code. rank: the rank the
+    launcher says (its environment), until the process group says (--dist-url sets no environment)."""
     torch.backends.cudnn.benchmark = args.seed is None  # the fastest kernels, unless --seed asks to repeat
     torch.backends.cudnn.deterministic = args.seed is not None
     try:
         main(args)
         release()
     except RecipeError as error:
-        fail(error, rank)
+        fail(error, dist.get_rank() if dist.is_initialized() else rank)
     except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
+        rank = dist.get_rank() if dist.is_initialized() else rank
         release(stop)
         try:  # no rank exits before rank 0 has written it: a scheduler may kill the whole job then
             if dist.is_initialized():  # (rank 0, done writing, waits only so long for the others)
@@ -87,12 +89,13 @@ def run_main(main, args, rank=0):
             print(stop, flush=True)
         sys.exit(faults.EXIT_PREEMPTED)
     except RuntimeError as error:
+        rank = dist.get_rank() if dist.is_initialized() else rank
         explained = _lost_peer(error, rank, args)
         if explained is None:
             raise  # a bug: keep the traceback
         release(error)
         if faults.sigterm_received():  # the job is being stopped, and a peer went first: nothing to save with it
-            explained = faults.Preempted.unsaved(args.out, _detail(error))
+            explained = faults.preempted_without_saving(args.out, _detail(error))
         fail(explained, rank)
 
 

@@ -27,7 +27,9 @@ METADATA_TYPES = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),  # torch.strided and the other layouts, by name
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),  # the directory it was saved to
+    # the directory it was saved to, when given as a Path (pathlib._local: where Python 3.13 moved the classes)
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib._local", "PosixPath"),
+    ("pathlib._local", "PurePosixPath"),
 }
 
 
@@ -57,6 +59,9 @@ def read_metadata(file):
         name = getattr(info, "relative_path", None)
         if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
             raise RecipeError(f"refusing to load {file}: it points to {name!r}, not to a file beside it")
+        target = file.parent / name  # (a link would lead anywhere: a device, a pipe, another user's file)
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            raise RecipeError(f"refusing to load {file}: its {name} is a link or not a plain file")
     return metadata
 
 
@@ -72,7 +77,10 @@ class SafeReader(FileSystemReader):
 
 
 class WeightsOnlyPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner with the entries that are not tensors loaded by torch.load(weights_only=True)."""
+    """DefaultLoadPlanner with the entries that are not tensors loaded by torch.load(weights_only=True).
+
+    load_bytes is DefaultLoadPlanner.load_bytes (torch/distributed/checkpoint/default_planner.py) with that one
+    change: its attributes (flatten_state_dict, mappings, original_state_dict) are the parent's."""
 
     def __init__(self, path):
         super().__init__()

@@ -155,17 +155,6 @@ def stop_helpers():
         tracker._stop()
 
 
-def kill_helpers():
-    """From any thread, when the process must end now (faults: a wait on a dead peer under SIGTERM): kill the
-    loader workers and the fork server without waiting; the resource tracker ends when its pipe closes."""
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-    server = multiprocessing.forkserver._forkserver._forkserver_pid
-    if server is not None:
-        os.kill(server, signal.SIGKILL)
-
-
 @atexit.register  # runs before multiprocessing's exit handler, which would SIGTERM them and wait forever
 def _kill_loader_workers():
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the loader's handler would report them as failed

@@ -224,7 +224,8 @@ def average_gradients(params, group, replicas, straggled):
     """allreduce: the mean of the replicas' gradients, as DDP computes it. Returns whether another replica's
     straggling held this one up (every replica waits for the last), as a tensor on the device."""
     flat = flagged(torch.cat([p.grad.reshape(-1) for p in params]), straggled)
-    with faults.waiting_for("the stage's other replicas (allreduce)"):  # (every wait on a peer is marked: faults)
+    with faults.waiting_for("the stage's other replicas (allreduce)"):  # (every wait on a peer is marked: faults,
+        # and on the CPU: an NCCL collective only queues, and the device waits in its place)
         dist.all_reduce(flat, group=group)
     offset = 0
     for p in params:
@@ -251,40 +252,36 @@ def partial_reduce(params, store, stage, args, straggled):
     leads, and makes arrival n+k the next leader. The members send their weights to the leader, which sends
     back the mean. Returns (whether a straggler that arrived later held this replica up, as a tensor on the
     device; the group's size for its leader and 0 for the others, so that each group is counted once)."""
-    with faults.waiting_for("the partial reduce's group"):
-        return _partial_reduce(params, store, stage, args, straggled)
-
-
-def _partial_reduce(params, store, stage, args, straggled):
-    replica = dist.get_rank() // args.stages
-    n = store.add("arrivals", 1)
-    store.set(f"who/{n}", str(replica))
-    role = store.get(f"member/{n}").decode()
-    flat = flagged(parameters_to_vector(params).detach(), straggled)
-    if role != "lead":  # a member: to the leader and back
-        leader = int(store.get(f"who/{role}")) * args.stages + stage
-        dist.send(flat, leader)
-        dist.recv(flat, leader)
-        vector_to_parameters(flat[:-1], params)
-        return flat[-1] > 0, 0
-    deadline = time.perf_counter() + args.preduce_wait_ms / 1000
-    while not store.check([f"who/{n + args.preduce_size - 1}"]) and time.perf_counter() < deadline:
-        time.sleep(0.001)
-    size = min(args.preduce_size, store.add("arrivals", 0) - n + 1)
-    for k in range(n + 1, n + size):
-        store.set(f"member/{k}", str(n))
-    store.set(f"member/{n + size}", "lead")
-    members = [int(store.get(f"who/{k}")) * args.stages + stage for k in range(n + 1, n + size)]
-    received = [flat]
-    for member in members:  # in order of arrival
-        received.append(torch.empty_like(flat))
-        dist.recv(received[-1], member)
-    mean = sum(received)[:-1] / size
-    flags = torch.stack([r[-1] for r in received] + [flat.new_zeros(())])  # (the last: none arrived later)
-    for i, member in enumerate(members, start=1):  # held up: a later arrival in the group straggled
-        dist.send(flagged(mean, flags[i + 1:].amax() > 0), member)
-    vector_to_parameters(mean, params)
-    return flags[1:].amax() > 0, size
+    with faults.waiting_for("the partial reduce's group"):  # (every wait on a peer is marked: faults)
+        replica = dist.get_rank() // args.stages
+        n = store.add("arrivals", 1)
+        store.set(f"who/{n}", str(replica))
+        role = store.get(f"member/{n}").decode()
+        flat = flagged(parameters_to_vector(params).detach(), straggled)
+        if role != "lead":  # a member: to the leader and back
+            leader = int(store.get(f"who/{role}")) * args.stages + stage
+            dist.send(flat, leader)
+            dist.recv(flat, leader)
+            vector_to_parameters(flat[:-1], params)
+            return flat[-1] > 0, 0
+        deadline = time.perf_counter() + args.preduce_wait_ms / 1000
+        while not store.check([f"who/{n + args.preduce_size - 1}"]) and time.perf_counter() < deadline:
+            time.sleep(0.001)
+        size = min(args.preduce_size, store.add("arrivals", 0) - n + 1)
+        for k in range(n + 1, n + size):
+            store.set(f"member/{k}", str(n))
+        store.set(f"member/{n + size}", "lead")
+        members = [int(store.get(f"who/{k}")) * args.stages + stage for k in range(n + 1, n + size)]
+        received = [flat]
+        for member in members:  # in order of arrival
+            received.append(torch.empty_like(flat))
+            dist.recv(received[-1], member)
+        mean = sum(received)[:-1] / size
+        flags = torch.stack([r[-1] for r in received] + [flat.new_zeros(())])  # (the last: none arrived later)
+        for i, member in enumerate(members, start=1):  # held up: a later arrival in the group straggled
+            dist.send(flagged(mean, flags[i + 1:].amax() > 0), member)
+        vector_to_parameters(mean, params)
+        return flags[1:].amax() > 0, size
 
 
 def pairwise_average(params, replicas, args, epoch, step, straggled):
@@ -358,7 +355,7 @@ def disagreement(params, pipe):
         dist.all_reduce(squared, group=pipe.pipe_group)  # this replica's stages together
         distance = squared.sqrt()
         dist.all_reduce(distance, group=pipe.stage_group)
-        return distance.item() / pipe.replicas
+    return distance.item() / pipe.replicas
 
 
 # ---- the replicas: run the pipeline, step, agree ---------------------------------------------------------

@@ -17,8 +17,9 @@ scaled to one worker's batch), to the version it was computed on or a later one;
 --max-staleness D a gradient more than D versions old is dropped and counted.
 
 A lost process: under torchrun, any death ends the job (torchrun SIGTERMs the others: the
-servers save after their step when the workers still push, and every rank left waiting on a
-peer gives up within a second, exit 75); --max-restarts N with --auto-resume starts it again.
+servers save after their step when the workers still push and tell them to stop, and a rank
+left waiting on a dead peer gives up within about a second, exit 75); --max-restarts N with
+--auto-resume starts it again.
 Launched with --dist-url, one command per process, async goes on when a worker dies (the others
 train its share); sync ends with the lost-peer line, as does every rank when a server dies.
 
@@ -220,6 +221,13 @@ def worker(args, ctx, model, batches, chunks, steps, num_classes):
     # leaving: the servers (and an async validator, which waits for any of its workers) stop waiting for it
     for peer in [*range(args.servers), *([validator] if validator is not None and args.mode == "async" else [])]:
         pushpull.send(pushpull.header(pushpull.BYE), peer)
+    stopped_for_sigterm(args)
+
+
+def stopped_for_sigterm(args):
+    """A client told to stop after a SIGTERM (its own, or a peer's): the servers have saved; exit 75 as they do."""
+    if faults.sigterm_received():
+        raise faults.Preempted(f"preempted: SIGTERM received; the servers saved {args.out}/checkpoint.pt")
 
 
 # ---- validators: score each candidate against their own gradient, forward what passes ---------------
@@ -267,6 +275,7 @@ def validator_sync(args, model, batches, chunks, workers, steps, validators_grou
             pushpull.send(message, server, pushpull.take(total, server_chunks))
     for server in range(args.servers):
         pushpull.send(pushpull.header(pushpull.BYE), server)
+    stopped_for_sigterm(args)
 
 
 def validator_async(args, model, batches, chunks, workers, to_device):
@@ -307,6 +316,7 @@ def validator_async(args, model, batches, chunks, workers, to_device):
             pushpull.send(pushpull.header(pushpull.BYE), server)
         except RuntimeError:  # the server already gave up on this validator's dead workers and left
             pass
+    stopped_for_sigterm(args)
 
 
 def rejection_counts(message, accepted):
@@ -347,12 +357,16 @@ def server(args, ctx, run, shard, optimizer, val_loader):
         import byzfl
         tally["clipping"] = byzfl.CenteredClipping(tau=10.0)
     step = sync_step if args.mode == "sync" else async_step
-    for epoch in run.epochs():
-        for _ in run.batches(range(run.steps_per_epoch)):
-            losses = step(args, run, shard, optimizer, clients, senders, tally)
-            run.step_done(torch.tensor(sum(losses) / len(losses) if losses else 0.0))
-        if run.end_epoch(run.meter.summary(), val_loader):
-            break
+    try:
+        for epoch in run.epochs():
+            for _ in run.batches(range(run.steps_per_epoch)):
+                losses = step(args, run, shard, optimizer, clients, senders, tally)
+                run.step_done(torch.tensor(sum(losses) / len(losses) if losses else 0.0))
+            if run.end_epoch(run.meter.summary(), val_loader):
+                break
+    except faults.Preempted:  # saved after a SIGTERM: tell every client to stop, then exit for a relaunch
+        drain(clients, tally, shard, optimizer)
+        raise
     drain(clients, tally, shard, optimizer)
     run.finish(val_loader, mode=args.mode, aggregate=args.aggregate, attack=args.attack, byzantine=args.byzantine,
                servers=args.servers, validators=args.validators, workers=ctx.world_size - first_worker,
@@ -540,10 +554,10 @@ def main(args):
     elif role == "server":
         server(args, ctx, run, shard, optimizer, val_loader)
     elif role == "validator":
-        faults.catch_sigterm(args.out, ctx.rank)  # (a SIGTERM travels with its messages: the servers save, stop)
         index = ctx.rank - args.servers
         sampler = DistributedSampler(held_out, num_replicas=args.validators, rank=index, seed=args.seed or 0)
         loader = data.train_loader(held_out, args, sampler)
+        faults.catch_sigterm(args.out, ctx.rank)  # (a SIGTERM travels with its messages: the servers save, stop)
         batches = forever(loader, sampler, start[0], args.seed, ctx.world_size + index)  # (a seed of its own)
         assigned = [w for w in range(first_worker, ctx.world_size) if (w - first_worker) % args.validators == index]
         to_device = data.device_transform(args, device, num_classes)
@@ -552,8 +566,8 @@ def main(args):
         else:
             validator_async(args, model, batches, chunks, assigned, to_device)
     else:
-        faults.catch_sigterm(args.out, ctx.rank)
         loader = data.train_loader(train_set, args, worker_sampler)
+        faults.catch_sigterm(args.out, ctx.rank)
         batches = forever(loader, worker_sampler, start[0], args.seed, ctx.rank - first_worker, start[1])
         worker(args, ctx, model, batches, chunks, remaining_steps if sync else None, num_classes)
     distributed.cleanup()
