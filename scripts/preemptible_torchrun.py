@@ -11,6 +11,7 @@ again") and prints nothing more, so the log ends with the recipe's "preempted"
 line. Every other end of torchrun is left as it is.
 """
 
+import os
 import signal
 import sys
 
@@ -25,4 +26,8 @@ if __name__ == "__main__":
     except SignalException as stop:
         if stop.sigval != signal.SIGTERM:
             raise
-        sys.exit(EXIT_PREEMPTED)
+        # Its workers have ended. Exit without tearing the interpreter down: there, the rendezvous's keep-alive
+        # timer is stopped by a finalizer that now and then fails, and prints a cut-off traceback.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_PREEMPTED)

@@ -89,7 +89,7 @@ def test_sigterm_to_torchrun_saves_mid_epoch_and_a_relaunch_completes(tiny_data,
     assert result.returncode == 75, result.stderr[-3000:]
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("preempted: SIGTERM received") and "epoch 2 step 4" in last
-    assert "Traceback" not in result.stderr and "SignalException" not in result.stderr
+    assert "Traceback" not in result.stderr and "SignalException" not in result.stderr, result.stderr
     state = load(out / "checkpoint.pt")
     assert (state["epoch"], state["step"], len(state["rng"])) == (1, 4, 2)
     assert not (out / "summary.json").exists()

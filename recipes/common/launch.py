@@ -9,7 +9,6 @@ import atexit
 import gc
 import os
 import sys
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -78,12 +77,7 @@ def run_main(main, args, rank=0):
     except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
         rank = dist.get_rank() if dist.is_initialized() else rank
         release(stop)
-        try:  # no rank exits before rank 0 has written it: a scheduler may kill the whole job then
-            if dist.is_initialized():  # (rank 0, done writing, waits only so long for the others)
-                with faults.waiting_for("the other ranks, after the checkpoint") if rank == 0 else nullcontext():
-                    dist.barrier(group=distributed.control_group())
-        except RuntimeError:
-            pass  # a peer is gone; the checkpoint rank 0 was writing is whole or absent, never half
+        checkpoint_written(rank)
         distributed.cleanup()
         if rank == 0:
             print(stop, flush=True)
@@ -97,6 +91,29 @@ def run_main(main, args, rank=0):
         if faults.sigterm_received():  # the job is being stopped, and a peer went first: nothing to save with it
             explained = faults.preempted_without_saving(args.out, _detail(error))
         fail(explained, rank)
+
+
+def checkpoint_written(rank):
+    """No rank exits before rank 0 has written the preemption checkpoint (a scheduler may kill the whole job once
+    one has): rank 0, done writing, tells each rank so. A rank that is gone is passed over (the checkpoint is
+    whole or absent, never half); one that is stopped holds rank 0 no longer than a wait's grace (faults)."""
+    group = distributed.control_group()
+    if group is None:
+        return
+    written = torch.zeros(1)
+    if rank != 0:
+        try:
+            dist.recv(written, 0, group=group)
+        except RuntimeError:
+            pass  # rank 0 is gone
+        return
+    requests = [dist.isend(written, peer, group=group) for peer in range(1, dist.get_world_size())]
+    with faults.waiting_for("the other ranks, told that the checkpoint is written"):
+        for request in requests:
+            try:
+                request.wait()
+            except RuntimeError:
+                pass
 
 
 def _lost_peer(error, rank, args):
