@@ -1,5 +1,6 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
-# make test   the test suite (CPU, gloo; about 20 minutes on 2 cores)
+# make test   the test suite (CPU, gloo; about 25 minutes on 2 cores)
+# make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/mutations.py)
 # make figures                measure every part (io, scaling, curves, recovery, compile, compression, ps, pipeline,
 #                             sharding), then
 #                             redraw figures/ and RESULTS.md from figures/data/
@@ -45,7 +46,7 @@ $(error ONLY=$(filter-out $(GPU_PARTS),$(GPU_ONLY)) is not a part of make figure
 endif
 endif
 
-.PHONY: setup demo test figures figures-gpu gpu-smoke gpu-check-figures-gpu gpu-check-gpu-smoke clean
+.PHONY: setup demo test test-mutations figures figures-gpu gpu-smoke gpu-check-figures-gpu gpu-check-gpu-smoke clean
 
 setup: $(VENV)/.installed
 
@@ -119,6 +120,9 @@ gpu-smoke: gpu-check-gpu-smoke
 
 test: setup
 	$(PY) -m pytest -q
+
+test-mutations: setup
+	$(PY) scripts/mutations.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -47,7 +47,10 @@ def child_env(extra=None):
     # the suite tests the CPU/gloo paths, whatever the machine has
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")
     env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
-    env.update(extra or {})
+    extra = dict(extra or {})
+    if "PYTHONPATH" in extra and env.get("PYTHONPATH"):  # (keep the caller's: a mutated copy of the tree, say)
+        extra["PYTHONPATH"] += os.pathsep + env["PYTHONPATH"]
+    env.update(extra)
     return env
 
 

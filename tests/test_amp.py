@@ -2,10 +2,12 @@
 
 import csv
 import textwrap
+import types
 
 import pytest
 import torch
 from conftest import TINY, read_summary, run_recipe
+from recipes.common import RecipeError
 
 # Tolerance: per-epoch mean training loss within 0.05 absolute + 5 % of fp32's.
 # lenet's logits under bf16 (8 mantissa bits) differ from fp32 by ~0.4 % relative;
@@ -26,22 +28,88 @@ def test_low_precision_loss_curves_follow_fp32(tiny_data, tmp_path):
         run_recipe("apex", [*flags, *amp_flags, "--out", tmp_path / name])
         curves[name] = train_losses(tmp_path / name)
     assert curves["fp32"][-1] < curves["fp32"][0]  # it learns
+    weights = {name: torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"] for name in curves}
     for name in ("bf16", "fp16"):
         for fp32, low in zip(curves["fp32"], curves[name]):
             assert abs(low - fp32) <= ABS_TOL + REL_TOL * fp32, (name, curves)
+        # the runs are deterministic (one seed, one process): weights equal to fp32's, bit for bit, mean that
+        # the low-precision run never computed in low precision (autocast off, say)
+        assert any(not torch.equal(weights["fp32"][key], weights[name][key]) for key in weights["fp32"]), \
+            f"{name} trained exactly as fp32 did: did autocast run?"
     scaler = torch.load(tmp_path / "fp16" / "checkpoint.pt", weights_only=True)["scaler"]
     assert scaler and scaler["scale"] > 0  # fp16 trains with a GradScaler, saved for resume
     assert not torch.load(tmp_path / "bf16" / "checkpoint.pt", weights_only=True)["scaler"]  # bf16 needs none
 
 
-def test_cpu_default_is_fp32_without_native_bf16(tiny_data, tmp_path):
+class Printed:
+    """A stand-in for RunLog: what resolve() printed."""
+
+    def __init__(self):
+        self.lines = []
+
+    def print(self, line):
+        self.lines.append(line)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_cpu_default_is_fp32_without_native_bf16(monkeypatch, native):
+    """Both branches, whatever this machine's CPU: the default and the warning follow cpu_has_native_bf16()."""
+    from recipes.common import amp
+    monkeypatch.setattr(amp, "cpu_has_native_bf16", lambda: native)
+    cpu = torch.device("cpu")
+
+    def resolve(opt_level=None, amp_dtype=None, device=cpu):
+        log = Printed()
+        return (*amp.resolve(types.SimpleNamespace(opt_level=opt_level, amp_dtype=amp_dtype), device, log),
+                "\n".join(log.lines))
+
+    opt_level, dtype, printed = resolve()
+    if native:
+        assert (opt_level, dtype, printed) == ("O1", torch.bfloat16, "")  # low precision where it is fast
+    else:
+        assert (opt_level, dtype) == ("O0", torch.bfloat16) and "defaulting to --opt-level O0 (fp32)" in printed
+    opt_level, dtype, printed = resolve("O3")
+    assert (opt_level, dtype) == ("O3", torch.bfloat16)  # asked for: kept, with a warning where it is slow
+    assert ("warning: --opt-level O3 (bf16) on a CPU without native bf16" in printed) == (not native), printed
+    assert resolve("O0")[::2] == ("O0", "")  # fp32 asked for: no warning
+    assert resolve("O1", "fp16")[:2] == ("O1", torch.float16)
+    # a GPU (here a stand-in: no CUDA needed): fp16 and autocast by default, whatever the CPU; bf16 where it has it
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert resolve(device=gpu) == ("O1", torch.float16, "")
+    assert resolve("O2", "bf16", device=gpu) == ("O2", torch.bfloat16, "")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args, **kwargs: "an old GPU")
+    with pytest.raises(RecipeError, match="bf16 is not supported by an old GPU; use fp16"):
+        resolve("O1", "bf16", device=gpu)
+
+
+@pytest.mark.parametrize("flags, has_it", [("flags : fpu sse avx2 avx512f", False), ("flags : avx2 avx512_bf16", True),
+                                           ("flags : avx2 amx_bf16 amx_tile", True), (None, False)])
+def test_cpu_has_native_bf16_reads_the_cpu_flags(monkeypatch, flags, has_it):
+    from recipes.common import amp
+
+    class CpuInfo:
+        def __init__(self, path):
+            assert str(path) == "/proc/cpuinfo"
+
+        def read_text(self):
+            if flags is None:
+                raise OSError("no /proc here")  # not Linux
+            return f"processor : 0\n{flags}\n"
+
+    monkeypatch.setattr(amp, "Path", CpuInfo)
+    assert amp.cpu_has_native_bf16() is has_it
+
+
+def test_the_default_precision_of_a_run_is_what_resolve_picks_for_this_cpu(tiny_data, tmp_path):
+    """The recipe's default, on this machine's CPU (the suite's runs see no GPU): fp32 or bf16, as resolve() says."""
     from recipes.common.amp import cpu_has_native_bf16
-    if torch.cuda.is_available() or cpu_has_native_bf16():
-        pytest.skip("this machine runs low precision natively")
     result = run_recipe("apex", [tiny_data, *TINY, "--epochs", "1", "--out", tmp_path / "default"])
-    assert "defaulting to --opt-level O0 (fp32)" in result.stdout and "opt level O0 (fp32" in result.stdout
-    result = run_recipe("apex", [tiny_data, *TINY, "--epochs", "1", "--opt-level", "O3", "--out", tmp_path / "o3"])
-    assert "warning: --opt-level O3 (bf16) on a CPU without native bf16" in result.stdout
+    if cpu_has_native_bf16():
+        assert "opt level O1 (bf16" in result.stdout and "defaulting" not in result.stdout, result.stdout
+    else:
+        assert "defaulting to --opt-level O0 (fp32)" in result.stdout and "opt level O0 (fp32" in result.stdout
 
 
 def test_apex_backend_drives_apex_amp(tiny_data, tmp_path):

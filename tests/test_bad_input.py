@@ -13,6 +13,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from recipes.common import RecipeError, models
 
 
+RECIPES = ["nd", "dp", "ddp", "apex", "compression", "fsdp", "ps", "pipeline"]
+
+
 def assert_one_clear_line(result, *phrases):
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -86,13 +89,20 @@ def test_impossible_flag_values(tiny_data, tmp_path, flags, phrase):
     (["--profile", "-3"], "--profile must be 0 (off) or a number of steps"),
 ])
 def test_impossible_training_flags(flags, phrase):
-    """Every recipe parses them with the same checks; the line and exit code are tested above."""
-    from recipes.common import RecipeError
-    from recipes.nd.train import parse_args
+    """Every recipe parses them with the same checks; the line and exit code are tested above and below."""
+    import importlib
 
-    with pytest.raises(RecipeError) as error:
-        parse_args(["data", *flags])
-    assert phrase in str(error.value), str(error.value)
+    for recipe in RECIPES:
+        with pytest.raises(RecipeError) as error:
+            importlib.import_module(f"recipes.{recipe}.train").parse_args(["data", *flags])
+        assert phrase in str(error.value), (recipe, str(error.value))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_refuses_a_bad_flag_in_one_line(tiny_data, tmp_path, recipe):
+    result = run_recipe(recipe, [tiny_data, *TINY, "-b", "0", "--out", tmp_path / "out"], expect_ok=False)
+    assert_one_clear_line(result, "--batch-size must be at least 1")
+    assert not (tmp_path / "out").exists()
 
 
 def test_ema_with_pure_low_precision_weights_is_refused():

@@ -1,5 +1,6 @@
 """The gradient-compression hooks on chosen gradients (2 gloo processes), and the recipe end to end."""
 
+import csv
 import datetime
 import json
 import math
@@ -20,6 +21,9 @@ SHAPES = [(64, 48), (300,), (32, 3, 3, 3)]  # a matrix, a vector (PowerSGD sends
 # |hooked average - exact average| <= BOUND x max |gradient|: one rounding of the format's relative step
 # (the cast), plus one for the 16-bit sum
 BOUND = {"none": 1e-6, "fp16": 2 * 2 ** -11, "bf16": 2 * 2 ** -8, "fp8-e4m3": 2 ** -4, "fp8-e5m2": 2 ** -3}
+# each format named here, independently of hooks.py: a method mapped onto another format delivers other bits
+SIXTEEN_BITS = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+FP8_FORMATS = {"fp8-e4m3": torch.float8_e4m3fn, "fp8-e5m2": torch.float8_e5m2}
 
 
 class GivenGradients(torch.nn.Module):
@@ -87,6 +91,23 @@ def exact_average(grads):
     return [sum(rank_grads[i] for rank_grads in grads) / WORLD_SIZE for i in range(len(SHAPES))]
 
 
+def hooked_average(method, grads):
+    """What `method`'s hook delivers, bit for bit, for one step's gradients (one bucket: SHAPES fit in DDP's first).
+
+    none, fp16, bf16 (PyTorch's hooks): each rank casts to the type and divides by the world size, the allreduce
+    sums in that type, the sum is cast back. fp8: each rank scales its bucket so that its largest magnitude is the
+    format's largest value and rounds to 8 bits; the ranks' decompressed buckets are averaged in fp32."""
+    if method in FP8_FORMATS:
+        dtype, decompressed = FP8_FORMATS[method], []
+        for rank_grads in grads:
+            largest = max(g.abs().max() for g in rank_grads).float().clamp(min=1e-30)
+            scale = largest / torch.finfo(dtype).max
+            decompressed.append([(g / scale).to(dtype).float() * scale for g in rank_grads])
+        return [sum(rank[i] for rank in decompressed) / WORLD_SIZE for i in range(len(SHAPES))]
+    dtype = SIXTEEN_BITS[method]
+    return [sum(rank_grads[i].to(dtype) / WORLD_SIZE for rank_grads in grads).float() for i in range(len(SHAPES))]
+
+
 @pytest.mark.parametrize("method", hooks.METHODS)
 def test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives(tmp_path, method):
     steps = 4  # PowerSGD allreduces in full for 2 steps, then sends P and Q
@@ -101,9 +122,12 @@ def test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_th
         assert error <= BOUND[method] * largest, f"error {error:.3g} over {BOUND[method]} x {largest:.3g}"
         if method != "none":
             assert error > 1e-6 * largest, "as exact as fp32: was the hook applied?"
+        # the format exactly: a finer one (bf16 sent as fp16, e5m2 as e4m3) would pass the bound, not this
+        for step in range(steps):
+            for got, want in zip(results[0]["averaged"][step], hooked_average(method, grads[step])):
+                assert torch.equal(got, want), (step, (got - want).abs().max())
 
-    sent, fp32, counted_steps = results[0]["traffic"]
-    assert counted_steps == steps
+    sent, fp32 = results[0]["traffic"]  # (bytes per optimizer step: tests/test_training.py's accumulation test)
     assert sent == sum(results[0]["handed"])  # the bytes of the tensors the collectives were handed
     assert fp32 == steps * sum(math.prod(shape) for shape in SHAPES) * 4
     if method in ("none", "fp16", "bf16"):
@@ -181,8 +205,13 @@ def test_error_feedback_delivers_gradients_too_small_for_fp8(tmp_path):
 @pytest.mark.parametrize("method", hooks.METHODS)
 def test_a_two_process_run_writes_a_complete_run_directory(tiny_data, tmp_path, method):
     out = tmp_path / "run"
-    run_recipe("compression", [tiny_data, *TINY, "--epochs", "2", "--compress", method, "--out", out], nproc=2)
+    run_recipe("compression", [tiny_data, *TINY, "--epochs", "2", "--lr", "1", "--compress", method, "--out", out],
+               nproc=2)
     summary = assert_complete_run_dir(out, "compression", 2, epochs=2)
+    # it learns, compressed (measured: train loss 1.03 then 0.56-0.64, top-1 100 % on the 3 classes)
+    with open(out / "metrics.csv", newline="") as f:
+        losses = [float(row["loss"]) for row in csv.DictReader(f) if row["split"] == "train"]
+    assert losses[1] < 0.8 * losses[0] and summary["top1"] > 70, (losses, summary["top1"])
     assert json.loads((out / "args.json").read_text())["compress"] == method
     low, high = {"none": (1, 1), "fp16": (2, 2), "bf16": (2, 2), "fp8-e4m3": (3.9, 4), "fp8-e5m2": (3.9, 4),
                  "powersgd": (1.5, 100)}[method]
@@ -204,10 +233,16 @@ def test_fp8_runs_on_one_process_whatever_the_bucket_size(tiny_data, tmp_path, m
 
 
 def test_error_feedback_runs_end_to_end(tiny_data, tmp_path):
-    out = tmp_path / "run"
-    run_recipe("compression", [tiny_data, *TINY, "--epochs", "1", "--compress", "fp8-e5m2", "--error-feedback",
-                               "--out", out], nproc=2)
-    assert read_summary(out)["compression_ratio"] > 3.9
+    weights = {}
+    for feedback in ([], ["--error-feedback"]):
+        out = tmp_path / ("feedback" if feedback else "plain")
+        run_recipe("compression", [tiny_data, *TINY, "--epochs", "1", "--compress", "fp8-e5m2", *feedback,
+                                   "--out", out], nproc=2)
+        assert read_summary(out)["compression_ratio"] > 3.9
+        weights[bool(feedback)] = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    # the runs are deterministic (one seed): the same weights, bit for bit, would mean no feedback reached a step
+    assert any(not torch.equal(weights[False][key], weights[True][key]) for key in weights[False]), \
+        "--error-feedback trained exactly as without it: was the error fed back?"
 
 
 @pytest.mark.parametrize("flags, phrase", [

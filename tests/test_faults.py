@@ -390,10 +390,11 @@ STOPPED_PEER = {  # (recipe, world size, flags, the ranks stopped)
 
 
 @pytest.mark.parametrize("case", STOPPED_PEER)
-def test_sigterm_ends_a_rank_waiting_on_a_stopped_peer_within_two_seconds(tiny_data, tmp_path, case):
+def test_sigterm_ends_a_rank_waiting_on_a_stopped_peer_within_its_grace(tiny_data, tmp_path, case):
     """Launched rank by rank (torchrun would itself SIGTERM the others when one dies): a peer stops, and the
     others, waiting on it, receive SIGTERM, as a scheduler's preemption or torchrun's tear-down sends it. Each
-    ends within 2 s with exit 75, and rank 0 says in one line whether it saved."""
+    ends with exit 75 within a second of its grace (1 s, or 3 times its longest recent wait: 1.03-1.05 s measured on
+    an idle machine), and rank 0 says in one line whether it saved."""
     recipe, world_size, flags, stopped = STOPPED_PEER[case]
     args = [tiny_data, *TINY, "-b", "4", "--epochs", "100", "--dist-url", f"tcp://127.0.0.1:{free_port()}",
             "--world-size", world_size, "--dist-timeout", "60", "--out", tmp_path / "run", *flags]
@@ -427,7 +428,9 @@ def test_sigterm_ends_a_rank_waiting_on_a_stopped_peer_within_two_seconds(tiny_d
             rank.wait()
     said = {rank: outputs[rank].read_text() for rank in others}
     assert {rank: ranks[rank].returncode for rank in others} == dict.fromkeys(others, 75), said
-    assert max(ended.values()) < 2.0, ended
+    graces = [float(grace) for text in said.values()
+              for grace in re.findall(r"did not come within ([0-9.]+) s", text)]
+    assert max(ended.values()) < max(graces, default=1.0) + 1.0, (ended, graces)  # (a loaded machine: longer waits)
     lines = {rank: [line for line in said[rank].splitlines() if "preempted" in line] for rank in others}
     assert len(lines[0]) == 1 and all(len(lines[rank]) <= 1 for rank in others), said  # (rank 0 speaks for all)
     assert not any("Traceback" in text for text in said.values()), said

@@ -13,7 +13,8 @@ from conftest import ROOT, child_env
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_gpu, bench_sharding, measuring, pipeline_table, ps_table  # noqa: E402
+from scripts import (bench_compile, bench_gpu, bench_io, bench_scaling, bench_sharding, compression_table,  # noqa: E402
+                     list_tests, measuring, mutations, pipeline_table, ps_table)
 
 
 def test_digits_folder(tmp_path):
@@ -82,6 +83,7 @@ def write_figures_data(data):
                 {"world_size": world_size, "images_per_s": 120 + seed, "wall_s": 55.0 + seed, "arch": "lenet",
                  "global_batch": 64}))
     header = "kind,recipe,data,processes,threads,arch,image_size,batch_size,images_per_s,epoch_s,cpu,cores,gpu,torch"
+    assert header.split(",") == bench_scaling.FIELDS  # (each header here is the script's own, checked)
     rows = [("recipe", "nd", "synthetic", 1, 97, 10), ("recipe", "ddp", "synthetic", 1, 100, 10),
             ("recipe", "ddp", "jpeg", 1, 50, 2), ("recipe", "ddp", "synthetic", 2, 180, 6),
             ("recipe", "ddp", "jpeg", 2, 80, 1.5), ("bare", "nd", "memory", 1, 100, ""),
@@ -92,6 +94,7 @@ def write_figures_data(data):
         for k, r, d, p, rate, epoch_s in rows]) + "\n")
     header = ("decoder,batches,workers,batch_size,image_size,images,seconds,images_per_s,mb_per_s,"
               "images_per_s_per_worker,cpu,cores,gpu,torch")
+    assert header.split(",") == bench_io.FIELDS
     rows = [("pil", "uint8", 0, 100), ("pil", "uint8", 2, 200), ("tensor", "uint8", 0, 150),
             ("tensor", "uint8", 2, 300), ("tensor", "float32", 0, 125), ("tensor", "float32", 2, 240)]
     (data / "io.csv").write_text("\n".join([header] + [
@@ -112,16 +115,19 @@ def write_figures_data(data):
          "stop_check_share_of_step": 0.0015}))
     header = ("method,error_feedback,processes,seed,threads,arch,epochs,global_batch,train_s,wall_s,top1,top5,"
               "bytes_per_step,compression_ratio,cpu,cores,gpu,torch")
+    assert header.split(",") == compression_table.FIELDS
     rows = [("serial", 0, 1, 60, (95.0, 95.5, 96.0), "", ""), ("none", 0, 2, 40, (94.5, 94.0, 95.0), 4000, 1.0),
             ("fp8-e4m3", 0, 2, 45, (93.25, 93.0, 93.5), 1004, 3.984),  # below none's range: beyond the spread
             ("fp8-e4m3", 1, 2, 46, (94.0, 94.75, 94.25), 1004, 3.984)]  # inside it
     (data / "compression.csv").write_text("\n".join([header] + [
         f"{m},{ef},{p},{seed},1,lenet,15,64,{t + seed},{t + 5},{top1[seed]},99,{b},{r},"
         f"{','.join(map(str, machine.values()))}" for seed in (0, 1, 2) for m, ef, p, t, top1, b, r in rows]) + "\n")
+    assert "part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch".split(",") == measuring.TIMING_FIELDS
     (data / "timings.csv").write_text("part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch\n" + "".join(
         f"{part},{seconds},{trained},0,2026-11-24,{','.join(map(str, machine.values()))}\n"
         for part, seconds, trained in (("io", 60, 0), ("curves", 600, 9), ("compression", 3000, 57))))
     rows = [("eager", (12, 10, 10), 100), ("cold", (70, 5, 5), 200), ("warm", (20, 5, 5), 200)]
+    assert "mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch".split(",") == bench_compile.FIELDS
     (data / "compile.csv").write_text("\n".join(["mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch"] + [
         f"{mode},{e + 1},{t},{rate},resnet18,2,{','.join(map(str, machine.values()))}"
         for mode, times, rate in rows for e, t in enumerate(times)]) + "\n")
@@ -192,6 +198,10 @@ def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
     assert [(r["mode"], r["epoch"]) for r in rows] == [(m, e) for m in ("eager", "cold", "warm") for e in "12"]
     assert all(float(r["epoch_s"]) > 0 and r["arch"] == "lenet" and r["torch"] for r in rows)
     assert "cold : first epoch" in result.stdout
+    assert list((tmp_path / "runs" / "inductor-cache").rglob("*.py")), "TorchInductor generated no code"
+    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ())  # the script's own output
+    assert f"| eager (no --compile) | {float(rows[0]['epoch_s']):.1f} |" in text
+    assert f"| --compile, warm Inductor cache | {float(rows[4]['epoch_s']):.1f} |" in text
 
 
 def test_bench_io_measures_both_decoders(tmp_path):
@@ -216,6 +226,10 @@ def test_bench_io_measures_both_decoders(tmp_path):
     assert loader["float32_batch_bytes"] == 4 * loader["uint8_batch_bytes"] == 4 * 8 * 3 * 64 * 64
     assert loader["normalise_ms_per_batch"] > 0 and loader["first_batch_s_fresh_workers"] > 0
     assert 0 < loader["first_batch_s_persistent_workers"]
+    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("IO",))  # the script's own output
+    for r in rows:
+        assert f"| {r['decoder']} | {r['batches']} | {r['workers']} | {float(r['images_per_s']):.1f} |" in text
+    assert f"{loader['normalise_ms_per_batch']:.2f} ms to convert and normalise a batch of 8 at 64 px" in text
 
 
 def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path):
@@ -229,6 +243,9 @@ def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path)
         ("bare", "ddp", "memory"), ("bare", "nd", "memory"), ("recipe", "ddp", "synthetic"),
         ("recipe", "nd", "synthetic")]
     assert all(float(r["images_per_s"]) > 0 and r["cores"] and r["torch"] for r in rows)
+    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("training_throughput",))
+    ddp = next(r for r in rows if (r["kind"], r["recipe"]) == ("recipe", "ddp"))  # the script's own output, drawn
+    assert f"| ddp | synthetic | 1 | {float(ddp['images_per_s']):.1f} | {float(ddp['epoch_s']):.1f} | 1.00x |" in text
 
 
 def test_compression_table_trains_serial_and_ddp_and_a_restart_trains_only_what_is_missing(tiny_data, tmp_path):
@@ -275,6 +292,10 @@ def test_learning_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data,
         summary = json.loads((data / "curves" / f"{recipe}-seed3.json").read_text())
         assert summary["world_size"] == processes and summary["global_batch"] == 16 and summary["epochs"] == 2
         assert json.loads((tmp_path / "runs" / f"{recipe}-seed3" / "args.json").read_text())["seed"] == 3
+    text = plot_results(data, tmp_path / "figures", tmp_path / "RESULTS.md", ("top1_val",))  # the script's output
+    with open(data / "curves" / "ddp-seed3.csv", newline="") as f:
+        final = float([r for r in csv.DictReader(f) if r["split"] == "val"][-1]["top1"])
+    assert f"| ddp | 2 | 1 | 2 | {final:.2f} | " in text, text[:1500]  # (one seed: no range)
 
 
 def test_a_run_is_finished_only_with_a_whole_summary_and_the_same_launch(tmp_path):
@@ -498,6 +519,7 @@ def write_gpu_data(data):
     machine = "Test CPU,16,1 x Test GPU,2.14.1"
     header = ("recipe,data,decoder,precision,channels_last,gpus,batch_size,epochs,images_per_s,"
               "whole_epoch_images_per_s,data_wait_share,arch,image_size,workers,cpu,cores,gpu,torch")
+    assert header.split(",") == bench_gpu.PRECISION_FIELDS  # (each header here is the script's own, checked)
     rows = [("ddp", "synthetic", "", "fp32", 0, 1, 1000, 0.01), ("ddp", "jpeg", "tensor", "fp32", 0, 1, 800, 0.25),
             ("apex", "synthetic", "", "fp16", 1, 1, 2500, 0.02), ("apex", "jpeg", "tensor", "fp16", 1, 1, 900, 0.6),
             ("apex", "jpeg", "gpu", "fp16", 1, 1, 2100, 0.1),
@@ -508,6 +530,7 @@ def write_gpu_data(data):
         for recipe, d, decoder, precision, cl, gpus, rate, wait in rows]) + "\n")
     header = ("method,error_feedback,gpus,batch_size,epochs,images_per_s,whole_epoch_images_per_s,data_wait_share,"
               "bytes_per_step,compression_ratio,arch,image_size,workers,cpu,cores,gpu,torch")
+    assert header.split(",") == bench_gpu.COMPRESSION_FIELDS
     (data / "gpu" / "compression.csv").write_text("\n".join([header] + [
         f"{method},{ef},1,256,2,{rate},{rate},0,{sent},{ratio},resnet50,224,4,{machine}"
         for method, ef, rate, sent, ratio in (("none", 0, 1000, 100000, 1.0), ("powersgd", 1, 950, 1000, 100.0))])
@@ -756,3 +779,37 @@ def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
     assert "| `optimizer` (ZeRO-1) | 2 | 3.3 | 3.3 | 3.3 | 10.0 | 10.0 | 700 | 150.0 | 0.83 | 6 |" in text
     assert "resnet50 (1.0 M parameters) at 32 px, -b 16 per process" in text
     assert "Measured sum over the model: `none` 1.00-1.00; `optimizer` 1.00-1.00" in text
+
+
+def test_every_break_of_the_mutation_check_applies_and_names_tests_that_exist():
+    """scripts/mutations.py's list kept in step with the code: each break's text occurs once where it says, and
+    each test it names is a test of that file (the whole check runs outside make test: make test-mutations)."""
+    assert len({brk["name"] for brk in mutations.BREAKS}) == len(mutations.BREAKS)
+    for brk in mutations.BREAKS:
+        assert (ROOT / brk["file"]).read_text().count(brk["old"]) == 1, brk["name"]
+        for test in brk["tests"]:
+            path, name = test.split("::")
+            assert f"def {name.split('[')[0]}(" in (ROOT / path).read_text(), (brk["name"], test)
+
+
+def test_the_mutation_check_catches_a_break_and_tells_a_missed_one():
+    """In small: two breaks, caught by their tests after a control run with nothing broken; and a break no test can
+    see (a comment changed) reported as missed."""
+    command = [sys.executable, "scripts/mutations.py", "--only", "checkpoint-written-in-place", "scaler-not-restored"]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "control: the 2 tests pass with no break in" in result.stdout
+    assert [line.split()[:2] for line in result.stdout.splitlines()[1:3]] == [
+        ["caught", "scaler-not-restored"], ["caught", "checkpoint-written-in-place"]]
+    assert "2 of 2 breaks caught" in result.stdout
+    unseen = dict(name="a-comment", file="recipes/common/schedule.py", old="#", new="# (changed)",
+                  tests=["tests/test_training.py::test_warmup_then_cosine"])
+    unseen["old"] = next(line for line in (ROOT / unseen["file"]).read_text().splitlines() if "#" in line)
+    unseen["new"] = unseen["old"] + " (a comment changed)"
+    assert mutations.check(unseen)[0] == "missed"
+
+
+def test_the_page_of_what_the_tests_show_is_current():
+    """docs/tests.md, which the README points to for what the suite shows, is what tests/ says now."""
+    assert list_tests.main(["--check"]) == 0, "run python scripts/list_tests.py"
+    assert "- a crash between write and rename leaves the old checkpoint (for each of its cases)" in list_tests.page()

@@ -2,6 +2,7 @@
 torch.compile and the profiler."""
 
 import argparse
+import csv
 import datetime
 import functools
 import importlib
@@ -71,8 +72,8 @@ def accumulation_worker(rank, port, recipe, tmp_path):
     results = {}
     for accum_steps in (1, 4):
         calls = []
-        _, weights = one_epoch(recipe, rank, WORLD_SIZE, accum_steps, tmp_path, calls)
-        results[accum_steps] = {"weights": weights, "allreduces": len(calls)}
+        initial, weights = one_epoch(recipe, rank, WORLD_SIZE, accum_steps, tmp_path, calls)
+        results[accum_steps] = {"initial": initial, "weights": weights, "allreduces": len(calls)}
     torch.save(results, tmp_path / f"{rank}.pt")
     dist.destroy_process_group()
 
@@ -84,6 +85,7 @@ def test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_st
         results = torch.load(tmp_path / f"{rank}.pt")
         for big, accumulated in zip(results[1]["weights"], results[4]["weights"]):
             torch.testing.assert_close(accumulated, big, rtol=0, atol=1e-5)
+        assert all((a - i).abs().max() > 1e-4 for a, i in zip(results[4]["weights"], results[4]["initial"]))  # trained
         assert results[1]["allreduces"] == STEPS  # one bucket, once per step ...
         assert results[4]["allreduces"] == STEPS  # ... also with 4 micro-batches per step: no_sync skipped 3
 
@@ -232,14 +234,18 @@ def test_mixup_and_cutmix_blend_images_and_labels_on_the_device():
 
 
 def test_mixup_cutmix_and_label_smoothing_train_end_to_end(tiny_data, tmp_path):
-    plain, mixed = tmp_path / "plain", tmp_path / "mixed"
-    run_recipe("ddp", [tiny_data, *TINY, "--epochs", "1", "--out", plain], nproc=2)
-    run_recipe("ddp", [tiny_data, *TINY, "-j", "1", "--epochs", "1", "--mixup-alpha", "0.2", "--cutmix-alpha", "1",
-                       "--label-smoothing", "0.1", "--out", mixed], nproc=2)
-    assert_complete_run_dir(mixed, "ddp", 2)
-    train_loss = [float((run / "metrics.csv").read_text().splitlines()[1].split(",")[2]) for run in (plain, mixed)]
-    assert train_loss[0] != train_loss[1]  # (the same seed and data: the flags changed the training)
-    assert json.loads((mixed / "args.json").read_text())["label_smoothing"] == 0.1
+    """The same seed and data: label smoothing alone changes the training loss, and mixup with cutmix on top of it
+    changes it again."""
+    runs = {"plain": [], "smoothed": ["--label-smoothing", "0.1"],
+            "mixed": ["-j", "1", "--label-smoothing", "0.1", "--mixup-alpha", "0.2", "--cutmix-alpha", "1"]}
+    train_loss = {}
+    for name, flags in runs.items():
+        run_recipe("ddp", [tiny_data, *TINY, "--epochs", "1", *flags, "--out", tmp_path / name], nproc=2)
+        rows = list(csv.DictReader((tmp_path / name / "metrics.csv").open()))
+        train_loss[name] = float(rows[0]["loss"])
+    assert_complete_run_dir(tmp_path / "mixed", "ddp", 2)
+    assert train_loss["smoothed"] != train_loss["plain"] and train_loss["mixed"] != train_loss["smoothed"], train_loss
+    assert json.loads((tmp_path / "mixed" / "args.json").read_text())["label_smoothing"] == 0.1
 
 
 def test_profiler_writes_a_trace_of_the_steps_asked_for(tiny_data, tmp_path):
@@ -257,10 +263,11 @@ def test_profiler_writes_a_trace_of_the_steps_asked_for(tiny_data, tmp_path):
 @pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++")),
                     reason="torch.compile on CPU needs a C++ compiler (g++ or clang++) for TorchInductor")
 def test_compile_trains_an_epoch_on_cpu(tiny_data, tmp_path):
-    out = tmp_path / "compiled"
+    out, cache = tmp_path / "compiled", tmp_path / "inductor-cache"
     run_recipe("nd", [tiny_data, *TINY, "--epochs", "1", "--compile", "--accum-steps", "2", "--out", out],
-               timeout=600)
+               timeout=600, env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
     assert_complete_run_dir(out, "nd", 1)
+    assert list(cache.rglob("*.py")), "TorchInductor generated no code: nothing was compiled"
     assert not any(key.startswith("_orig_mod.") for key in torch.load(out / "checkpoint.pt")["model"])
 
 

@@ -61,23 +61,23 @@ def describe(args):
 
 
 class Traffic:
-    """Bytes this rank handed to collectives, their fp32 equivalent, and the steps, counted bucket by bucket."""
+    """Bytes this rank handed to collectives and their fp32 equivalent, counted bucket by bucket."""
 
     def __init__(self):
-        self.sent = self.fp32 = self.steps = 0
+        self.sent = self.fp32 = 0
 
     def count(self, bucket, sent_bytes):
         self.sent += sent_bytes
         self.fp32 += bucket.buffer().numel() * 4
-        self.steps += bucket.is_last()  # the last bucket of a step
 
     def snapshot(self):
-        return self.sent, self.fp32, self.steps
+        return self.sent, self.fp32
 
-    def since(self, snapshot):
-        """(bytes per step, compression ratio) since an earlier snapshot()."""
-        sent, fp32, steps = (now - then for now, then in zip(self.snapshot(), snapshot))
-        return (sent / steps, fp32 / sent) if steps else (0.0, 1.0)
+    def since(self, snapshot, optimizer_steps):
+        """(bytes per optimizer step, compression ratio) since an earlier snapshot(): with --accum-steps, one
+        step's bytes only if no_sync kept the micro-batches before the last from communicating."""
+        sent, fp32 = (now - then for now, then in zip(self.snapshot(), snapshot))
+        return (sent / optimizer_steps, fp32 / sent) if sent else (0.0, 1.0)
 
 
 # fp8: compress, gather, decompress, average

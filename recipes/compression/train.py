@@ -76,7 +76,7 @@ def main(args):
         train_sampler.set_epoch(epoch)  # a new shuffle each epoch
         sent_before = traffic.snapshot()
         train_stats = train_one_epoch(train_model, train_loader, criterion, optimizer, run)
-        bytes_per_step, compression_ratio = traffic.since(sent_before)
+        bytes_per_step, compression_ratio = traffic.since(sent_before, run.step - run.first_step)
         log.scalars(epoch + 1, {"comm/bytes_per_step": bytes_per_step, "comm/compression_ratio": compression_ratio})
         if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True once --desired-acc is reached
             break

@@ -1,0 +1,74 @@
+"""docs/tests.md from the tests themselves: each file's docstring, then each test's name as the sentence it is.
+
+    python scripts/list_tests.py            # rewrite docs/tests.md
+    python scripts/list_tests.py --check    # exit 1 if docs/tests.md is not what the tests say now
+
+A test's name is its claim (test_a_crash_between_write_and_rename_leaves_the_old_checkpoint); the
+list says nothing the names do not, so what the README promises of the suite is what this page shows.
+"""
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "tests.md"
+HEADER = """# What the tests show
+
+Generated from `tests/` by `scripts/list_tests.py` (`make test` fails when this page is out of date):
+each test's name, as the sentence it is, and the first sentence of its docstring, file by file.
+`make test` runs them all on CPU with gloo; `make test-mutations` breaks each lesson in a copy of the
+tree and checks that the tests named for it fail (`scripts/mutations.py`).
+"""
+
+
+def decorations(function):
+    """'for each of its cases' for a parametrized test, the skip condition's reason for a skipif."""
+    notes = []
+    for decorator in function.decorator_list:
+        text = ast.unparse(decorator)
+        if ".parametrize(" in text and "for each of its cases" not in notes:
+            notes.append("for each of its cases")
+        elif ".skipif(" in text:
+            reason = next((ast.literal_eval(k.value) for k in decorator.keywords if k.arg == "reason"), "")
+            notes.append(f"skipped where {reason}" if reason else "skipped on some machines")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def how(function):
+    """The first sentence of the test's docstring, where it has one: how it shows what its name says."""
+    text = " ".join((ast.get_docstring(function) or "").split())
+    sentence = text.split(". ")[0].rstrip(".")
+    return f": {sentence}." if sentence else ""
+
+
+def page():
+    lines = [HEADER]
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        module = ast.parse(path.read_text())
+        tests = [node for node in module.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+        docstring = (ast.get_docstring(module) or "").split("\n\n")[0].replace("\n", " ")
+        lines.append(f"\n## [{path.name}](../tests/{path.name}): {docstring}\n")
+        lines += [f"- {test.name[len('test_'):].replace('_', ' ')}{decorations(test)}{how(test)}" for test in tests]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only compare docs/tests.md with the tests")
+    args = parser.parse_args(argv)
+    if args.check:
+        if not PAGE.is_file() or PAGE.read_text() != page():
+            print(f"error: {PAGE.relative_to(ROOT)} is not what tests/ says now: run python scripts/list_tests.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    PAGE.parent.mkdir(exist_ok=True)
+    PAGE.write_text(page())
+    print(f"wrote {PAGE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

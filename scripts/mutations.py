@@ -1,0 +1,221 @@
+"""The mutation check: break each lesson on purpose and watch the tests that claim it fail.
+
+    make test-mutations                      # every break, one after another
+    python scripts/mutations.py --only atomic-rename weights-only   # some of them
+    python scripts/mutations.py --list       # the breaks and their tests
+
+Each break in BREAKS is one exact text of the implementation replaced by another (the
+feature switched off, as a slip in a change would switch it off), with the tests that
+must catch it. For each break the tree (git's tracked and untracked files, not the
+ignored ones) is copied to a temporary folder, the break applied there, and only its
+tests run there, with PYTHONPATH putting the copy's `recipes` before the installed
+one. First the tests of every chosen break run on a copy with nothing broken: they must
+all pass (or a failure would prove nothing). A break is caught when pytest then reports
+a failed test (exit 1); a break whose text no longer occurs exactly once, or whose
+tests are not found, is an error of the list. It prints one line per break and exits 0
+only when every break is caught.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives"
+
+# name, the file, the text switched off, what replaces it, the tests that must catch it
+BREAKS = [
+    # the tests that once passed with their feature off
+    dict(name="autocast-off", file="recipes/common/amp.py", old="enabled=use_autocast)", new="enabled=False)",
+         tests=["tests/test_amp.py::test_low_precision_loss_curves_follow_fp32"]),
+    dict(name="compile-returns-the-model", file="recipes/common/models.py",
+         old="    return torch.compile(module)", new="    return module",
+         tests=["tests/test_training.py::test_compile_trains_an_epoch_on_cpu",
+                "tests/test_scripts.py::test_bench_compile_runs_eager_cold_and_warm"]),
+    dict(name="compression-no-sync-removed", file="recipes/compression/train.py",
+         old="with model.no_sync() if i < run.accum_steps - 1 else contextlib.nullcontext():",
+         new="with contextlib.nullcontext():",
+         tests=["tests/test_training.py::test_accumulation_keeps_one_allreduce_per_step_in_the_compression_recipe"]),
+    dict(name="scaler-not-restored", file="recipes/common/checkpoint.py",
+         old="            scaler.load_state_dict(state[\"scaler\"])", new="            pass",
+         tests=["tests/test_common.py::test_a_checkpoint_saves_and_resumes_every_training_object_in_one_call_each"]),
+    dict(name="best-top1-reset-on-resume", file="recipes/common/checkpoint.py",
+         old="    return state[\"epoch\"], step, state[\"best_top1\"]", new="    return state[\"epoch\"], step, 0.0",
+         tests=["tests/test_recipes.py::test_resume_matches_an_uninterrupted_run"]),
+    dict(name="ddp-without-label-smoothing", file="recipes/ddp/train.py",
+         old="nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)", new="nn.CrossEntropyLoss()",
+         tests=["tests/test_training.py::test_mixup_cutmix_and_label_smoothing_train_end_to_end"]),
+    dict(name="error-feedback-off", file="recipes/compression/hooks.py",
+         old="hook = with_error_feedback(hook, roundtrip)", new="hook = hook",
+         tests=["tests/test_compression.py::test_error_feedback_runs_end_to_end"]),
+    dict(name="ddp-optimizer-step-dropped", file="recipes/ddp/train.py",
+         old="        optimizer.step()\n", new="        pass\n",
+         tests=["tests/test_training.py::test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step"
+                "[ddp]"]),
+    dict(name="bf16-sent-as-fp16", file="recipes/compression/hooks.py",
+         old="\"bf16\": (default_hooks.bf16_compress_hook,", new="\"bf16\": (default_hooks.fp16_compress_hook,",
+         tests=[f"tests/test_compression.py::{HOOK_TEST}[bf16]"]),
+    dict(name="fp8-e5m2-sent-as-e4m3", file="recipes/compression/hooks.py",
+         old="\"fp8-e5m2\": torch.float8_e5m2}", new="\"fp8-e5m2\": torch.float8_e4m3fn}",
+         tests=[f"tests/test_compression.py::{HOOK_TEST}[fp8-e5m2]"]),
+    # one per lesson the README claims
+    dict(name="ddp-wrapper-removed", file="recipes/ddp/train.py",
+         old="    ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)",
+         new="    ddp_model = model",
+         tests=["tests/test_recipes.py::test_ddp_two_processes_match_nd_with_double_batch"]),
+    dict(name="sampler-set-epoch-removed", file="recipes/ddp/train.py",
+         old="        train_sampler.set_epoch(epoch)  # a new shuffle each epoch\n", new="",
+         tests=["tests/test_recipes.py::test_ddp_two_processes_match_nd_with_double_batch"]),
+    dict(name="evaluation-leftover-dropped", file="recipes/common/data.py",
+         old="range(rank, len(dataset), world_size)", new="range(rank, len(dataset) - len(dataset) % world_size, "
+                                                          "world_size)",
+         tests=["tests/test_recipes.py::test_evaluation_counts_every_image_once_for_any_world_size"]),
+    dict(name="checkpoint-written-in-place", file="recipes/common/checkpoint.py",
+         old="    tmp = path.with_name(f\".{path.name}.{os.getpid()}.tmp\")\n    try:\n"
+             "        with open(tmp, \"wb\") as f:\n            write(f)\n            f.flush()\n            os.fsync(f.fileno())\n"
+             "        os.replace(tmp, path)\n    finally:\n        tmp.unlink(missing_ok=True)\n",
+         new="    with open(path, \"wb\") as f:\n        write(f)\n",
+         tests=["tests/test_common.py::test_checkpoint_write_is_atomic"]),
+    dict(name="weights-only-dropped", file="recipes/common/checkpoint.py",
+         old="            state = torch.load(path, map_location=device, weights_only=True)",
+         new="            state = torch.load(path, map_location=device, weights_only=False)",
+         tests=["tests/test_bad_input.py::test_checkpoint_carrying_code_is_not_run"]),
+    dict(name="full-shard-keeps-weights-gathered", file="recipes/fsdp/train.py",
+         old="fully_shard(block, mp_policy=policy, reshard_after_forward=args.shard == \"full\")",
+         new="fully_shard(block, mp_policy=policy, reshard_after_forward=False)",
+         tests=["tests/test_fsdp.py::test_the_measured_bytes_per_rank_are_what_each_mode_shards"]),
+    dict(name="zero1-optimizer-not-sharded", file="recipes/fsdp/train.py",
+         old="ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, **sgd)",
+         new="torch.optim.SGD(model.parameters(), **sgd)",
+         tests=["tests/test_fsdp.py::test_the_measured_bytes_per_rank_are_what_each_mode_shards"]),
+    dict(name="fsdp-accumulation-not-averaged", file="recipes/fsdp/train.py",
+         old="scaler.scale(loss / run.accum_steps).backward()", new="scaler.scale(loss).backward()",
+         tests=["tests/test_fsdp.py::test_each_mode_ends_with_ddps_weights[full]"]),
+    dict(name="cpu-without-native-bf16-taken-as-native", file="recipes/common/amp.py",
+         old="slow_cpu = device.type == \"cpu\" and not cpu_has_native_bf16()", new="slow_cpu = False",
+         tests=["tests/test_amp.py::test_cpu_default_is_fp32_without_native_bf16"]),
+    dict(name="compression-never-steps", file="recipes/compression/train.py",
+         old="        optimizer.step()\n", new="        optimizer.zero_grad()\n",
+         tests=["tests/test_compression.py::test_a_two_process_run_writes_a_complete_run_directory[fp8-e4m3]"]),
+    # the parameter server: its rules and its average
+    dict(name="ps-mean-takes-the-first-push", file="recipes/ps/train.py",
+         old="return stacked.mean(dim=0)", new="return stacked[0]",
+         tests=["tests/test_ps.py::test_sync_mean_ends_with_ddps_weights[1]"]),
+    dict(name="zenops-sync-accepts-all", file="recipes/ps/zeno.py",
+         old="return bool((g * v).mean() > eta * v2 and (g * g).mean() < (1 + rho) * v2)", new="return True",
+         tests=["tests/test_ps.py::test_zenops_sync_accepts_exactly_where_its_formula_says",
+                "tests/test_ps.py::test_validators_count_what_they_reject[zenops-sync-extra0]"]),
+    dict(name="zeno-keeps-all", file="recipes/ps/zeno.py",
+         old="return sorted(ranked[:len(scores) - b])", new="return sorted(ranked)",
+         tests=["tests/test_ps.py::test_zeno_scores_and_keeps_the_n_minus_b_best",
+                "tests/test_ps.py::test_validators_count_what_they_reject[zeno-sync-extra1]"]),
+    dict(name="zenops-async-accepts-all", file="recipes/ps/zeno.py",
+         old="return (alpha * g, True) if score >= eta else (alpha * score * g, False)", new="return alpha * g, True",
+         tests=["tests/test_ps.py::test_validators_count_what_they_reject[zenops-async-extra2]"]),
+    dict(name="zeno-plus-plus-accepts-all", file="recipes/ps/zeno.py",
+         old="return g, bool(lr * (v @ g) - rho * (g @ g) + lr * eps >= 0)", new="return g, True",
+         tests=["tests/test_ps.py::test_validators_count_what_they_reject[zeno++-async-extra3]"]),
+    dict(name="phocas-keeps-all", file="recipes/ps/zeno.py",
+         old=".argsort(dim=0)[:n - b]", new=".argsort(dim=0)[:n]",
+         tests=["tests/test_ps.py::test_phocas_rejects_a_sign_flip"]),
+    # the pipeline: partial reduce and the stragglers
+    dict(name="preduce-never-averages", file="recipes/pipeline/train.py",
+         old="mean = sum(received)[:-1] / size", new="mean = flat[:-1]",
+         tests=["tests/test_pipeline.py::test_preduce_with_every_replica_in_each_group_is_allreduce"]),
+    dict(name="stragglers-ignore-the-seed", file="recipes/pipeline/train.py",
+         old="random.Random(f\"{args.seed}/{rank}/{epoch}/{step}\")", new="random.Random(f\"{rank}/{epoch}/{step}\")",
+         tests=["tests/test_pipeline.py::test_stragglers_are_drawn_from_the_seed"]),
+]
+
+
+def copy_tree(destination):
+    """The working tree as git sees it (tracked and untracked files, not the ignored ones) into destination."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():  # (a file deleted but not yet committed is listed too)
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+
+
+def apply(tree, brk):
+    """Write the break into the copy; None, or why it cannot be applied."""
+    path = tree / brk["file"]
+    text = path.read_text() if path.is_file() else ""
+    if not brk["old"] and not brk["new"]:  # the control: nothing broken
+        return None
+    if text.count(brk["old"]) != 1:
+        return f"its text occurs {text.count(brk['old'])} times in {brk['file']}, not once"
+    path.write_text(text.replace(brk["old"], brk["new"]))
+    return None
+
+
+def run_tests(tree, tests, timeout):
+    """pytest's exit code for the tests, run in the copy with the copy's packages first."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    try:
+        result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"its tests ran past {timeout} s"
+    return result.returncode, result.stdout[-2000:]
+
+
+def check(brk, timeout=1200):
+    """("caught" | "missed" | "error", seconds, detail): the break applied to a copy of the tree, its tests run."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{brk['name']}-") as folder:
+        tree = Path(folder)
+        copy_tree(tree)
+        problem = apply(tree, brk)
+        if problem:
+            return "error", time.monotonic() - started, problem
+        code, output = run_tests(tree, brk["tests"], timeout)
+    seconds = time.monotonic() - started
+    if code == 1:
+        return "caught", seconds, ""
+    if code == 0:
+        return "missed", seconds, "every test passed with the break in"
+    return "error", seconds, output if code is None else f"pytest exit {code}: {output.strip().splitlines()[-1:]}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="only these breaks (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the breaks and their tests, run nothing")
+    args = parser.parse_args(argv)
+    names = [brk["name"] for brk in BREAKS]
+    unknown = sorted(set(args.only or []) - set(names))
+    if unknown:
+        parser.exit(2, f"error: no break named {', '.join(unknown)}; the breaks are: {', '.join(names)}\n")
+    chosen = [brk for brk in BREAKS if not args.only or brk["name"] in args.only]
+    if args.list:
+        for brk in chosen:
+            print(f"{brk['name']:38s} {brk['file']}\n{'':38s} caught by {', '.join(brk['tests'])}")
+        return 0
+    started, outcomes = time.monotonic(), {}
+    tests = sorted({test for brk in chosen for test in brk["tests"]})
+    control = check(dict(name="none", file=chosen[0]["file"], old="", new="", tests=tests))
+    if control[0] != "missed":  # (no break: every test must pass, or a failure would prove nothing)
+        print(f"error: the tests fail on the tree as it is, with no break in ({control[2]})", file=sys.stderr)
+        return 2
+    print(f"control: the {len(tests)} tests pass with no break in "
+          f"({control[1]:.1f} s)", flush=True)
+    for brk in chosen:
+        outcome, seconds, detail = check(brk)
+        outcomes[brk["name"]] = outcome
+        print(f"{outcome:7s} {brk['name']:38s} {seconds:6.1f} s  {detail}", flush=True)
+    caught = sum(outcome == "caught" for outcome in outcomes.values())
+    print(f"{caught} of {len(chosen)} breaks caught in {(time.monotonic() - started) / 60:.1f} min")
+    return 0 if caught == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
