@@ -1,7 +1,7 @@
 """The mutation check: break each lesson on purpose and watch the tests that claim it fail.
 
     make test-mutations                      # every break, one after another
-    python scripts/mutations.py --only atomic-rename weights-only   # some of them
+    python scripts/mutations.py --only checkpoint-written-in-place weights-only-dropped   # some
     python scripts/mutations.py --list       # the breaks and their tests
 
 Each break in BREAKS is one exact text of the implementation replaced by another (the
@@ -19,6 +19,7 @@ only when every break is caught.
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_ha
 
 # name, the file, the text switched off, what replaces it, the tests that must catch it
 BREAKS = [
-    # the tests that once passed with their feature off
+    # features a test could miss by checking only exit codes, files and rows: each test now sees the feature act
     dict(name="autocast-off", file="recipes/common/amp.py", old="enabled=use_autocast)", new="enabled=False)",
          tests=["tests/test_amp.py::test_low_precision_loss_curves_follow_fp32"]),
     dict(name="compile-returns-the-model", file="recipes/common/models.py",
@@ -97,6 +98,10 @@ BREAKS = [
     dict(name="fsdp-accumulation-not-averaged", file="recipes/fsdp/train.py",
          old="scaler.scale(loss / run.accum_steps).backward()", new="scaler.scale(loss).backward()",
          tests=["tests/test_fsdp.py::test_each_mode_ends_with_ddps_weights[full]"]),
+    dict(name="fsdp-accumulation-reduces-every-micro-batch", file="recipes/fsdp/train.py",
+         old="return contextlib.nullcontext() if sync else model.no_sync()", new="return contextlib.nullcontext()",
+         tests=["tests/test_training.py::test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step"
+                "[fsdp]"]),
     dict(name="cpu-without-native-bf16-taken-as-native", file="recipes/common/amp.py",
          old="slow_cpu = device.type == \"cpu\" and not cpu_has_native_bf16()", new="slow_cpu = False",
          tests=["tests/test_amp.py::test_cpu_default_is_fp32_without_native_bf16"]),
@@ -145,45 +150,57 @@ def copy_tree(destination):
             shutil.copy2(source, destination / name)
 
 
-def apply(tree, brk):
+def apply(tree, mutation):
     """Write the break into the copy; None, or why it cannot be applied."""
-    path = tree / brk["file"]
+    path = tree / mutation["file"]
     text = path.read_text() if path.is_file() else ""
-    if not brk["old"] and not brk["new"]:  # the control: nothing broken
+    if not mutation["old"] and not mutation["new"]:  # the control: nothing broken
         return None
-    if text.count(brk["old"]) != 1:
-        return f"its text occurs {text.count(brk['old'])} times in {brk['file']}, not once"
-    path.write_text(text.replace(brk["old"], brk["new"]))
+    if text.count(mutation["old"]) != 1:
+        return f"its text occurs {text.count(mutation['old'])} times in {mutation['file']}, not once"
+    path.write_text(text.replace(mutation["old"], mutation["new"]))
     return None
 
 
 def run_tests(tree, tests, timeout):
-    """pytest's exit code for the tests, run in the copy with the copy's packages first."""
+    """(pytest's exit code, or None past the timeout; the end of its output), the tests run in the copy with the
+    copy's packages first. Past the timeout the whole process group goes: the recipes the tests started too."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
-    try:
-        result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"its tests ran past {timeout} s"
-    return result.returncode, result.stdout[-2000:]
+    with subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as pytest:
+        try:
+            output = pytest.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(pytest.pid, signal.SIGKILL)
+            pytest.communicate()
+            return None, f"its tests ran past {timeout} s"
+    return pytest.returncode, output
 
 
-def check(brk, timeout=1200):
+def first_failure(output):
+    """The first test pytest's summary names as failed (or erred), and why, in one line."""
+    line = next((line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))), "")
+    return line[:160]
+
+
+def check(mutation, timeout=1200):
     """("caught" | "missed" | "error", seconds, detail): the break applied to a copy of the tree, its tests run."""
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"mutation-{brk['name']}-") as folder:
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{mutation['name']}-") as folder:
         tree = Path(folder)
         copy_tree(tree)
-        problem = apply(tree, brk)
+        problem = apply(tree, mutation)
         if problem:
             return "error", time.monotonic() - started, problem
-        code, output = run_tests(tree, brk["tests"], timeout)
+        code, output = run_tests(tree, mutation["tests"], timeout)
     seconds = time.monotonic() - started
     if code == 1:
-        return "caught", seconds, ""
+        return "caught", seconds, first_failure(output)
     if code == 0:
         return "missed", seconds, "every test passed with the break in"
-    return "error", seconds, output if code is None else f"pytest exit {code}: {output.strip().splitlines()[-1:]}"
+    tail = output.strip().splitlines()[-3:] if code is not None else [output]
+    return "error", seconds, f"pytest exit {code}: {' | '.join(tail)}"
 
 
 def main(argv=None):
@@ -191,27 +208,27 @@ def main(argv=None):
     parser.add_argument("--only", nargs="+", metavar="NAME", help="only these breaks (default: all)")
     parser.add_argument("--list", action="store_true", help="print the breaks and their tests, run nothing")
     args = parser.parse_args(argv)
-    names = [brk["name"] for brk in BREAKS]
+    names = [mutation["name"] for mutation in BREAKS]
     unknown = sorted(set(args.only or []) - set(names))
     if unknown:
         parser.exit(2, f"error: no break named {', '.join(unknown)}; the breaks are: {', '.join(names)}\n")
-    chosen = [brk for brk in BREAKS if not args.only or brk["name"] in args.only]
+    chosen = [mutation for mutation in BREAKS if not args.only or mutation["name"] in args.only]
     if args.list:
-        for brk in chosen:
-            print(f"{brk['name']:38s} {brk['file']}\n{'':38s} caught by {', '.join(brk['tests'])}")
+        for mutation in chosen:
+            print(f"{mutation['name']:44s} {mutation['file']}\n{'':44s} caught by {', '.join(mutation['tests'])}")
         return 0
     started, outcomes = time.monotonic(), {}
-    tests = sorted({test for brk in chosen for test in brk["tests"]})
-    control = check(dict(name="none", file=chosen[0]["file"], old="", new="", tests=tests))
-    if control[0] != "missed":  # (no break: every test must pass, or a failure would prove nothing)
-        print(f"error: the tests fail on the tree as it is, with no break in ({control[2]})", file=sys.stderr)
+    tests = sorted({test for mutation in chosen for test in mutation["tests"]})
+    control = check(dict(name="none", file=chosen[0]["file"], old="", new="", tests=tests), timeout=300 * len(tests))
+    if control[0] != "missed":  # ("missed" here: every test passed with nothing broken, as they must)
+        print(f"error: the tests fail on the tree as it is, with no break in: {control[2]}", file=sys.stderr)
         return 2
     print(f"control: the {len(tests)} tests pass with no break in "
           f"({control[1]:.1f} s)", flush=True)
-    for brk in chosen:
-        outcome, seconds, detail = check(brk)
-        outcomes[brk["name"]] = outcome
-        print(f"{outcome:7s} {brk['name']:38s} {seconds:6.1f} s  {detail}", flush=True)
+    for mutation in chosen:
+        outcome, seconds, detail = check(mutation)
+        outcomes[mutation["name"]] = outcome
+        print(f"{outcome:7s} {mutation['name']:44s} {seconds:6.1f} s  {detail}", flush=True)
     caught = sum(outcome == "caught" for outcome in outcomes.values())
     print(f"{caught} of {len(chosen)} breaks caught in {(time.monotonic() - started) / 60:.1f} min")
     return 0 if caught == len(chosen) else 1

@@ -469,6 +469,13 @@ def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
     assert flags["apex", "jpeg", "tensor", "bf16", True] == ["--opt-level", "O1", "--amp-dtype", "bf16",
                                                              "--channels-last"]
     assert flags["apex", "jpeg", "gpu", "fp16", True][-2:] == ["--decoder", "gpu"]  # nvjpeg, the best set-up once
+    for gpus in bench_gpu.gpu_counts(8):  # each GPU count of an 8-GPU node: the same layouts, each run named apart
+        for data in ("synthetic", "jpeg"):
+            layouts = [run[1:] for run in bench_gpu.precision_runs(gpus, data)]
+            assert layouts == [run[1:] for run in bench_gpu.precision_runs(2, data)], (gpus, data)
+    names = [r[0] for gpus in bench_gpu.gpu_counts(8) for data in ("synthetic", "jpeg")
+             for r in bench_gpu.precision_runs(gpus, data)]
+    assert len(names) == len(set(names)) == 4 * (2 * (2 + 3 * 2) + 1)
     compression = bench_gpu.compression_runs(4)
     assert [(method, ef) for _, method, ef, _ in compression] == bench_gpu.COMPRESSION
     assert compression[-1][3] == ["--compress", "powersgd", "--error-feedback"]
@@ -801,7 +808,8 @@ def test_the_mutation_check_catches_a_break_and_tells_a_missed_one():
     assert "control: the 2 tests pass with no break in" in result.stdout
     assert [line.split()[:2] for line in result.stdout.splitlines()[1:3]] == [
         ["caught", "scaler-not-restored"], ["caught", "checkpoint-written-in-place"]]
-    assert "2 of 2 breaks caught" in result.stdout
+    assert "2 of 2 breaks caught" in result.stdout and "FAILED tests/test_common.py::test_checkpoint_write_is_atomic" in \
+        result.stdout  # (each caught break names the test that failed)
     unseen = dict(name="a-comment", file="recipes/common/schedule.py", old="#", new="# (changed)",
                   tests=["tests/test_training.py::test_warmup_then_cosine"])
     unseen["old"] = next(line for line in (ROOT / unseen["file"]).read_text().splitlines() if "#" in line)

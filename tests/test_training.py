@@ -52,7 +52,7 @@ def one_epoch(recipe, rank, world_size, accum_steps, tmp_path, hook_calls=None):
     run = bookkeeping.Run(args, log, torch.device("cpu"), model, optimizer, scheduler, None, 3,
                           MICRO_BATCH * 4 * world_size, steps_per_epoch=len(loader))
     common = dict(model=train_model, loader=loader, criterion=criterion, optimizer=optimizer, run=run)
-    if recipe == "apex":
+    if recipe in ("apex", "fsdp"):  # (fsdp: its DDP path, --shard none and optimizer, where a hook can count)
         # fp32 autocast, but a real GradScaler: each micro-batch's loss scaled, the sum unscaled once
         common.update(scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 10),
                       autocast=functools.partial(torch.autocast, "cpu", enabled=False))
@@ -78,7 +78,7 @@ def accumulation_worker(rank, port, recipe, tmp_path):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("recipe", ["ddp", "apex", "compression"])
+@pytest.mark.parametrize("recipe", ["ddp", "apex", "compression", "fsdp"])
 def test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step(tmp_path, recipe):
     mp.spawn(accumulation_worker, args=(free_port(), recipe, tmp_path), nprocs=WORLD_SIZE)
     for rank in range(WORLD_SIZE):
