@@ -378,6 +378,24 @@ def test_a_worker_killed_on_one_node_while_its_peer_hangs_restarts_both_nodes(ti
     assert final(tmp_path / "run") == ddp_reference
 
 
+def rank_by_rank(recipe, args, world_size, tmp_path):
+    """One process per rank, joined by --dist-url in args (no launcher to signal the others when one ends); each
+    rank's output in tmp_path/rank<r>.out. Returns (the processes, their output files)."""
+    outputs = [tmp_path / f"rank{rank}.out" for rank in range(world_size)]
+    ranks = [subprocess.Popen(recipe_command(recipe, [*map(str, args), "--rank", str(rank)]), cwd=ROOT,
+                              env=child_env(), stdout=open(output, "w"), stderr=subprocess.STDOUT)
+             for rank, output in enumerate(outputs)]
+    return ranks, outputs
+
+
+def wait_for_line(output, text, running=()):
+    """Until text is in the output file (at most 240 s), asserting meanwhile that the processes in running run."""
+    deadline = time.monotonic() + 240
+    while text not in output.read_text() and time.monotonic() < deadline:
+        assert all(process.poll() is None for process in running), output.read_text()[-3000:]
+        time.sleep(0.05)
+
+
 # a rank (or a replica: all its ranks) that stops, as a hung node does, and what its peers wait on then
 STOPPED_PEER = {  # (recipe, world size, flags, the ranks stopped)
     "ps-sync": ("ps", 4, ["--mode", "sync"], [3]),  # the server waits for worker 3's push, the workers for a pull
@@ -400,16 +418,10 @@ def test_sigterm_ends_a_rank_waiting_on_a_stopped_peer_within_its_grace(tiny_dat
             "--world-size", world_size, "--dist-timeout", "60", "--out", tmp_path / "run", *flags]
     if recipe == "pipeline":
         args += ["--stages", "2", "--microbatches", "2"]
-    outputs = [tmp_path / f"rank{rank}.out" for rank in range(world_size)]
-    ranks = [subprocess.Popen(recipe_command(recipe, [*map(str, args), "--rank", str(rank)]), cwd=ROOT,
-                              env=child_env(), stdout=open(output, "w"), stderr=subprocess.STDOUT)
-             for rank, output in enumerate(outputs)]
+    ranks, outputs = rank_by_rank(recipe, args, world_size, tmp_path)
     signalled, ended = None, {}
     try:
-        deadline = time.monotonic() + 240
-        while "epoch 1 step 3/" not in outputs[0].read_text() and time.monotonic() < deadline:
-            assert all(rank.poll() is None for rank in ranks), outputs[0].read_text()[-3000:]
-            time.sleep(0.05)
+        wait_for_line(outputs[0], "epoch 1 step 3/", running=ranks)
         for rank in stopped:
             ranks[rank].send_signal(signal.SIGSTOP)
         time.sleep(0.5)  # the others now wait on it
@@ -447,14 +459,9 @@ def test_a_sigterm_to_one_worker_stops_every_rank_of_the_parameter_server_after_
     to stop, and all exit 75; rank 0 says where it saved. Launched rank by rank, so that nothing else signals."""
     args = [tiny_data, *TINY, "-b", "4", "--epochs", "100", "--dist-url", f"tcp://127.0.0.1:{free_port()}",
             "--world-size", "4", "--servers", "2", "--out", tmp_path / "run"]
-    outputs = [tmp_path / f"rank{rank}.out" for rank in range(4)]
-    ranks = [subprocess.Popen(recipe_command("ps", [*map(str, args), "--rank", str(rank)]), cwd=ROOT,
-                              env=child_env(), stdout=open(output, "w"), stderr=subprocess.STDOUT)
-             for rank, output in enumerate(outputs)]
+    ranks, outputs = rank_by_rank("ps", args, 4, tmp_path)
     try:
-        deadline = time.monotonic() + 240
-        while "epoch 1 step 3/" not in outputs[0].read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for_line(outputs[0], "epoch 1 step 3/")
         ranks[3].send_signal(signal.SIGTERM)
         codes = [rank.wait(timeout=60) for rank in ranks]
     finally:
@@ -501,9 +508,7 @@ def test_a_sigterm_while_a_slow_but_living_peer_computes_still_saves(tiny_data, 
     job = subprocess.Popen(recipe_command("pipeline", [str(a) for a in args], nproc=4), cwd=ROOT, env=child_env(),
                            stdout=open(output, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while "epoch 1 step 5/" not in output.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for_line(output, "epoch 1 step 5/")
         os.killpg(job.pid, signal.SIGTERM)  # (torchrun and every rank, as SLURM signals a job)
         job.wait(timeout=120)
     finally:

@@ -73,9 +73,9 @@ def run_main(main, args, rank=0):
         main(args)
         release()
     except RecipeError as error:
-        fail(error, dist.get_rank() if dist.is_initialized() else rank)
+        fail(error, _rank(rank))
     except faults.Preempted as stop:  # the checkpoint is saved: say where, and exit for a relaunch
-        rank = dist.get_rank() if dist.is_initialized() else rank
+        rank = _rank(rank)
         release(stop)
         checkpoint_written(rank)
         distributed.cleanup()
@@ -83,7 +83,7 @@ def run_main(main, args, rank=0):
             print(stop, flush=True)
         sys.exit(faults.EXIT_PREEMPTED)
     except RuntimeError as error:
-        rank = dist.get_rank() if dist.is_initialized() else rank
+        rank = _rank(rank)
         explained = _lost_peer(error, rank, args)
         if explained is None:
             raise  # a bug: keep the traceback
@@ -91,6 +91,11 @@ def run_main(main, args, rank=0):
         if faults.sigterm_received():  # the job is being stopped, and a peer went first: nothing to save with it
             explained = faults.preempted_without_saving(args.out, _detail(error))
         fail(explained, rank)
+
+
+def _rank(launched):
+    """This process's rank: the process group's once it exists, else the launcher's."""
+    return dist.get_rank() if dist.is_initialized() else launched
 
 
 def checkpoint_written(rank):
