@@ -13,6 +13,7 @@ Reads only the measured files that the benchmark scripts write:
   compression.csv       time, accuracy and bytes per gradient-compression method and seed (compression_table.py)
   compile.csv           epoch times, eager against torch.compile (bench_compile.py)
   ps.csv                the parameter server against Byzantine workers, per run and seed (ps_table.py)
+  byzfl.csv             ByzFL's own benchmark on the same digits, per rule, attack and seed (byzfl_reference.py)
   pipeline.csv, pipeline_curves.csv   pipelined replicas per sync method, stragglers and the bubble
                         (pipeline_table.py)
   sharding.csv          bytes per rank and images/s of each --shard mode against processes (bench_sharding.py)
@@ -461,7 +462,9 @@ def timings_table(rows):
             f"time they took when they were trained.")
 
 
-PS_ATTACKS = ["none", "signflip", "gaussian", "labelflip", "alie", "ipm"]
+def ps_attacks(rows, parts=("sync", "async")):
+    """The attacks of those parts of ps.csv, in the order the script ran them."""
+    return list(dict.fromkeys(r["attack"] for r in rows if r["part"] in parts))
 
 
 def ps_groups(rows, part):
@@ -488,24 +491,31 @@ def ps_top1(runs):
 def rejected(runs, who):
     """'25 (20-30)': the share (%) of `who`'s (honest or byzantine) pushed updates that the rule dropped, its mean
     over the seeds' runs and its range."""
-    rates = [100 * int(r[f"{who}_rejected"]) / int(r[f"{who}_pushed"]) for r in finished(runs)
+    rates = [100 * float(r[f"{who}_rejected"]) / int(r[f"{who}_pushed"]) for r in finished(runs)
              if int(r[f"{who}_pushed"])]
     return with_range(spread(rates), 0) if rates else ""
 
 
+def mean_of_its_kind(aggregate):
+    """The plain mean a rule is compared with: the one with the same local steps."""
+    return "mean, 1 step" if aggregate.endswith("1 step") else "mean"
+
+
 def ps_matrix(groups):
     """The top-1 table of one mode: a row per aggregation, a column per attack; and the sentence comparing each
-    rule with the mean under the same attack (beyond the spread only)."""
+    rule with the mean (of the same local steps) under the same attack (beyond the spread only)."""
     aggregates = list(dict.fromkeys(aggregate for aggregate, _ in groups))
-    attacks = [a for a in PS_ATTACKS if any(attack == a for _, attack in groups)]
+    attacks = list(dict.fromkeys(attack for _, attack in groups))
     top1 = {key: spread([float(r["top1"]) for r in finished(runs)]) for key, runs in groups.items() if finished(runs)}
     body = [[f"`{aggregate}`", *(ps_top1(groups[aggregate, attack]) if (aggregate, attack) in groups else ""
                                  for attack in attacks)] for aggregate in aggregates]
-    header = ["aggregation", *(f"{attack} (0 Byzantine)" if attack == "none" else attack for attack in attacks)]
+    header = ["aggregation", *attacks]
     better, worse = [], []
     for (aggregate, attack), result in top1.items():
-        mean = top1.get(("mean", attack))
-        if aggregate != "mean" and mean and beyond_spread(result, mean):
+        mean = top1.get((mean_of_its_kind(aggregate), attack))
+        if not aggregate.startswith("mean") and (mean_of_its_kind(aggregate), attack) in groups and not mean:
+            better.append(f"{aggregate} under {attack} (the mean diverged)")
+        if not aggregate.startswith("mean") and mean and beyond_spread(result, mean):
             (better if result["mean"] > mean["mean"] else worse).append(
                 f"{aggregate} under {attack} ({result['mean'] - mean['mean']:+.1f})")
     return table(header, body), better, worse
@@ -522,24 +532,30 @@ def ps_tables(rows):
                  f"lowest and highest. A run that diverged (a non-finite loss) has no top-1: it is counted beside "
                  f"the others.")
         if seeds > 1:
-            text += (" Beyond the spread of `mean` under the same attack, better: " + ("; ".join(better) or "none") +
+            text += (" Beyond the spread of `mean` (of the same local steps) under the same attack, better: " +
+                     ("; ".join(better) or "none") +
                      ". Worse: " + ("; ".join(worse) or "none") + ".")
         sections[f"ps-{mode}"] = text
-    validated = [(mode, aggregate) for mode in ("sync", "async") for aggregate in ("zeno", "zenops", "zeno++")
-                 if any(key[0] == aggregate for key in ps_groups(rows, mode))]
-    attacks = [a for a in PS_ATTACKS if any(x["attack"] == a for x in rows if x["part"] in ("sync", "async"))]
+    validated = [(mode, aggregate) for mode in ("sync", "async") for aggregate in
+                 dict.fromkeys(key[0] for key in ps_groups(rows, mode)) if aggregate.startswith("zeno")]
     body = []
     for mode, aggregate in validated:
         groups = ps_groups(rows, mode)
+        attacks = ps_attacks(rows, (mode,))
         body.append([mode, f"`{aggregate}`", *(
             (rejected(groups[aggregate, a], "honest") +
              ("" if a == "none" else f" / {rejected(groups[aggregate, a], 'byzantine')}"))
             if (aggregate, a) in groups else "" for a in attacks)])
+    sync_attacks, async_attacks = ps_attacks(rows, ("sync",)), ps_attacks(rows, ("async",))
+    columns = max(len(sync_attacks), len(async_attacks))
+    header = ["mode", "rule", *(" / ".join(dict.fromkeys(names[i] for names in (sync_attacks, async_attacks)
+                                                          if i < len(names))) for i in range(columns))]
     sections["ps-rejections"] = (
-        table(["mode", "rule", *(f"{a} (0 Byzantine)" if a == "none" else a for a in attacks)], body) +
-        "\n\nRejected updates (%): honest / Byzantine, of the updates each kind of worker pushed; the mean over the "
-        "seeds and in brackets the lowest and highest. `zeno` drops the b = 2 lowest-scoring of every 8, whatever "
-        "they are, so it rejects 25 % in all.")
+        table(header, [line + [""] * (len(header) - len(line)) for line in body]) +
+        "\n\nRejected updates (%): honest / Byzantine, of the updates each kind of worker pushed (zenops judges "
+        "tensor by tensor: a push counts as the share of its tensors rejected); the mean over the seeds and in "
+        "brackets the lowest and highest. `zeno` drops the b = 2 lowest-scoring of every 8, whatever they are, so "
+        "it rejects 25 % in all.")
     eta = ps_groups(rows, "eta")
     etas = sorted({x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float,
                   reverse=True)
@@ -553,13 +569,15 @@ def ps_tables(rows):
     text = table(["--zeno-eta", "val top-1 (%)", "honest rejected (%)", "Byzantine rejected (%)"], body)
     if best is not None:
         tied = [e for e in top1 if e != best and not beyond_spread(top1[e], top1[best])]
-        text += (f"\n\nasync `zenops`, 2 of 8 workers sign-flipping. The best eta: {best} "
+        text += (f"\n\nsync `zenops`, 8 local steps a push, each push N(0, 1) with probability 0.2. "
+                 f"The best eta: {best} "
                  f"({with_range(top1[best], 1)} %); within its spread (not told apart from it): "
                  f"{', '.join(tied) or 'none'}. Training on the validators' data alone: {with_range(baseline, 1)} %.")
     sections["ps-eta"] = text
-    speed = [("ps sync, `mean`", finished(ps_groups(rows, "sync").get(("mean", "none"), []))),
-             ("ps async, `mean`", finished(ps_groups(rows, "async").get(("mean", "none"), []))),
-             ("ddp", finished([x for x in rows if x["part"] == "speed"]))]
+    speed = [(f"ps {mode}, `{aggregate}`", finished(ps_groups(rows, mode).get((aggregate, "none"), [])))
+             for mode in ("sync", "async") for aggregate in ("mean", "mean, 1 step")
+             if (aggregate, "none") in ps_groups(rows, mode)]
+    speed.append(("ddp", finished([x for x in rows if x["part"] == "speed"])))
     ddp = {x["seed"]: float(x["images_per_s"]) for x in speed[-1][1]}
     body = []
     for name, runs in speed:
@@ -575,13 +593,109 @@ def ps_tables(rows):
     return sections
 
 
+def ps_targets(rows):
+    """The parameter-server table's targets, each with what was measured and whether it holds. A run that diverged
+    counts as chance, 10 %."""
+    def top1(part, aggregate, attack):
+        runs = ps_groups(rows, part).get((aggregate, attack), [])
+        return statistics.mean(float(r["top1"]) if r["diverged"] != "1" else 10.0 for r in runs) if runs else None
+
+    def honest(part, aggregate):
+        runs = finished(ps_groups(rows, part).get((aggregate, "none"), []))
+        return 100 * sum(float(r["honest_rejected"]) for r in runs) / max(1, sum(int(r["honest_pushed"]) for r in runs))
+    flip, flip_4 = "signflip x4, 2 of 8", "signflip x10, p 0.4"
+    body = []
+
+    def check(target, value, holds):
+        body.append([target, "not measured" if value is None else value, "" if value is None else
+                     ("yes" if holds else "no")])
+    mean = top1("sync", "mean", flip)
+    check(f"sync, {flip}: `mean` at most 50 %", mean is not None and f"{mean:.1f}", mean is not None and mean <= 50)
+    for rule in ("zenops", "zeno, 1 step"):
+        attacked, clean = top1("sync", rule, flip), top1("sync", rule, "none")
+        check(f"sync, {flip}: `{rule}` at least 95 % and within 2 points of its own no-attack top-1",
+              attacked is not None and clean is not None and f"{attacked:.1f} against {clean:.1f}",
+              attacked is not None and clean is not None and attacked >= 95 and clean - attacked <= 2)
+    for part, rule in (("sync", "zenops"), ("async", "zenops"), ("async", "zeno++, 1 step")):
+        rate = honest(part, rule) if (rule, "none") in ps_groups(rows, part) else None
+        check(f"{part}, no attack: `{rule}` rejects at most 10 % of the honest updates",
+              rate is not None and f"{rate:.0f} %", rate is not None and rate <= 10)
+    zpp, mean = top1("async", "zeno++, 1 step", "none"), top1("async", "mean, 1 step", "none")
+    check("async, no attack: `zeno++` within 2 points of `mean`", zpp is not None and mean is not None and
+          f"{zpp:.1f} against {mean:.1f}", zpp is not None and mean is not None and mean - zpp <= 2)
+    mean, zpp = top1("async", "mean, 1 step", flip_4), top1("async", "zeno++, 1 step", flip_4)
+    check(f"async, {flip_4}: `mean` at most 50 %", mean is not None and f"{mean:.1f}", mean is not None and mean <= 50)
+    check(f"async, {flip_4}: `zeno++` at least 90 %", zpp is not None and f"{zpp:.1f}", zpp is not None and zpp >= 90)
+    by_eta = {}
+    for x in finished([r for r in rows if r["part"] == "eta" and r["zeno_eta"] != ""]):
+        by_eta.setdefault(x["zeno_eta"], []).append(float(x["top1"]))
+    base = [float(x["top1"]) for x in finished(ps_groups(rows, "eta").get(("validation data only", "none"), []))]
+    if by_eta and base:
+        best = max(by_eta, key=lambda e: statistics.mean(by_eta[e]))
+        a, b = spread(by_eta[best]), spread(base)
+        check("the eta sweep's best eta beats training on the validators' data alone by more than the spread",
+              f"{with_range(a, 1)} against {with_range(b, 1)} (eta {best})", a["mean"] > b["mean"] and
+              beyond_spread(a, b))
+    else:
+        check("the eta sweep's best eta beats training on the validators' data alone by more than the spread", None,
+              False)
+    return (table(["target", "measured (mean over the seeds)", "holds"], body) +
+            "\n\nThe targets this table was set against; a run that diverged counts as chance (10 %).")
+
+
+BYZFL_NEAREST = {"none": "none", "signflip": "signflip x4, 2 of 8", "gaussian": "N(0,1), p 0.2"}  # ours nearest
+
+
+def ps_byzfl_table(byzfl, rows):
+    """ByzFL's benchmark beside the sync table's rows nearest each of its attacks, and where the two disagree in
+    direction (a rule beyond the spread of mean in one, not in the other)."""
+    def runs_of(table_rows, rule, attack, key="attack"):
+        return [r for r in table_rows if r["aggregate"] == rule and r[key] == attack]
+
+    def verdict(runs, mean_runs):  # +1 beats mean beyond the spread, -1 falls below it, 0 cannot be told apart
+        if not runs or not mean_runs:
+            return 0
+        a, b = (spread([float(r["top1"]) if r.get("diverged", "0") != "1" else 10.0 for r in x])  # (chance)
+                for x in (runs, mean_runs))
+        return 0 if not beyond_spread(a, b) else (1 if a["mean"] > b["mean"] else -1)
+    ours_rows = [r for r in rows if r["part"] == "sync"]
+    attacks = list(dict.fromkeys(r["ps_attack"] for r in byzfl))
+    rules = list(dict.fromkeys(r["aggregate"] for r in byzfl))
+    body, disagree = [], []
+    for rule in rules:
+        line = [f"`{rule}`"]
+        for attack in attacks:
+            theirs, ours = runs_of(byzfl, rule, attack, "ps_attack"), runs_of(ours_rows, rule, BYZFL_NEAREST[attack])
+            line += [ps_top1(theirs), ps_top1(ours) if ours else ""]
+            if rule != "mean" and ours and attack != "none":
+                v_theirs = verdict(theirs, runs_of(byzfl, "mean", attack, "ps_attack"))
+                v_ours = verdict(ours, runs_of(ours_rows, "mean", BYZFL_NEAREST[attack]))
+                if v_theirs != v_ours:
+                    disagree.append(f"{rule} under {attack} (ByzFL {v_theirs:+d}, ours {v_ours:+d})")
+        body.append(line)
+    header = ["rule", *(f"{who}: {attack if who == 'ByzFL' else BYZFL_NEAREST[attack]}" for attack in attacks
+                         for who in ("ByzFL", "ours"))]
+    r = next((x for x in byzfl if x["ps_attack"] != "none"), byzfl[0])
+    return (table(header, body) +
+            f"\n\nFinal test top-1 (%): the mean over {len({x['seed'] for x in byzfl})} seed(s) of ByzFL's "
+            f"benchmark ({r['byzfl']}: cnn_mnist, {r['steps']} steps of {r['batch']} images a client, lr {r['lr']}, "
+            f"client momentum {r['momentum']}, {r['honest']} honest and {r['byzantine']} Byzantine clients when "
+            f"attacked, every rule set for f = {r['tolerated_f']}), beside ours (sync, 8 local steps a push, the "
+            f"nearest attack). Where the two disagree on a rule against the mean under the same attack "
+            f"(+1 better beyond the spread, -1 worse, 0 not told apart; a run that diverged counts as chance, 10 %): " +
+            ("; ".join(disagree) or "nowhere") + ".")
+
+
 def plot_ps(rows, figures):
     """Top-1 per aggregation and attack, sync and async, as two annotated grids; and the eta sweep."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [8, 3.5]})
     for ax, mode in zip(axes, ("sync", "async")):
         groups = ps_groups(rows, mode)
         aggregates = list(dict.fromkeys(aggregate for aggregate, _ in groups))
-        attacks = [a for a in PS_ATTACKS if any(attack == a for _, attack in groups)]
+        attacks = list(dict.fromkeys(attack for _, attack in groups))
+        if not groups:  # (a table stopped before this mode)
+            ax.axis("off")
+            continue
         grid = [[statistics.mean(float(x["top1"]) for x in finished(groups[g, a]))
                  if (g, a) in groups and finished(groups[g, a]) else (-1.0 if (g, a) in groups else float("nan"))
                  for g in aggregates] for a in attacks]  # -1: every seed diverged
@@ -594,7 +708,7 @@ def plot_ps(rows, figures):
         ax.set_xticks(range(len(aggregates)), aggregates, rotation=45, ha="right")
         ax.set_yticks(range(len(attacks)), attacks)
         ax.set_title(f"{mode}: val top-1 (%)")
-    fig.suptitle(f"Parameter server, 8 workers (2 Byzantine under an attack), lenet on the digits, "
+    fig.suptitle(f"Parameter server, 8 workers, lenet on the digits, "
                  f"{rows[0]['epochs']} epochs; mean of {len({x['seed'] for x in rows})} seed(s)")
     save(fig, figures / "ps.png")
     by_eta = {}
@@ -608,7 +722,7 @@ def plot_ps(rows, figures):
     top1 = [spread([float(x["top1"]) for x in by_eta[e]]) for e in etas]
     ax.errorbar(etas, [v["mean"] for v in top1], yerr=[[v["mean"] - v["low"] for v in top1],
                                                       [v["high"] - v["mean"] for v in top1]],
-                marker="o", capsize=3, label="async zenops, 2 of 8 sign-flipping")
+                marker="o", capsize=3, label="sync zenops, N(0, 1) with probability 0.2")
     baseline = [float(x["top1"]) for x in finished(rows) if x["aggregate"] == "validation data only"]
     if baseline:
         ax.axhspan(min(baseline), max(baseline), color="gray", alpha=0.2)
@@ -994,6 +1108,11 @@ def main():
     if ps_rows:
         plot_ps(ps_rows, figures)
         sections.update(ps_tables(ps_rows))
+        sections["ps-targets"] = ps_targets(ps_rows)
+        if (data / "byzfl.csv").exists():
+            sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "byzfl.csv"), ps_rows)
+        else:
+            missing.append("byzfl.csv (scripts/byzfl_reference.py)")
     else:
         missing.append("ps.csv (scripts/ps_table.py)")
     pipeline_rows = read_csv(data / "pipeline.csv") if (data / "pipeline.csv").exists() else []

@@ -13,8 +13,8 @@ from conftest import ROOT, child_env
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts import (bench_compile, bench_gpu, bench_io, bench_scaling, bench_sharding, compression_table,  # noqa: E402
-                     list_tests, measuring, mutations, pipeline_table, ps_table)
+from scripts import (bench_compile, bench_gpu, bench_io, bench_scaling, bench_sharding, byzfl_reference,  # noqa: E402
+                     compression_table, list_tests, measuring, mutations, pipeline_table, ps_table)
 
 
 def test_digits_folder(tmp_path):
@@ -564,27 +564,37 @@ def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
 
 def test_ps_table_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path):
     runs = ps_table.plan([0, 1, 2])
-    assert len(runs) == 3 * (8 * 6 + 3 * 6 + 7 + 2) and len(set(runs)) == len(runs)
-    sync = {(aggregate, attack) for part, _, aggregate, attack, byzantine, _, seed in runs if part == "sync"}
-    assert len(sync) == 8 * 6 and ("zeno", "alie") in sync and ("krum", "none") in sync
+    assert len(runs) == 3 * (7 * 4 + 3 * 3 + 7 + 2) and len(set(runs)) == len(runs)
+    sync = {(aggregate, attack) for part, _, aggregate, attack, _, seed in runs if part == "sync"}
+    assert len(sync) == 7 * 4 and ("zeno, 1 step", "N(0,1), p 0.2") in sync and ("phocas", "none") in sync
     assert {seed for *_, seed in runs} == {0, 1, 2}
     args = ps_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
-    recipe, processes, flags = ps_table.flags_of("sync", "zenops", "signflip", 2, None, 0, args)
-    assert (recipe, processes) == ("ps", 11) and flags[flags.index("--validators") + 1] == "2"
-    recipe, processes, flags = ps_table.flags_of("async", "mean", "gaussian", 2, None, 1, args)
-    assert (recipe, processes) == ("ps", 9) and flags[flags.index("--zeno-b") + 1] == "2"
-    assert ps_table.flags_of("ddp", "ddp", "none", 0, None, 0, args)[:2] == ("ddp", 8)
-    recipe, processes, flags = ps_table.flags_of("nd", "validation data only", "none", 0, None, 0, args)
-    assert (recipe, processes) == ("nd", 1) and flags[flags.index("-b") + 1] == "64"  # 8 workers' global batch
-    assert flags[flags.index("--epochs") + 1] == "30"  # a tenth of the data for 10x the epochs: as many steps
-    assert flags[flags.index("--warmup-epochs") + 1] == "10"  # and 10x the warm-up
-    assert len(list((flags[0] / "train").rglob("*.png"))) == 5  # a tenth of the 48 train images
+
+    def value(flags, flag):
+        return flags[flags.index(flag) + 1]
+    recipe, processes, flags = ps_table.flags_of("sync", "zenops", "signflip x4, 2 of 8", None, 0, args)
+    assert (recipe, processes) == ("ps", 11) and value(flags, "--validators") == "2"
+    assert value(flags, "--local-steps") == "8" and value(flags, "--byzantine") == "2"
+    assert value(flags, "--attack-scale") == "4" and value(flags, "--validation-split") == "0.02"
+    recipe, processes, flags = ps_table.flags_of("sync", "zeno, 1 step", "signflip x6, p 0.2", None, 0, args)
+    assert "--local-steps" not in flags and value(flags, "--attack-prob") == "0.2"
+    recipe, processes, flags = ps_table.flags_of("async", "zeno++, 1 step", "signflip x10, p 0.4", None, 1, args)
+    assert (recipe, processes) == ("ps", 11) and value(flags, "--attack-prob") == "0.4"
+    assert value(flags, "--attack-scale") == "10" and value(flags, "--mode") == "async"
+    recipe, processes, flags = ps_table.flags_of("sync", "zenops", "N(0,1), p 0.2", -0.01, 1, args)
+    assert value(flags, "--zeno-eta") == "-0.01" and value(flags, "--attack") == "gaussian"
+    assert ps_table.flags_of("sync", "median", "none", None, 0, args)[:2] == ("ps", 9)
+    assert ps_table.flags_of("ddp", "ddp", "none", None, 0, args)[:2] == ("ddp", 8)
+    recipe, processes, flags = ps_table.flags_of("nd", "validation data only", "none", None, 0, args)
+    assert (recipe, processes) == ("nd", 1) and value(flags, "-b") == "8"  # one worker's batch
+    assert value(flags, "--epochs") == "18"  # 6 times the epochs on a 49th of the data: a worker's steps
+    assert value(flags, "--warmup-epochs") == "6"  # and 6 times the warm-up
+    assert len(list((flags[0] / "train").rglob("*.png"))) == 1  # 2 % of the 48 train images
     quick = ps_table.plan([0], quick=True)
     assert {part for part, *_ in quick} == {"sync", "async", "eta", "speed"} and len(quick) < 20
     folder = ps_table.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
     assert len(list((folder / "train").rglob("*.png"))) == 24  # half of the 48 train images
     assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]
-
 
 
 def test_forked_runs_get_torchruns_environment_and_a_failing_rank_fails_the_run(tmp_path):
@@ -641,29 +651,30 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     data.mkdir()
     machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
     rows = []
+    flip = "signflip x4, 2 of 8"
 
     def add(part, mode, aggregate, attack, top1s, eta="", counts=(800, 0, 0, 0), rate=1000.0):
         for seed, top1 in enumerate(top1s):
-            byzantine = 0 if attack == "none" else 2
-            rows.append({"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "byzantine": byzantine,
-                         "zeno_eta": eta, "seed": seed, "processes": 9, "epochs": 2, "top1": top1,
-                         "honest_pushed": counts[0], "honest_rejected": counts[1], "byzantine_pushed": counts[2],
-                         "byzantine_rejected": counts[3], "stale_dropped": 0, "images_per_s": rate, "train_s": 10,
-                         **machine})
+            rows.append({"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "zeno_eta": eta,
+                         "seed": seed, "processes": 9, "epochs": 6, "top1": top1, "honest_pushed": counts[0],
+                         "honest_rejected": counts[1], "byzantine_pushed": counts[2], "byzantine_rejected": counts[3],
+                         "stale_dropped": 0, "images_per_s": rate, "train_s": 10, **machine})
     add("sync", "sync", "mean", "none", (96, 97, 98), rate=1200.0)
-    add("sync", "sync", "mean", "signflip", (90, 91, 92), counts=(600, 0, 200, 0))
+    add("sync", "sync", "mean", flip, (90, 91, 92), counts=(600, 0, 200, 0))
     add("sync", "sync", "median", "none", (95, 95, 95))
-    add("sync", "sync", "median", "signflip", (94, 94.5, 95), counts=(600, 0, 200, 0))  # above mean's range
-    add("sync", "sync", "zeno", "none", (97, 97, 97), counts=(800, 200, 0, 0))  # inside mean's range
-    add("sync", "sync", "zeno", "signflip", (80, 81, 82), counts=(600, 60, 200, 150))  # below it
-    add("async", "async", "mean", "none", (90, 90, 90), rate=900.0)
-    add("async", "async", "zeno++", "signflip", (87, 87, 87), counts=(600, 30, 200, 180))
+    add("sync", "sync", "median", flip, (94, 94.5, 95), counts=(600, 0, 200, 0))  # above mean's range
+    add("sync", "sync", "mean, 1 step", "none", (80, 81, 82), rate=1100.0)
+    add("sync", "sync", "zeno, 1 step", "none", (81, 81, 81), counts=(800, 200, 0, 0))  # inside its mean's range
+    add("sync", "sync", "zeno, 1 step", flip, (80, 81, 82), counts=(600, 60.5, 200, 150))  # no mean to compare
+    add("async", "async", "mean, 1 step", "none", (90, 90, 90), rate=900.0)
+    add("async", "async", "zeno++, 1 step", "signflip x10, p 0.2", (87, 87, 87), counts=(600, 30, 200, 180))
+    add("async", "async", "mean, 1 step", "signflip x10, p 0.2", ("", "", ""), counts=(600, 0, 200, 0))
     for eta, top1s in (("0.1", (70, 71, 72)), ("0", (80, 80, 80)), ("-0.1", (60, 60, 60))):
-        add("eta", "async", "zenops", "signflip", top1s, eta=eta, counts=(600, 120, 200, 100))
+        add("eta", "sync", "zenops", "N(0,1), p 0.2", top1s, eta=eta, counts=(600, 120, 200, 100))
     add("eta", "nd", "validation data only", "none", (85, 86, 87), counts=("", "", "", ""))
     add("speed", "ddp", "ddp", "none", (97, 97, 97), counts=("", "", "", ""))
-    add("async", "async", "mean", "gaussian", (10, "", ""), counts=(600, 0, 200, 0))
-    add("async", "async", "zeno++", "gaussian", ("", "", ""), counts=(600, 0, 200, 0))
+    add("async", "async", "mean, 1 step", "signflip x10, p 0.4", (10, "", ""), counts=(600, 0, 200, 0))
+    add("async", "async", "zeno++, 1 step", "signflip x10, p 0.4", ("", "", ""), counts=(600, 0, 200, 0))
     for row in rows:  # a run that diverged has no top-1 and no counts
         row["diverged"] = int(row["top1"] == "")
         if row["diverged"]:
@@ -672,21 +683,41 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
         writer = csv.DictWriter(f, fieldnames=ps_table.FIELDS)
         writer.writeheader()
         writer.writerows(rows)
+    theirs = []  # ByzFL's benchmark: mean and median, no attack and sign flip, 3 seeds
+    for rule, attack, top1s in (("mean", "none", (96, 96, 96)), ("median", "none", (95, 95, 95)),
+                                ("mean", "signflip", (93, 93.5, 94)), ("median", "signflip", (93, 93.5, 94))):
+        theirs += [{"aggregator": rule.title(), "attack": attack, "aggregate": rule, "ps_attack": attack,
+                    "byzantine": 2, "honest": 6, "workers": 8, "tolerated_f": 2, "seed": seed, "steps": 150,
+                    "batch": 25, "lr": 0.1, "momentum": 0.9, "top1": top1, "diverged": 0, "train_s": 1,
+                    "byzfl": "0.0.11", **machine} for seed, top1 in enumerate(top1s)]
+    with open(data / "byzfl.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=byzfl_reference.FIELDS)
+        writer.writeheader()
+        writer.writerows(theirs)
     text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("ps", "ps_eta"))
-    assert "| aggregation | none (0 Byzantine) | signflip |" in text
+    assert f"| rule | ByzFL: none | ours: none | ByzFL: signflip | ours: {flip} |" in text
+    assert ("| `median` | 95.0 (95.0\u201395.0) | 95.0 (95.0\u201395.0) | 93.5 (93.0\u201394.0) | "
+            "94.5 (94.0\u201395.0) |") in text
+    # ours: median beats mean beyond the spread under the flip; ByzFL's cannot tell them apart
+    assert "0 not told apart; a run that diverged counts as chance, 10 %): median under signflip (ByzFL +0, " \
+           "ours +1)." in text
+    assert f"| aggregation | none | {flip} |" in text
     assert "| `mean` | 97.0 (96.0\u201398.0) | 91.0 (90.0\u201392.0) |" in text
-    assert "| `zeno` | 97.0 (97.0\u201397.0) | 81.0 (80.0\u201382.0) |" in text
-    assert ("Beyond the spread of `mean` under the same attack, better: median under signflip (+3.5). Worse: median "
-            "under none (-2.0); zeno under signflip (-10.0).") in text
-    assert "| `zeno++` |  | 87.0 (87.0\u201387.0) | diverged |" in text  # async: no zeno++ row without an attack
-    assert "| `mean` | 90.0 (90.0\u201390.0) |  | 10.0 (2 of 3 diverged) |" in text
-    assert "| sync | `zeno` | 25 (25\u201325) | 10 (10\u201310) / 75 (75\u201375) |" in text
-    assert "| async | `zeno++` |  | 5 (5\u20135) / 90 (90\u201390) |" in text
+    assert "| `zeno, 1 step` | 81.0 (81.0\u201381.0) | 81.0 (80.0\u201382.0) |" in text
+    assert (f"Beyond the spread of `mean` (of the same local steps) under the same attack, better: median under "
+            f"{flip} (+3.5). Worse: median under none (-2.0).") in text
+    assert "| `zeno++, 1 step` |  | 87.0 (87.0\u201387.0) | diverged |" in text  # async: no row without an attack
+    assert "| `mean, 1 step` | 90.0 (90.0\u201390.0) | diverged | 10.0 (2 of 3 diverged) |" in text
+    assert "better: zeno++, 1 step under signflip x10, p 0.2 (the mean diverged). Worse: none." in text
+    assert "| sync | `zeno, 1 step` | 25 (25\u201325) | 10 (10\u201310) / 75 (75\u201375) |" in text
+    assert "| async | `zeno++, 1 step` |  | 5 (5\u20135) / 90 (90\u201390) |" in text
+    assert f"| mode | rule | none | {flip} / signflip x10, p 0.2 | signflip x10, p 0.4 |" in text
     assert "| 0 | 80.0 (80.0\u201380.0) | 20 (20\u201320) | 50 (50\u201350) |" in text
     assert "| validation data only (nd) | 86.0 (85.0\u201387.0) |  |  |" in text
     assert "The best eta: 0 (80.0 (80.0\u201380.0) %); within its spread (not told apart from it): none." in text
     assert "| ps sync, `mean` | 3 | 1200 (1200\u20131200) | 1.20 (1.20\u20131.20) |" in text
-    assert "| ps async, `mean` | 3 | 900 (900\u2013900) | 0.90 (0.90\u20130.90) |" in text
+    assert "| ps sync, `mean, 1 step` | 3 | 1100 (1100\u20131100) | 1.10 (1.10\u20131.10) |" in text
+    assert "| ps async, `mean, 1 step` | 3 | 900 (900\u2013900) | 0.90 (0.90\u20130.90) |" in text
     assert "| ddp | 3 | 1000 (1000\u20131000) | 1.00 (1.00\u20131.00) |" in text
 
 

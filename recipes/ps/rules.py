@@ -1,0 +1,106 @@
+"""How the servers and validators combine or judge the workers' updates, written out.
+
+u is a pushed update (a gradient; with --local-steps H, the change of a worker's weights over its
+H steps), v the validator's own update of the same kind on its held-out data. mean(.) averages
+over coordinates; <.,.> and ||.|| are over the whole vector unless a rule works per tensor.
+
+  zenops sync   per tensor: accept u_t when mean(u_t v_t) > eta mean(v_t^2) and mean(u_t^2) <
+                (1 + rho) mean(v_t^2); each tensor is the mean of the pushes accepted for it
+                (ZenoPS, Xie et al. 2022; zeno_ps validator.py: eta -0.001, rho 0.6).
+  zenops async  per tensor: clip u_t to ||v_t||, s = cos(u_t, v_t); s >= eta applies alpha u_t,
+                otherwise alpha s u_t, which turns a flipped update round (eta -0.02, alpha 0.4).
+  zeno          the n - b best of score(g) = f(x) - f(x - lr g) - (lr / rho_ratio) mean(g^2), f the
+                loss on one scoring batch shared by every candidate (Zeno, Xie et al. ICML 2019:
+                rho_ratio 200).
+  zeno++        g rescaled to ||v|| is accepted when lr0 <g', v> - rho ||g||^2 + lr0 eps >= 0, lr0 the
+                base (unscheduled) learning rate, the penalty on g before rescaling (Zeno++, Xie et
+                al. ICML 2020: eps 0, rho 0.001 at lr 0.1; v refreshed every k = 10 arrivals).
+  phocas        coordinate-wise, the mean of the n - b values nearest the trimmed mean (Xie et al. 2018).
+The other robust rules are byzfl's (median, trimmed mean, Krum, centered clipping).
+"""
+
+import torch
+
+ZENOPS_SYNC_ETA, ZENOPS_RHO = -0.001, 0.6
+ZENOPS_ASYNC_ETA, ZENOPS_ALPHA = -0.02, 0.4
+ZENO_RHO_RATIO = 200
+ZENO_PLUS_PLUS_RHO_PER_LR, ZENO_PLUS_PLUS_EPS, ZENO_PLUS_PLUS_K = 0.01, 0.0, 10
+
+
+def per_tensor(vector, sizes):
+    """A flat vector cut into its parameter tensors (views)."""
+    return vector.split(sizes)
+
+
+def zenops_sync(u, v, sizes, eta, rho):
+    """Which tensors of u pass ZenoPS's synchronous test against v: one bool per tensor."""
+    passed = []
+    for u_t, v_t in zip(per_tensor(u, sizes), per_tensor(v, sizes)):
+        v2 = (v_t * v_t).mean()
+        passed.append(bool((u_t * v_t).mean() > eta * v2 and (u_t * u_t).mean() < (1 + rho) * v2))
+    return passed
+
+
+def mean_of_accepted(updates, passed, sizes):
+    """Each tensor: the mean of the updates that passed for it, zero where none did (ZenoPS's validator)."""
+    pieces = []
+    for t, size in enumerate(sizes):
+        kept = [per_tensor(u, sizes)[t] for u, ok in zip(updates, passed) if ok[t]]
+        pieces.append(torch.stack(kept).mean(dim=0) if kept else torch.zeros(size))
+    return torch.cat(pieces)
+
+
+def zenops_async(u, v, sizes, eta, alpha):
+    """ZenoPS's asynchronous rule, tensor by tensor. Returns (the update to apply, which tensors had s >= eta)."""
+    pieces, passed = [], []
+    for u_t, v_t in zip(per_tensor(u, sizes), per_tensor(v, sizes)):
+        u_t = u_t * min(1.0, (v_t.norm() / u_t.norm().clamp_min(1e-12)).item())
+        score = (u_t @ v_t / (u_t.norm() * v_t.norm()).clamp_min(1e-12)).item()
+        passed.append(score >= eta)
+        pieces.append(alpha * u_t if score >= eta else alpha * score * u_t)
+    return torch.cat(pieces), passed
+
+
+def zeno_scores(loss_at, x, candidates, lr, rho_ratio):
+    """Zeno: how much a step along each g lowers the loss of the scoring batch (loss_at(weights)), less a
+    penalty that scales with the learning rate and, through the mean over coordinates, with 1 / dimension."""
+    f_x = loss_at(x)
+    return [f_x - loss_at(x - lr * g) - lr / rho_ratio * (g * g).mean().item() for g in candidates]
+
+
+def zeno_keep(scores, b):
+    """Zeno keeps the n - b highest-scoring candidates (their indices, in order)."""
+    ranked = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
+    return sorted(ranked[:len(scores) - b])
+
+
+def zeno_plus_plus(g, v, base_lr, rho, eps):
+    """Zeno++: rescale g to ||v||; accept when base_lr <g', v> - rho ||g||^2 + base_lr eps >= 0, ||g|| before the
+    rescaling. Returns (rescaled g, accepted)."""
+    g_squared = (g @ g).item()
+    rescaled = g * (v.norm() / g.norm().clamp_min(1e-12))
+    return rescaled, base_lr * (rescaled @ v).item() - rho * g_squared + base_lr * eps >= 0
+
+
+def phocas(vectors, b):
+    """Phocas, coordinate-wise: the trimmed mean drops the b largest and b smallest values; Phocas averages
+    the n - b values nearest to that trimmed mean."""
+    n = vectors.shape[0]
+    ordered = vectors.sort(dim=0).values
+    trimmed_mean = ordered[b:n - b].mean(dim=0)
+    nearest = (vectors - trimmed_mean).abs().argsort(dim=0)[:n - b]
+    return torch.gather(vectors, 0, nearest).mean(dim=0)
+
+
+def aggregate(rule, updates, b, clipping=None):
+    """The servers' rule over the workers' pushes of one sync step (no validators)."""
+    stacked = torch.stack(updates)
+    if rule == "mean":
+        return stacked.mean(dim=0)
+    if rule == "phocas":
+        return phocas(stacked, b)
+    if rule == "centered-clipping":
+        return clipping(stacked)
+    import byzfl  # only the robust rules need it (seconds to import)
+
+    return {"median": byzfl.Median(), "trimmed-mean": byzfl.TrMean(f=b), "krum": byzfl.Krum(f=b)}[rule](stacked)

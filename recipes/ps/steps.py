@@ -1,0 +1,42 @@
+"""What workers and validators both compute: an update from some batches, and its statistics."""
+
+import itertools
+
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from recipes.common import data, metrics, pushpull
+
+
+def local_update(model, optimizer, criterion, vector, batches, steps, lr, to_device, relabel=None):
+    """The update u of `steps` batches from the weights `vector`, as a flat vector on the CPU (what a push
+    sends): one step, the gradient; more, the change of the weights over that many local SGD steps (ZenoPS),
+    x - x_local, with the momentum of this process's own optimizer kept from round to round. Also returns the
+    batches' (loss x n, top-1 hits, top-5 hits, n) on their true labels (relabel: what the model trains on)."""
+    pushpull.copy_into(model.parameters(), vector)  # (to the GPU, if there)
+    stats = torch.zeros(4, dtype=torch.float64)
+    for group in optimizer.param_groups:
+        group["lr"] = lr  # the servers' current learning rate
+    for images, target in itertools.islice(batches, steps):
+        images, target = to_device(images, target)
+        model.zero_grad(set_to_none=False)
+        output = model(images)
+        loss = criterion(output, target if relabel is None else relabel(target))
+        loss.backward()
+        sums, n = metrics.batch_sums(loss, output, target)
+        stats += torch.cat([sums.cpu(), torch.tensor([n], dtype=torch.float64)])
+        if steps == 1:
+            return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu(), stats
+        optimizer.step()
+    return vector - parameters_to_vector(model.parameters()).detach().cpu(), stats
+
+
+def forever(loader, sampler, first_epoch, seed, rank, first_step=0, per_epoch=None):
+    """A worker's or validator's batches, epoch after epoch of its shard (a new shuffle each); per_epoch: the
+    first that many of each epoch (a whole number of rounds of local steps)."""
+    for epoch in itertools.count(first_epoch):
+        sampler.set_epoch(epoch)
+        data.set_seed(seed, epoch, rank)
+        skipped = first_step if epoch == first_epoch else 0
+        batches = data.skip_batches(loader, skipped)
+        yield from batches if per_epoch is None else itertools.islice(batches, per_epoch - skipped)
