@@ -375,6 +375,12 @@ def test_impossible_roles_are_one_line(flags, world_size, phrase):
     (["--validators", "1", "--aggregate", "zeno", "--local-steps", "8"], "zeno judges gradients, as its authors: "
                                                                          "--local-steps 1, not 8"),
     (["--validators", "1", "--aggregate", "zeno++", "--mode", "async", "--local-steps", "2"], "--local-steps 1"),
+    (["--attack", "gaussian", "--attack-prob", "0.2", "--aggregate", "median"],
+     "--attack-prob leaves the number of liars to chance: give --aggregate median its --zeno-b b"),
+    (["--validators", "1", "--aggregate", "zenops", "--rho", "-1"], "--rho must be 0 or more, got -1"),
+    (["--validators", "1", "--aggregate", "zenops", "--mode", "async", "--zeno-alpha", "0"],
+     "--zeno-alpha must be positive"),
+    (["--validators", "1", "--aggregate", "zeno++", "--mode", "async", "--eps", "-0.1"], "--eps must be 0 or more"),
 ])
 def test_impossible_flags_are_one_line(flags, phrase):
     with pytest.raises(RecipeError) as error:

@@ -26,14 +26,14 @@ import torch.distributed as dist
 from recipes.common import RecipeError, distributed, faults
 
 PUSH, SKIP, PULL, BYE = 0, 1, 2, 3  # a gradient; a worker's step with no gradient (rejected); a request; leaving
-HEADER = 15
+HEADER = 14
 # header fields: kind; version (of the weights a gradient was computed on; in a pull, of the client's copy);
 # age (a pull: send the shard once it is this many versions newer); the sender's training statistics
 # (loss x images, top-1 hits, top-5 hits, images); update counts (honest pushed, byzantine pushed, honest
 # rejected, byzantine rejected); stop and lr (a pull's answer: training is over; the server's learning
-# rate); accepted (a validator's push: how many gradients its sum holds); sigterm (the sender has received
-# SIGTERM: the receiver stops as if it had, so that the servers save and stop, faults.request_stop)
-KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, ACCEPTED, SIGTERM = 0, 1, 2, slice(3, 7), slice(7, 11), 11, 12, 13, 14
+# rate); sigterm (the sender has received SIGTERM: the receiver stops as if it had, so that the servers
+# save and stop, faults.request_stop)
+KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, SIGTERM = 0, 1, 2, slice(3, 7), slice(7, 11), 11, 12, 13
 
 
 def partition(sizes, partition_bytes, servers, element_bytes=4):
@@ -85,9 +85,9 @@ def copy_into(params, vector):
         offset += p.numel()
 
 
-def header(kind, version=0, stats=None, counts=None, age=1, accepted=0):
+def header(kind, version=0, stats=None, counts=None, age=1):
     message = torch.zeros(HEADER, dtype=torch.float64)
-    message[KIND], message[VERSION], message[AGE], message[ACCEPTED] = kind, version, age, accepted
+    message[KIND], message[VERSION], message[AGE] = kind, version, age
     message[SIGTERM] = faults.sigterm_received()
     if stats is not None:
         message[STATS] = stats

@@ -1,10 +1,11 @@
 """What a Byzantine worker pushes instead of its update u (a gradient, or with --local-steps H the
 change of its weights over H steps), as the Zeno papers attack:
 
-  --byzantine K     workers 0..K-1 lie at every push (Zeno: 8 or 12 of 20 workers);
+  --byzantine K     workers 0..K-1 lie at every push (Zeno's model: 8 of 20 workers in its runs,
+                    all sending -1 x the first one's gradient; x 4 here makes 2 of 8 break the mean);
   --attack-prob q   every worker's push is poisoned with probability q, drawn per push (ZenoPS's
                     model, q = 0.2; Zeno++ flips with probability q/10);
-  signflip          -s u (ZenoPS: s = 6 sync, 2 async; Zeno++: 10; Zeno: 4);
+  signflip          -s u (ZenoPS: s = 6 sync, 2 async; Zeno++: 10; Zeno: 1);
   gaussian          N(0, s^2) in place of u (ZenoPS: s = 1);
   random            a random direction at s times ||u|| (ZenoPS: s = 8);
   labelflip         u computed on labels c -> C-1-c (--attack-scale unused).

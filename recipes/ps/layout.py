@@ -11,6 +11,7 @@ from recipes.common import RecipeError, cli
 from recipes.ps.rules import ZENOPS_ASYNC_ETA, ZENOPS_RHO, ZENOPS_SYNC_ETA
 
 ROBUST = ["mean", "median", "trimmed-mean", "krum", "centered-clipping", "phocas"]  # on the servers
+BYZFL_RULES = ["median", "trimmed-mean", "krum", "centered-clipping"]  # (rules.py imports byzfl for these)
 VALIDATED = ["zenops", "zeno", "zeno++"]  # by validators
 ATTACKS = ["none", "signflip", "gaussian", "random", "labelflip"]
 
@@ -112,6 +113,9 @@ def check_flags(args):
                             "--byzantine": (lambda v: v >= 0, "must be 0 or more"),
                             "--attack-prob": (lambda v: 0 <= v <= 1, "is a probability in [0, 1]"),
                             "--attack-scale": (lambda v: v >= 0, "must be 0 or more"),
+                            "--rho": (lambda v: v >= 0, "must be 0 or more"),
+                            "--zeno-alpha": (lambda v: v > 0, "must be positive"),
+                            "--eps": (lambda v: v >= 0, "must be 0 or more"),
                             "--zeno-b": (lambda v: v >= 0, "must be 0 or more")})
     if args.attack == "labelflip" and (args.mixup_alpha or args.cutmix_alpha):
         raise RecipeError("--attack labelflip flips class labels: not with --mixup-alpha or --cutmix-alpha")
@@ -133,6 +137,10 @@ def check_flags(args):
     if args.aggregate in ("zeno", "zeno++") and args.local_steps != 1:
         raise RecipeError(f"--aggregate {args.aggregate} judges gradients, as its authors: --local-steps 1, "
                           f"not {args.local_steps}")
+    if args.attack_prob and args.zeno_b is None and args.aggregate in ("median", "trimmed-mean", "phocas", "krum",
+                                                                        "zeno"):
+        raise RecipeError(f"--attack-prob leaves the number of liars to chance: give --aggregate {args.aggregate} "
+                          f"its --zeno-b b")
     args.zeno_b = args.byzantine if args.zeno_b is None else args.zeno_b
     if args.validator_batch is None:
         args.validator_batch = args.batch_size if args.aggregate == "zenops" else 4 * args.batch_size

@@ -12,9 +12,10 @@ def local_update(model, optimizer, criterion, vector, batches, steps, lr, to_dev
     """The update u of `steps` batches from the weights `vector`, as a flat vector on the CPU (what a push
     sends): one step, the gradient; more, the change of the weights over that many local SGD steps (ZenoPS),
     x - x_local, with the momentum of this process's own optimizer kept from round to round. Also returns the
-    batches' (loss x n, top-1 hits, top-5 hits, n) on their true labels (relabel: what the model trains on)."""
+    batches' (loss x n, top-1 hits, top-5 hits, n): the loss it trained on (relabel: the labels it trains on,
+    a label-flipping liar's), the hits on the true labels."""
     pushpull.copy_into(model.parameters(), vector)  # (to the GPU, if there)
-    stats = torch.zeros(4, dtype=torch.float64)
+    sums, seen = 0, 0  # (added up on the device: one copy to the CPU after the steps, not one a step)
     for group in optimizer.param_groups:
         group["lr"] = lr  # the servers' current learning rate
     for images, target in itertools.islice(batches, steps):
@@ -23,12 +24,17 @@ def local_update(model, optimizer, criterion, vector, batches, steps, lr, to_dev
         output = model(images)
         loss = criterion(output, target if relabel is None else relabel(target))
         loss.backward()
-        sums, n = metrics.batch_sums(loss, output, target)
-        stats += torch.cat([sums.cpu(), torch.tensor([n], dtype=torch.float64)])
+        batch_sums, n = metrics.batch_sums(loss, output, target)
+        sums, seen = sums + batch_sums, seen + n
         if steps == 1:
-            return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu(), stats
+            return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu(), stats_of(sums, seen)
         optimizer.step()
-    return vector - parameters_to_vector(model.parameters()).detach().cpu(), stats
+    return vector - parameters_to_vector(model.parameters()).detach().cpu(), stats_of(sums, seen)
+
+
+def stats_of(sums, seen):
+    """(loss x n, top-1 hits, top-5 hits, n) on the CPU, for a push's header."""
+    return torch.cat([sums.detach().cpu().double(), torch.tensor([seen], dtype=torch.float64)])
 
 
 def forever(loader, sampler, first_epoch, seed, rank, first_step=0, per_epoch=None):

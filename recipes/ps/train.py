@@ -98,11 +98,11 @@ def sync_step(args, run, shard, optimizer, layout, tally):
     for client in layout.clients:
         request, _ = pushpull.recv_header(client)
         pushpull.answer_pull(request, client, shard.detach(), tally["version"], lr)
-    extra = len(tally["sizes"]) if args.validators else 0  # (validators: per tensor, how many they accepted)
+    accepted_counts = len(tally["sizes"]) if args.validators else 0  # (validators: per tensor, how many passed)
     received = []
     for sender in layout.senders:
         message, _ = pushpull.recv_header(sender)
-        received.append((message, pushpull.recv_payload(sender, shard.numel() + extra)))
+        received.append((message, pushpull.recv_payload(sender, shard.numel() + accepted_counts)))
     if args.validators:
         apply(args, shard, optimizer, validators.accepted_mean([u for _, u in received], shard.numel(),
                                                                tally["tensor_of"]), tally)
@@ -150,7 +150,8 @@ def run_server(args, layout, run, shard, optimizer, val_loader, sizes, server_ch
     pulls until the next push arrives, apply it unless it is too stale. At each epoch's end, evaluate and
     save. Then tell every client to stop, and write the counts into summary.json."""
     tally = {"version": 0, "stale": 0, "oldest": 0, "left": set(), "counts": torch.zeros(4, dtype=torch.float64),
-             "clipping": None, "sizes": sizes, "tensor_of": validators.tensor_of(sizes, server_chunks)}
+             "clipping": None, "sizes": sizes,
+             "tensor_of": validators.tensor_of(sizes, server_chunks) if args.validators else None}
     if args.aggregate == "centered-clipping":
         import byzfl
         tally["clipping"] = byzfl.CenteredClipping(tau=10.0)
@@ -218,7 +219,7 @@ def main(args):
                   f"{device} ({ctx.backend}), {args.mode}, {args.local_steps} local step(s) a push, --aggregate "
                   f"{args.aggregate}, {attacks.describe(args)}; chunks per server {[len(c) for c in chunks]}, "
                   f"{[pushpull.shard_size(c) for c in chunks]} parameters; {run.describe(train_set, val_set)}")
-    if role == "server" and args.aggregate in roles.ROBUST[1:]:
+    if role == "server" and args.aggregate in roles.BYZFL_RULES:
         import byzfl  # noqa: F401 (seconds to import: before the start, so that no client waits on it)
     positions = [start]
     dist.broadcast_object_list(positions, src=0, group=ctx.control)  # where a resumed run starts, for the clients

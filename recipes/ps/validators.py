@@ -19,15 +19,20 @@ Where this departs from the authors' code (xcgoner/zeno_ps, icml2019_zeno, Async
   recipe. ZenoPS also skips each tensor of a push with probability 0.2 (kept on the worker), a
   saving of communication, not of validation: not here.
 - ZenoPS's servers average the validators' means, which weighs a push by 1 / (the pushes its
-  validator accepted); here every accepted push weighs the same (the mean of the accepted).
+  validator accepted); here every accepted push weighs the same (the mean of the accepted). With
+  --local-steps 1 the servers' SGD still applies its momentum and weight decay to a tensor nobody
+  accepted (its gradient is 0), as to every step; ZenoPS, on local steps, leaves it where it is.
 - ZenoPS's asynchronous workers also pull 20 % back towards the last weights after each local
   step and scale their learning rate by (n + 1)^-1/2; here async runs on the recipe's rule (the
   learning rate of one worker's batch), as the other async rows, so that the rows compare rules.
+- Zeno's own runs use plain SGD (no momentum, no weight decay) at a constant learning rate; here the
+  recipe's SGD and schedule, as the sync rows it is compared with.
 - Zeno scores gradients that are sums over its batch (lr / B applied): its penalty is, in this
   recipe's mean gradients, B times the one here, both far below the loss changes they rank. Its
   scoring batch comes from all of train/; here from the held-out data, as the other rules'.
 - Zeno++'s rho (0.001 at lr 0.1, on sums over equal batches of 128) is kept as its ratio to the
-  learning rate; its servers run SGD without momentum (--momentum 0 does it here) and skip attacks
+  learning rate: with v on 4 x the workers' batch, ||g||^2 / ||v||^2 is above 1 and the bar it sets
+  on cos(g, v) higher than its authors' (0.01 ||g||^2 / ||v||^2); its servers run SGD without momentum (--momentum 0 does it here) and skip attacks
   in a warm-up epoch: here attacks come from the first push.
 - --validator-batch: zenops's v is computed as a push is, on the workers' batch (ZenoPS's); a larger
   one shrinks ||v|| and its norm test then rejects more honest tensors. zeno and zeno++ score on
@@ -60,7 +65,8 @@ def run_validator(args, layout, rank, model, batches, chunks, rounds, base_lr, v
 
 def validator_sync(args, layout, rank, model, batches, chunks, rounds, base_lr, validators_control, to_device):
     """Each round: pull, compute v (zenops), take every assigned worker's push, forward the accepted ones."""
-    criterion, sizes = nn.CrossEntropyLoss(), [p.numel() for p in model.parameters()]
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (the workers' loss)
+    sizes = [p.numel() for p in model.parameters()]
     optimizer = own_optimizer(args, model)
     vector, versions = parameters_to_vector(model.parameters()).detach().cpu(), [-1] * args.servers
     for _ in range(rounds):
@@ -107,7 +113,8 @@ def zeno_passed(args, model, criterion, vector, batches, updates, lr, validators
 def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr, validators_control, to_device):
     """Judge each push as it arrives and forward it (zeno++'s rejected: a skip, so that the servers count the
     worker's step); refresh v every k pushes. Until every assigned worker has left."""
-    criterion, sizes = nn.CrossEntropyLoss(), [p.numel() for p in model.parameters()]
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (the workers' loss)
+    sizes = [p.numel() for p in model.parameters()]
     optimizer = own_optimizer(args, model)
     vector, versions = parameters_to_vector(model.parameters()).detach().cpu(), [-1] * args.servers
     workers = layout.workers_of(rank)
