@@ -593,12 +593,17 @@ def ps_tables(rows):
     return sections
 
 
+def top1_or_chance(run):
+    """A run's top-1, or chance (10 %) where it diverged: for judging, not for the tables' means."""
+    return float(run["top1"]) if run.get("diverged", "0") != "1" else 10.0
+
+
 def ps_targets(rows):
     """The parameter-server table's targets, each with what was measured and whether it holds. A run that diverged
     counts as chance, 10 %."""
     def top1(part, aggregate, attack):
         runs = ps_groups(rows, part).get((aggregate, attack), [])
-        return statistics.mean(float(r["top1"]) if r["diverged"] != "1" else 10.0 for r in runs) if runs else None
+        return statistics.mean(top1_or_chance(r) for r in runs) if runs else None
 
     def honest(part, aggregate):
         runs = finished(ps_groups(rows, part).get((aggregate, "none"), []))
@@ -655,8 +660,7 @@ def ps_byzfl_table(byzfl, rows):
     def verdict(runs, mean_runs):  # +1 beats mean beyond the spread, -1 falls below it, 0 cannot be told apart
         if not runs or not mean_runs:
             return 0
-        a, b = (spread([float(r["top1"]) if r.get("diverged", "0") != "1" else 10.0 for r in x])  # (chance)
-                for x in (runs, mean_runs))
+        a, b = (spread([top1_or_chance(r) for r in x]) for x in (runs, mean_runs))
         return 0 if not beyond_spread(a, b) else (1 if a["mean"] > b["mean"] else -1)
     ours_rows = [r for r in rows if r["part"] == "sync"]
     attacks = list(dict.fromkeys(r["ps_attack"] for r in byzfl))

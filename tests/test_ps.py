@@ -96,9 +96,15 @@ def test_zenops_sync_judges_each_tensor_exactly_where_its_formula_says():
 
 def test_the_accepted_mean_is_taken_tensor_by_tensor():
     a, b = torch.tensor([1.0, 1.0, 2.0]), torch.tensor([3.0, 3.0, 4.0])
-    mean = rules.mean_of_accepted([a, b], [[True, True], [True, False]], [2, 1])
+    whole = validators.tensor_of([2, 1], [(0, 3)])  # one server owning all 3 elements
+
+    def mean_of_accepted(passed):  # a validator's sum and counts, divided by the server
+        total = sum(rules.accepted_part(u, ok, [2, 1]) for u, ok in zip((a, b), passed))
+        counts = torch.tensor([sum(ok[t] for ok in passed) for t in range(2)], dtype=torch.float32)
+        return validators.accepted_mean([torch.cat([total, counts])], 3, whole)
+    mean = mean_of_accepted([[True, True], [True, False]])
     assert torch.equal(mean, torch.tensor([2.0, 2.0, 2.0]))  # tensor 0: both; tensor 1: a alone
-    assert torch.equal(rules.mean_of_accepted([a, b], [[False, False], [False, False]], [2, 1]), torch.zeros(3))
+    assert torch.equal(mean_of_accepted([[False, False], [False, False]]), torch.zeros(3))
     # the servers' side: two validators' sums and counts, a server that owns elements 1 and 2 (tensors 0 and 1)
     owned = validators.tensor_of([2, 1], [(1, 3)])
     assert owned.tolist() == [0, 1]

@@ -41,13 +41,10 @@ def zenops_sync(u, v, sizes, eta, rho):
     return passed
 
 
-def mean_of_accepted(updates, passed, sizes):
-    """Each tensor: the mean of the updates that passed for it, zero where none did (ZenoPS's validator)."""
-    pieces = []
-    for t, size in enumerate(sizes):
-        kept = [per_tensor(u, sizes)[t] for u, ok in zip(updates, passed) if ok[t]]
-        pieces.append(torch.stack(kept).mean(dim=0) if kept else torch.zeros(size))
-    return torch.cat(pieces)
+def accepted_part(u, passed, sizes):
+    """u with the tensors that did not pass set to zero: what a validator adds to its sum (the servers divide
+    each tensor by how many passed, validators.accepted_mean)."""
+    return torch.cat([u_t if ok else torch.zeros_like(u_t) for u_t, ok in zip(per_tensor(u, sizes), passed)])
 
 
 def zenops_async(u, v, sizes, eta, alpha):

@@ -37,6 +37,12 @@ def stats_of(sums, seen):
     return torch.cat([sums.detach().cpu().double(), torch.tensor([seen], dtype=torch.float64)])
 
 
+def local_optimizer(args, model):
+    """The SGD of a worker's or validator's local steps, its momentum kept from round to round (lr: each
+    round's, from the servers)."""
+    return torch.optim.SGD(model.parameters(), 0.0, momentum=args.momentum, weight_decay=args.weight_decay)
+
+
 def forever(loader, sampler, first_epoch, seed, rank, first_step=0, per_epoch=None):
     """A worker's or validator's batches, epoch after epoch of its shard (a new shuffle each); per_epoch: the
     first that many of each epoch (a whole number of rounds of local steps)."""

@@ -61,7 +61,7 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
     server its chunks, or whole to this worker's validator. Sync: for `rounds` rounds; both: until a pull says
     stop."""
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
-    optimizer = torch.optim.SGD(model.parameters(), 0.0, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = steps.local_optimizer(args, model)  # (its local steps')
     vector = parameters_to_vector(model.parameters()).detach().cpu()  # this worker's copy of the weights
     versions = [-1] * args.servers  # of this worker's copy of each server's chunks: none yet
     to_device = data.device_transform(args, device, num_classes)

@@ -67,7 +67,7 @@ def validator_sync(args, layout, rank, model, batches, chunks, rounds, base_lr, 
     """Each round: pull, compute v (zenops), take every assigned worker's push, forward the accepted ones."""
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (the workers' loss)
     sizes = [p.numel() for p in model.parameters()]
-    optimizer = own_optimizer(args, model)
+    optimizer = steps.local_optimizer(args, model)
     vector, versions = parameters_to_vector(model.parameters()).detach().cpu(), [-1] * args.servers
     for _ in range(rounds):
         stop, lr = pushpull.pull(vector, chunks, versions)
@@ -85,7 +85,7 @@ def validator_sync(args, layout, rank, model, batches, chunks, rounds, base_lr, 
                                  to_device, len(sizes))
         counts = sum(rejection_counts(message, ok) for (message, *_), ok in zip(candidates, passed))
         stats = sum(message[pushpull.STATS] for message, *_ in candidates)
-        total = sum(rules.mean_of_accepted([u], [ok], sizes) for u, ok in zip(updates, passed))
+        total = sum(rules.accepted_part(u, ok, sizes) for u, ok in zip(updates, passed))
         accepted = torch.tensor([sum(ok[t] for ok in passed) for t in range(len(sizes))], dtype=torch.float32)
         for server, server_chunks in enumerate(chunks):
             message = pushpull.header(pushpull.PUSH, stats=stats, counts=counts)
@@ -115,7 +115,7 @@ def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr,
     worker's step); refresh v every k pushes. Until every assigned worker has left."""
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (the workers' loss)
     sizes = [p.numel() for p in model.parameters()]
-    optimizer = own_optimizer(args, model)
+    optimizer = steps.local_optimizer(args, model)
     vector, versions = parameters_to_vector(model.parameters()).detach().cpu(), [-1] * args.servers
     workers = layout.workers_of(rank)
     k = args.zeno_delay or (rules.ZENO_PLUS_PLUS_K if args.aggregate == "zeno++" else len(workers))
@@ -146,12 +146,6 @@ def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr,
             pushpull.send(forward, server, pushpull.take(update, server_chunks) if applied else None)
         scored += 1
         v = None if scored % k == 0 else v
-
-
-def own_optimizer(args, model):
-    """The validator's local SGD for its v, with momentum kept from round to round as the workers' (lr: each
-    round's, from the servers)."""
-    return torch.optim.SGD(model.parameters(), 0.0, momentum=args.momentum, weight_decay=args.weight_decay)
 
 
 def rejection_counts(message, passed):
