@@ -139,12 +139,16 @@ BREAKS = [
          old=".argsort(dim=0)[:n - b]", new=".argsort(dim=0)[:n]",
          tests=["tests/test_ps.py::test_phocas_rejects_a_sign_flip"]),
     # the pipeline: partial reduce and the stragglers
-    dict(name="preduce-never-averages", file="recipes/pipeline/train.py",
-         old="mean = sum(received)[:-1] / size", new="mean = flat[:-1]",
-         tests=["tests/test_pipeline.py::test_preduce_with_every_replica_in_each_group_is_allreduce"]),
-    dict(name="stragglers-ignore-the-seed", file="recipes/pipeline/train.py",
+    dict(name="preduce-never-connects", file="recipes/pipeline/preduce.py",
+         old="while not connects_all(parents):", new="while False:",
+         tests=["tests/test_pipeline.py::test_after_ten_r_updates_the_next_group_waits_until_the_groups_connect_every_"
+                "replica"]),
+    dict(name="preduce-fixed-deadline", file="recipes/pipeline/preduce.py",
+         old="return min(2 * wait, LONGEST_WAIT) if size < 2 else max(0.9 * wait, SHORTEST_WAIT)", new="return wait",
+         tests=["tests/test_pipeline.py::test_the_deadline_doubles_after_a_group_of_one_and_shrinks_otherwise"]),
+    dict(name="stragglers-ignore-the-seed", file="recipes/pipeline/stragglers.py",
          old="random.Random(f\"{args.seed}/{rank}/{epoch}/{step}\")", new="random.Random(f\"{rank}/{epoch}/{step}\")",
-         tests=["tests/test_pipeline.py::test_stragglers_are_drawn_from_the_seed"]),
+         tests=["tests/test_pipeline.py::test_stragglers_are_drawn_per_slot_from_the_seed"]),
 ]
 
 

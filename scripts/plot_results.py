@@ -38,6 +38,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripts import pipeline_table  # noqa: E402  (the expected-maximum model of stragglers)
+
 CURVES = [("top1", "train"), ("top1", "val"), ("top5", "train"), ("top5", "val")]
 
 
@@ -828,61 +831,108 @@ def plot_gpu(rows, figures):
 
 
 def pipeline_groups(rows):
-    """{(sync, hetero): runs, one per seed} of pipeline.csv's sync part, in the order the script ran them."""
+    """{(stages, replicas, sync, hetero): runs, one per seed} of pipeline.csv's sync part, in the order run."""
     groups = {}
     for r in rows:
         if r["part"] == "sync":
-            groups.setdefault((r["sync"], float(r["hetero"])), []).append(r)
+            groups.setdefault((int(r["stages"]), int(r["replicas"]), r["sync"], float(r["hetero"])), []).append(r)
     return groups
 
 
-def straggler_slowdown(groups, sync, hetero):
-    """images/s with stragglers over images/s without, seed by seed (spread), or None."""
-    plain = {r["seed"]: float(r["images_per_s"]) for r in groups.get((sync, 0.0), [])}
-    ratios = [float(r["images_per_s"]) / plain[r["seed"]] for r in groups.get((sync, hetero), []) if r["seed"] in plain]
-    return spread(ratios) if ratios else None
+def ratios(groups, key, base, field="updates_per_s"):
+    """field of the runs of `key` over those of `base`, seed by seed (a spread), or None."""
+    plain = {r["seed"]: float(r[field]) for r in groups.get(base, [])}
+    values = [float(r[field]) / plain[r["seed"]] for r in groups.get(key, []) if r["seed"] in plain]
+    return spread(values) if values else None
+
+
+def mean_of(runs, field):
+    return statistics.mean(float(r[field]) for r in runs)
+
+
+def pipeline_model_rows(groups):
+    """Per layout and sync method with stragglers: the step measured without them (c), the model's slowdown and
+    the measured one, and whether they agree within 15 %."""
+    body = []
+    for (stages, replicas, sync, hetero), runs in groups.items():
+        base = (stages, replicas, sync, 0.0)
+        measured = ratios(groups, (stages, replicas, sync, hetero), base) if hetero else None
+        if measured is None:
+            continue
+        c = mean_of(groups[base], "step_s")
+        microbatches = int(runs[0]["microbatches"])
+        predicted = c / (c + pipeline_table.expected_delay(sync, replicas, stages, microbatches, x=hetero))
+        body.append((stages, replicas, sync, c, predicted, measured))
+    return body
+
+
+def pipeline_targets(groups, body):
+    """The issue's targets, each with its numbers and whether it holds."""
+    rows = []
+    straggled = {sync: key for key in groups for sync in ("preduce", "allreduce")
+                 if key[0] == 1 and key[1] == 8 and key[3] and key[2] == sync}
+    if len(straggled) == 2:
+        speed = ratios(groups, straggled["preduce"], straggled["allreduce"])
+        rows.append(["R = 8, stragglers: `preduce` at least 2x `allreduce`'s updates/s", with_range(speed),
+                     "yes" if speed["mean"] >= 2 else "NO"])
+        reach = {sync: [float(r["seconds_to_target"]) for r in groups[key] if r["seconds_to_target"] != ""]
+                 for sync, key in straggled.items()}
+        holds = reach["preduce"] and len(reach["preduce"]) == len(groups[straggled["preduce"]]) and (
+            not reach["allreduce"] or statistics.mean(reach["preduce"]) <= statistics.mean(reach["allreduce"]))
+        rows.append(["R = 8, stragglers: `preduce` no slower to the target top-1",
+                     " vs ".join(f"{statistics.mean(reach[s]):.1f} s" if reach[s] else "not reached"
+                                 for s in ("preduce", "allreduce")), "yes" if holds else "NO"])
+    for stages, replicas, sync, c, predicted, measured in body:
+        if stages == 1:
+            off = measured["mean"] / predicted - 1
+            rows.append([f"R = {replicas}: `{sync}`'s slowdown within 15 % of the model",
+                         f"{measured['mean']:.2f} vs {predicted:.2f} ({off:+.0%})", "yes" if abs(off) <= 0.15 else "NO"])
+    for (stages, replicas, sync, hetero), runs in groups.items():
+        base = (stages, replicas, "allreduce", 0.0)
+        if sync == "preduce" and not hetero and base in groups:
+            ratio = ratios(groups, (stages, replicas, sync, hetero), base)
+            rows.append([f"{replicas} x {stages}, no stragglers: `preduce` within 10 % of `allreduce`",
+                         with_range(ratio), "yes" if abs(ratio["mean"] - 1) <= 0.10 else "NO"])
+    return table(["target", "measured", "holds"], rows)
 
 
 def pipeline_tables(rows):
-    """RESULTS.md's pipeline sections: each sync method with and without stragglers; the bubble against M."""
+    """RESULTS.md's pipeline sections: the methods against R with and without stragglers, the model, the targets;
+    the bubble against M."""
     groups = pipeline_groups(rows)
     sections = {}
     if groups:
         first = next(iter(groups.values()))[0]
         target, body = float(first["target"]), []
-        for (sync, hetero), runs in groups.items():
+        for (stages, replicas, sync, hetero), runs in groups.items():
             reached = [float(r["seconds_to_target"]) for r in runs if r["seconds_to_target"] != ""]
             some = f" ({len(reached)} of {len(runs)})" if len(reached) < len(runs) else ""
-            to_target = with_range(spread(reached), 1) + some if reached else "not reached"
-            body.append([f"`{sync}`", f"{hetero:g} s" if hetero else "none", len(runs),
-                         with_range(spread([float(r["images_per_s"]) for r in runs]), 0), to_target,
+            body.append([f"{replicas} x {stages}", f"`{sync}`", f"{hetero:g} s" if hetero else "none", len(runs),
+                         with_range(spread([float(r["updates_per_s"]) for r in runs]), 0),
+                         with_range(spread(reached), 1) + some if reached else "not reached",
                          with_range(spread([float(r["top1"]) for r in runs])),
-                         f"{statistics.mean(float(r['waits']) for r in runs):.1f}",
-                         f"{statistics.mean(float(r['full_syncs']) for r in runs):.0f}",
-                         f"{statistics.mean(float(r['partial_syncs']) for r in runs):.1f}",
-                         f"{statistics.mean(float(r['disagreement']) for r in runs):.4f}"])
-        heteros = sorted({hetero for _, hetero in groups if hetero})
-        slowdowns = [f"`{sync}` {with_range(ratio, 2)}" for sync in dict.fromkeys(s for s, _ in groups)
-                     for hetero in heteros for ratio in [straggler_slowdown(groups, sync, hetero)] if ratio]
-        top1 = {key: spread([float(r["top1"]) for r in runs]) for key, runs in groups.items()}
-        differ = [f"`{sync}`{' with stragglers' if hetero else ''} "
-                  f"({top1[sync, hetero]['mean'] - top1[base]['mean']:+.2f})"
-                  for (sync, hetero) in groups for base in [("allreduce", hetero)]
-                  if sync != "allreduce" and base in top1 and beyond_spread(top1[sync, hetero], top1[base])]
+                         f"{mean_of(runs, 'mean_group_size'):.2f}" if sync == "preduce" else "",
+                         f"{mean_of(runs, 'waits'):.1f}", f"{mean_of(runs, 'disagreement'):.4f}"])
         sections["pipeline-sync"] = (
-            table(["sync", "stragglers", "seeds", "train images/s", f"seconds to {target:g} % top-1", "final top-1",
-                   "waits", "full syncs", "partial syncs", "disagreement"], body) +
-            f"\n\n{first['stages']} stages x {first['replicas']} replicas (`hetpipe`: and its {first['stages']} "
-            f"servers), lenet on the digits, -b {first['batch']} per replica in {first['microbatches']} microbatches "
-            f"({first['schedule']}), {first['epochs']} epochs, one thread per process on {first['cores']} cores. "
-            f"Each value is the mean over the seeds, in brackets the lowest and highest. Seconds to {target:g} %: "
-            f"training and evaluation until the first epoch whose top-1 reaches it. waits: syncs in which a replica "
-            f"was held up by a straggling one; full and partial syncs per stage (`preduce`: groups of two or more; "
-            f"`adpsgd`: pairs; `hetpipe`: pushes); disagreement: the replicas' mean L2 distance from their average "
-            f"weights before the last epoch's end."
-            + (f"\n\nImages/s with stragglers over without, seed by seed: {'; '.join(slowdowns)}." if slowdowns else "")
-            + f"\n\nFinal top-1 beyond the spread of `allreduce`'s with the same stragglers: "
-            f"{'; '.join(differ) if differ else 'none'}.")
+            table(["replicas x stages", "sync", "stragglers", "seeds", "updates/s", f"seconds to {target:g} % top-1",
+                   "final top-1", "group size", "waits", "disagreement"], body) +
+            f"\n\nlenet on the digits, -b {first['batch']} per replica, {first['epochs']} epoch(s), one thread per "
+            f"process on {first['cores']} cores (`hetpipe`: and one server per stage). Each value is the mean over "
+            f"the seeds, in brackets the lowest and highest. updates/s: replicas' steps per second of training, all "
+            f"replicas together; seconds to {target:g} %: training and evaluation until the first epoch whose top-1 "
+            f"reaches it; group size: `preduce`'s mean group, single replicas included; waits: syncs per stage in "
+            f"which a replica was held up by a straggling one; disagreement: the replicas' mean L2 distance from "
+            f"their average weights before the last epoch's end.")
+        model_rows = pipeline_model_rows(groups)
+        hetero = max(key[3] for key in groups)
+        sections["pipeline-model"] = table(
+            ["replicas x stages", "sync", "step c without stragglers (s)", "model: updates/s with over without",
+             "measured (seeds)"],
+            [[f"{replicas} x {stages}", f"`{sync}`", f"{c:.4f}", f"{predicted:.2f}", with_range(measured)]
+             for stages, replicas, sync, c, predicted, measured in model_rows]) + (
+            f"\n\nc / X, the step against the straggler's sleep: {min(r[3] for r in model_rows) / hetero:.2f} to "
+            f"{max(r[3] for r in model_rows) / hetero:.2f}." if model_rows else "")
+        sections["pipeline-targets"] = pipeline_targets(groups, model_rows)
     bubble = [r for r in rows if r["part"] == "bubble"]
     if bubble:
         stages = int(bubble[0]["stages"])
@@ -906,21 +956,25 @@ def pipeline_tables(rows):
 
 
 def plot_pipeline(rows, curves, figures):
-    """Top-1 against seconds per sync method (with and without stragglers), and images/s against M."""
+    """Updates/s against replicas per sync method (with stragglers, beside the model), and images/s against M."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    series = {}
-    for c in curves:
-        series.setdefault((c["sync"], float(c["hetero"])), {}).setdefault(int(c["epoch"]), []).append(
-            (float(c["seconds"]), float(c["top1"])))
-    colors = {}
-    for (sync, hetero), epochs in series.items():
-        points = [(statistics.mean(s for s, _ in pts), statistics.mean(t for _, t in pts))
-                  for _, pts in sorted(epochs.items())]
-        color = colors.setdefault(sync, f"C{len(colors)}")
-        left.plot(*zip(*points), marker="o", color=color, linestyle="--" if hetero else "-",
-                  label=f"{sync}" + (f", stragglers {hetero:g} s" if hetero else ""))
-    left.set(xlabel="seconds (training and evaluation)", ylabel="val top-1 (%)",
-             title="Top-1 against time, mean over seeds per epoch")
+    groups = pipeline_groups(rows)
+    for i, sync in enumerate(dict.fromkeys(key[2] for key in groups)):
+        for hetero, style in ((0.0, ":"), (max(key[3] for key in groups), "-")):
+            keys = sorted(key for key in groups if key[0] == 1 and key[2] == sync and key[3] == hetero)
+            if keys:
+                points = [(key[1], mean_of(groups[key], "updates_per_s")) for key in keys]
+                left.plot(*zip(*points), marker="o", color=f"C{i}", linestyle=style,
+                          label=f"{sync}" + (f", stragglers {hetero:g} s" if hetero else ", none"))
+        predicted = [(r, mean_of(groups[1, r, sync, 0.0], "updates_per_s") * c / (c + pipeline_table.expected_delay(
+            sync, r, 1, 1, x=hetero))) for r in sorted({key[1] for key in groups if key[0] == 1})
+            for key in [(1, r, sync, 0.0)] if key in groups for c in [mean_of(groups[key], "step_s")]
+            for hetero in [max(k[3] for k in groups)]]
+        if predicted:
+            left.plot(*zip(*predicted), color=f"C{i}", linestyle="none", marker="x")
+    left.set(xlabel="replicas R (one stage)", ylabel="updates/s (all replicas)",
+             title="Updates/s; x: the expected-maximum model with stragglers")
+    left.xaxis.get_major_locator().set_params(integer=True)
     left.grid(alpha=0.3)
     left.legend(fontsize=7)
     bubble = [r for r in rows if r["part"] == "bubble"]
@@ -932,8 +986,9 @@ def plot_pipeline(rows, curves, figures):
         stages = int(bubble[0]["stages"])
         gpipe = sorted((int(r["microbatches"]), float(r["images_per_s"])) for r in bubble if r["schedule"] == "gpipe")
         largest, top = gpipe[-1]
-        model = [(m, top * (m / (m + stages - 1)) / (largest / (largest + stages - 1))) for m, _ in gpipe]
-        right.plot(*zip(*model), color="gray", linestyle=":", label="model: 1 - (S - 1) / (M + S - 1), at gpipe's last")
+        bubble_model = [(m, top * (m / (m + stages - 1)) / (largest / (largest + stages - 1))) for m, _ in gpipe]
+        right.plot(*zip(*bubble_model), color="gray", linestyle=":",
+                   label="model: 1 - (S - 1) / (M + S - 1), at gpipe's last")
     right.set_xscale("log", base=2)
     right.set(xlabel="microbatches M", ylabel="train images/s", title="The pipeline bubble, 1 replica x 2 stages")
     right.grid(alpha=0.3)

@@ -88,13 +88,13 @@ def test_pushes_and_pulls_travel_over_the_control_group(recorded):
 def test_the_summary_counts_go_over_a_control_group(recorded):
     """The pipeline's and the servers' counts are CPU numbers: on the world's or the servers' device group (NCCL on
     GPUs) their all-reduce would fail, after training, before summary.json."""
-    from recipes.pipeline import train as pipeline
+    from recipes.pipeline import sync
+    from recipes.pipeline.layout import Layout
     from recipes.ps import train as ps
 
     calls, control = recorded
-    tally = {"waits": 3, "partial_syncs": 4, "gap": 1, "longest_gap": 2, "oldest": 0, "full_syncs": 5,
-             "disagreement": 0.0}
-    counts = pipeline.counts_of_every_rank(tally, stages=2)
+    tally = {**sync.new_tally(), "waits": 3, "partial_syncs": 4, "gap": 1, "longest_gap": 2, "full_syncs": 5}
+    counts = sync.counts_of_every_rank(tally, Layout(stages=2, world_size=4), rank=0)
     servers = argparse.Namespace(group=object(), control=object())  # a Run of the servers: device and gloo groups
     ps.counts_of_every_server({"counts": torch.ones(4, dtype=torch.float64), "stale": 0, "oldest": 2}, servers)
     assert [(name, group) for name, _, group, _ in calls] == [("all_reduce", control)] * 2 + [

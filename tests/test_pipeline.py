@@ -1,5 +1,7 @@
 """The pipeline recipe: stages against the unsplit model, each sync method, stragglers, bad input."""
 
+import threading
+import time
 import types
 
 import pytest
@@ -10,9 +12,12 @@ from conftest import TINY, free_port, read_summary, run_recipe
 from test_bad_input import assert_one_clear_line
 
 from recipes.common import data, models
+from recipes.pipeline import preduce, stages, stragglers, sync
 from recipes.pipeline import train as pipeline
+from recipes.pipeline.layout import Layout
 
-EPOCH = [*TINY, "--epochs", "1"]  # 48 train images: 3 steps of -b 8 per replica with 2 replicas
+EPOCH = [*TINY[:TINY.index("--scale")], "--epochs", "1"]  # the default augmentation; 48 train images: 3 steps
+# of -b 8 per replica with 2 replicas
 
 
 def weights(out, name="checkpoint.pt"):
@@ -28,34 +33,135 @@ def assert_same_weights(a, b, tolerance=1e-5):
 # ---- units --------------------------------------------------------------------------------------------------
 
 def test_balanced_split_minimises_the_largest_stage():
-    assert pipeline.balanced_split([1, 1, 1, 1], 2) == [0, 2, 4]
-    assert pipeline.balanced_split([5, 1, 1, 1, 1, 1], 2) == [0, 1, 6]
-    assert pipeline.balanced_split([1, 2, 3], 3) == [0, 1, 2, 3]
+    assert stages.balanced_split([1, 1, 1, 1], 2) == [0, 2, 4]
+    assert stages.balanced_split([5, 1, 1, 1, 1, 1], 2) == [0, 1, 6]
+    assert stages.balanced_split([1, 2, 3], 3) == [0, 1, 2, 3]
 
 
 def test_stages_start_at_layers_with_weights_and_cover_the_model_once():
     model = models.build_model("lenet", 3)
     log = types.SimpleNamespace(print=lambda *a: None)
-    for stages in (2, 3, 4):
-        parts = pipeline.split_model(model, types.SimpleNamespace(arch="lenet", image_size=16, stages=stages), log)
-        assert len(parts) == stages
+    for count in (2, 3, 4):
+        parts = stages.split_model(model, types.SimpleNamespace(arch="lenet", image_size=16, stages=count), log)
+        assert len(parts) == count
         assert [layer for part in parts for layer in part] == list(model)  # every layer once, in order
         assert all(any(True for _ in part[0].parameters()) for part in parts)
 
 
-def test_stragglers_are_drawn_from_the_seed():
+def test_the_layout_maps_ranks_to_stages_replicas_and_servers():
+    layout = Layout(stages=2, world_size=6, hetpipe=True)
+    assert layout.replicas == 2 and [layout.stage(r) for r in range(6)] == [0, 1, 0, 1, 0, 1]
+    assert layout.pipeline_ranks(1) == [2, 3] and layout.stage_ranks(1) == [1, 3]
+    assert [layout.server(s) for s in (0, 1)] == [4, 5] and layout.is_server(5) and not layout.is_server(3)
+    assert Layout(stages=2, world_size=6).replicas == 3 and not Layout(2, 6).is_server(5)
+
+
+def test_stragglers_are_drawn_per_slot_from_the_seed():
     def draws(seed, epoch=0):  # (a fresh namespace each time: nothing carried over between the calls)
-        args = types.SimpleNamespace(seed=seed, hetero=0.5, hetero_prob=0.3, stages=2, slow_rank=None)
-        return [pipeline.straggles(args, rank, epoch, step) for rank in range(4) for step in range(50)]
+        args = types.SimpleNamespace(seed=seed, hetero=0.5, hetero_prob=0.3, microbatches=2)
+        return [slot for rank in range(4) for step in range(25) for slot in stragglers.sleeps(args, rank, epoch, step)]
 
     seeded = draws(3)
+    assert len(seeded) == 4 * 25 * 4  # before each of 2 forwards and 2 backwards
     assert draws(3) == seeded  # the same seed: the same stragglers (whichever rank asks, and when)
-    assert 0.15 < sum(seeded) / len(seeded) < 0.45  # about --hetero-prob
-    # another seed, or another epoch: other stragglers (two independent draws of 200 at 0.3 differ in about 84)
+    assert 0.2 < sum(seeded) / len(seeded) < 0.4  # about --hetero-prob
+    # another seed, or another epoch: other stragglers (two independent draws of 400 at 0.3 differ in about 170)
     for other in (draws(4), draws(3, epoch=1)):
-        assert sum(a != b for a, b in zip(other, seeded)) > 20
-    args = types.SimpleNamespace(seed=3, hetero=0.5, hetero_prob=0.3, stages=2, slow_rank=None)
-    assert pipeline.pipeline_straggles(types.SimpleNamespace(**{**vars(args), "hetero": 0, "slow_rank": 3}), 1, 0, 0)
+        assert sum(a != b for a, b in zip(other, seeded)) > 80
+    args = types.SimpleNamespace(seed=3, hetero=0, hetero_prob=0.3, microbatches=2, slow_rank=3)
+    assert stragglers.replica_straggles(args, Layout(2, 4), 1, 0, 0)  # rank 3 is replica 1's
+    assert not stragglers.replica_straggles(args, Layout(2, 4), 0, 0, 0)
+
+
+def test_a_straggler_sleeps_before_each_forward_and_each_backward_its_draws_name(monkeypatch):
+    slept = []
+    monkeypatch.setattr(stragglers.time, "sleep", slept.append)
+    args = types.SimpleNamespace(seed=0, hetero=0.25, hetero_prob=1.0, microbatches=2)
+    module = torch.nn.Linear(3, 2)
+    slots = stragglers.inject(module, args)
+    stragglers.plan(slots, args, rank=0, epoch=0, step=0)
+    for _ in range(2):  # two microbatches: each forward, then each backward
+        module(torch.randn(4, 3)).sum().backward()
+    assert slept == [0.25] * 4 and slots == {"forward": [], "backward": []}
+    slots["forward"][:], slots["backward"][:] = [True, False], [False, True]
+    module(torch.randn(4, 3)).sum().backward()  # the first microbatch: the first draws
+    assert len(slept) == 5 and slots == {"forward": [False], "backward": [True]}
+    on_meta = torch.nn.Linear(3, 2, device="meta")
+    slots = stragglers.inject(on_meta, args)
+    stragglers.plan(slots, args, rank=0, epoch=0, step=0)
+    on_meta(torch.randn(4, 3, device="meta"))  # (shape inference: no slot)
+    assert len(slept) == 5 and len(slots["forward"]) == 2
+
+
+def test_the_deadline_doubles_after_a_group_of_one_and_shrinks_otherwise():
+    wait, seen = preduce.FIRST_WAIT, []
+    for size in (1, 1, 1, 1, 1, 2, 3):
+        wait = preduce.next_wait(wait, size)
+        seen.append(round(wait * 1000, 4))
+    assert seen == [2, 4, 8, 10, 10, 9, 8.1]  # ms: SD-PIPE's 1 ms, doubled up to 10 ms, x 0.9 after a group
+    assert preduce.next_wait(preduce.SHORTEST_WAIT, 2) == preduce.SHORTEST_WAIT
+
+
+def queue(replicas, arrivals, state=None, wait=0.05):
+    """Replicas of one stage arriving at the ready queue (in threads, over one store): arrivals is [(replica,
+    seconds after the start, stopping)]. Returns {replica: [(group, connecting)]}."""
+    store = dist.HashStore()
+    layout = Layout(stages=1, world_size=replicas)
+    queues = {r: preduce.PartialReduce(types.SimpleNamespace(preduce_size=None), layout, 0, r, None, store)
+              for r in range(replicas)}
+    if state is not None:  # (epoch 0's counts, handed to the first leader)
+        store.set("preduce/0/member/1", f"lead;0;{state}")
+    found, start = {r: [] for r in range(replicas)}, time.perf_counter()
+
+    def arrive(replica, at, stopping):
+        time.sleep(max(0.0, start + at - time.perf_counter()))
+        queues[replica].wait = wait
+        found[replica].append(queues[replica].arrive(0, stopping))
+
+    threads = [threading.Thread(target=arrive, args=arrival) for arrival in arrivals]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    return found
+
+
+def test_a_group_is_every_replica_ready_before_the_leaders_deadline():
+    found = queue(4, [(0, 0.0, False), (1, 0.01, False), (2, 0.3, False), (3, 0.31, False)])
+    assert found[0] == found[1] == [([0, 1], False)]  # 2 and 3 came after the 50 ms deadline
+    assert found[2] == found[3] == [([2, 3], False)]
+    found = queue(3, [(0, 0.0, False), (1, 0.0, False), (2, 0.0, False)], wait=5.0)
+    assert found[0] == [([0, 1, 2], False)]  # all three ready: no need to wait out the deadline
+
+
+def test_after_ten_r_updates_the_next_group_waits_until_the_groups_connect_every_replica():
+    # 40 updates since the last check, and the groups since then joined {0, 1, 2}: 3 stays apart
+    found = queue(4, [(0, 0.0, False), (1, 0.0, False), (3, 0.3, False)], state="40;0;0;0,0,0,3")
+    assert found[0] == found[3] == [([0, 1, 3], True)]  # past the deadline, until 3 came: 2 was connected already
+    found = queue(4, [(0, 0.0, False), (1, 0.3, True)], state="40;0;0;0,1,2,3")
+    assert found[0] == [([0], False)]  # a replica out of the epoch ends the wait, and it connected nobody (the
+    # epoch's end connects them)
+
+
+def _average_in_pairs(rank, world_size, port, results):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    params = [torch.randn(5, generator=torch.Generator().manual_seed(rank)), torch.randn(3, 2)]
+    before = torch.cat([p.reshape(-1) for p in params])
+    args = types.SimpleNamespace(seed=0)
+    sync.pairwise_average(params, Layout(1, world_size), args, epoch=0, step=0, straggled=False)
+    after = torch.cat([p.reshape(-1) for p in params])
+    sums = torch.stack([before, after])
+    dist.all_reduce(sums)
+    results.put((rank, (sums[0] - sums[1]).abs().max().item(), (after - before).abs().max().item()))
+    dist.destroy_process_group()
+
+
+def test_an_adpsgd_round_keeps_the_replicas_average():
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_average_in_pairs, args=(5, free_port(), results), nprocs=5, start_method="spawn")
+    found = sorted(results.get() for _ in range(5))
+    assert all(change_of_sum < 1e-5 for _, change_of_sum, _ in found), found
+    assert sum(moved > 0 for _, _, moved in found) == 4  # two pairs averaged; the fifth replica sat out
 
 
 def _split_and_compare(rank, world_size, port, schedule, results):
@@ -65,7 +171,7 @@ def _split_and_compare(rank, world_size, port, schedule, results):
     reference = models.build_model("lenet", 3)
     reference.load_state_dict(model.state_dict())
     log = types.SimpleNamespace(print=lambda *a: None)
-    parts = pipeline.split_model(model, types.SimpleNamespace(arch="lenet", image_size=16, stages=2), log)
+    parts = stages.split_model(model, types.SimpleNamespace(arch="lenet", image_size=16, stages=2), log)
     stage = pipeline.PipelineStage(torch.nn.Sequential(*parts[rank]), rank, 2, torch.device("cpu"))
     criterion = torch.nn.CrossEntropyLoss()
     run = pipeline.SCHEDULES[schedule](stage, 4, loss_fn=criterion)
@@ -90,27 +196,6 @@ def test_the_pipelined_model_has_the_unsplit_models_loss_and_gradients(schedule)
     assert all(gap < 1e-6 and loss_gap < 1e-6 for _, _, gap, loss_gap in found), found
 
 
-def _average_in_pairs(rank, world_size, port, results):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    params = [torch.randn(5, generator=torch.Generator().manual_seed(rank)), torch.randn(3, 2)]
-    before = torch.cat([p.reshape(-1) for p in params])
-    args = types.SimpleNamespace(seed=0, stages=1)
-    pipeline.pairwise_average(params, world_size, args, epoch=0, step=0, straggled=False)
-    after = torch.cat([p.reshape(-1) for p in params])
-    sums = torch.stack([before, after])
-    dist.all_reduce(sums)
-    results.put((rank, (sums[0] - sums[1]).abs().max().item(), (after - before).abs().max().item()))
-    dist.destroy_process_group()
-
-
-def test_an_adpsgd_round_keeps_the_replicas_average():
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_average_in_pairs, args=(5, free_port(), results), nprocs=5, start_method="spawn")
-    found = sorted(results.get() for _ in range(5))
-    assert all(change_of_sum < 1e-5 for _, change_of_sum, _ in found), found
-    assert sum(moved > 0 for _, _, moved in found) == 4  # two pairs averaged; the fifth replica sat out
-
-
 # ---- runs -----------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -127,21 +212,29 @@ def allreduce_run(tiny_data, tmp_path_factory):
     return out
 
 
-def test_allreduce_ends_with_ddps_weights(ddp_run, allreduce_run):
+def test_allreduce_trains_ddps_model_with_ddps_augmentations(ddp_run, allreduce_run):
+    """Replica r trains on ddp's rank r's shard and draws its augmentations (random crops and flips here)."""
     assert_same_weights(weights(allreduce_run), weights(ddp_run))
-    summary = read_summary(allreduce_run)
+    summary, ddp = read_summary(allreduce_run), read_summary(ddp_run)
     assert (summary["stages"], summary["replicas"], summary["global_batch"]) == (2, 2, 16)
     assert summary["full_syncs"] == 3 and summary["disagreement"] == 0
+    assert summary["top1_correct"] == ddp["top1_correct"]
+    assert abs(summary["loss"] - ddp["loss"]) <= 1e-5 * ddp["loss"], (summary["loss"], ddp["loss"])
 
 
-def test_preduce_with_every_replica_in_each_group_is_allreduce(tiny_data, tmp_path, allreduce_run):
+def test_preduce_counts_epochs_in_updates_and_connects_every_replica_within_the_bound(tiny_data, tmp_path):
+    """2 replicas of one stage, replica 1 thirty times slower: an epoch is 2 x 12 updates of both together, the
+    fast replica does more of them, and no more than (10 + 2) R updates pass between two moments that connect
+    every replica (SD-PIPE's check every 10 R updates, its group, the group before it)."""
     out = tmp_path / "run"
-    run_recipe("pipeline", [tiny_data, *EPOCH, "--out", out, "--sync", "preduce", "--preduce-size", "2",
-                            "--preduce-wait-ms", "60000", "--sync-bound", "100"], nproc=4)
-    assert_same_weights(weights(out), weights(allreduce_run))
+    run_recipe("pipeline", [tiny_data, *EPOCH, "-b", "2", "--epochs", "2", "--stages", "1", "--microbatches", "1",
+                            "--sync", "preduce", "--slow-rank", "1", "--slow-factor", "30", "--out", out], nproc=2)
     summary = read_summary(out)
-    assert summary["partial_syncs"] == 3 and summary["full_syncs"] == 1  # 3 steps in pairs, the epoch's end
-    assert summary["disagreement"] == 0, summary  # (measured before the epoch's end: each pair left alike)
+    fast, slow = summary["updates_per_replica"]
+    assert fast + slow == 2 * 2 * 12 and fast > slow, summary["updates_per_replica"]
+    assert summary["connectivity_syncs"] >= 1 and summary["longest_unconnected_updates"] <= 12 * 2, summary
+    assert summary["full_syncs"] == 2  # the epochs' ends
+    assert 1 <= summary["mean_group_size"] <= 2
 
 
 def test_one_stage_is_ddp_and_the_replicas_start_alike_without_a_seed(tiny_data, tmp_path, ddp_run):
@@ -165,25 +258,25 @@ def test_the_checkpoint_evaluates_in_nd_and_a_ddp_checkpoint_in_the_pipeline(tin
 
 
 def test_a_straggler_holds_up_allreduce_more_often_than_preduce(tiny_data, tmp_path):
-    straggling = [tiny_data, *TINY, "--epochs", "2", "-b", "4", "--microbatches", "2", "--hetero", "0.2",
-                  "--hetero-prob", "0.5", "--preduce-wait-ms", "5", "--sync-bound", "3"]
+    straggling = [tiny_data, *TINY, "--epochs", "2", "-b", "4", "--microbatches", "2", "--hetero", "0.05",
+                  "--hetero-prob", "0.3"]
     waits = {}
-    for sync in ("allreduce", "preduce"):
-        run_recipe("pipeline", [*straggling, "--out", tmp_path / sync, "--sync", sync], nproc=4)
-        summary = read_summary(tmp_path / sync)
-        waits[sync] = summary["waits"]
-        assert summary["longest_without_full_sync"] <= (1 if sync == "allreduce" else 3)
+    for sync_method in ("allreduce", "preduce"):
+        run_recipe("pipeline", [*straggling, "--out", tmp_path / sync_method, "--sync", sync_method], nproc=4)
+        summary = read_summary(tmp_path / sync_method)
+        waits[sync_method] = summary["waits"]
+        assert summary["longest_without_full_sync"] <= (1 if sync_method == "allreduce" else 2 * 6)
     assert waits["allreduce"] > waits["preduce"], waits
-    assert read_summary(tmp_path / "preduce")["full_syncs"] == 2 * 2  # after steps 3 and 6 (the epoch's end, too)
+    assert read_summary(tmp_path / "preduce")["full_syncs"] == 2  # the epochs' ends
 
 
-def test_hetpipe_applies_no_update_older_than_the_staleness_bound(tiny_data, tmp_path):
+def test_hetpipe_pushes_once_a_wave_and_applies_no_update_older_than_the_staleness_bound(tiny_data, tmp_path):
     out = tmp_path / "run"
     run_recipe("pipeline", [tiny_data, *TINY, "--epochs", "2", "-b", "4", "--microbatches", "2", "--sync",
-                            "hetpipe", "--staleness", "1", "--slow-rank", "0", "--slow-factor", "4", "--out", out],
-               nproc=6)
+                            "hetpipe", "--wave", "2", "--staleness", "1", "--slow-rank", "0", "--slow-factor", "4",
+                            "--out", out], nproc=6)
     summary = read_summary(out)
-    assert summary["replicas"] == 2 and summary["partial_syncs"] == 2 * 2 * 6  # every push of both replicas
+    assert summary["replicas"] == 2 and summary["partial_syncs"] == 2 * 2 * 3  # a push every 2 of 6 steps
     assert summary["max_applied_staleness"] <= 1  # (a consistency check: the server answers no pull earlier)
     assert summary["waits"] >= 1  # the fast replica's pulls were held for the slow one
     data.set_seed(0)
@@ -192,14 +285,28 @@ def test_hetpipe_applies_no_update_older_than_the_staleness_bound(tiny_data, tmp
     assert all(not torch.allclose(trained[key], initial[key]) for key in initial)  # the pushes reached the servers
 
 
+@pytest.mark.parametrize("sync_method, nproc", [("preduce", 4), ("hetpipe", 6)])
+def test_a_run_saved_at_an_epochs_end_resumes_there(tiny_data, tmp_path, sync_method, nproc):
+    """preduce and hetpipe save a SIGTERM at the epoch's end (its epoch, and step = the epoch's steps): a restart
+    trains nothing more of that epoch, and the next one from a fresh store."""
+    out = tmp_path / "run"
+    flags = [tiny_data, *TINY, "-b", "4", "--microbatches", "2", "--sync", sync_method, "--out", out]
+    run_recipe("pipeline", [*flags, "--epochs", "1"], nproc=nproc)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    state["epoch"], state["step"] = 0, 6  # as a SIGTERM at the first epoch's end saves it
+    torch.save(state, out / "checkpoint.pt")
+    result = run_recipe("pipeline", [*flags, "--epochs", "2", "--auto-resume"], nproc=nproc)
+    assert "epoch 1 train" not in result.stdout and read_summary(out)["epochs"] == 2, result.stdout[-2000:]
+
+
 # ---- bad input ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags,phrase", [
     (["--stages", "2"], "the world size 1 is not a multiple of --stages 2"),
     (["--stages", "5"], "--stages 5: --arch lenet has only 4 layers with weights to split into stages"),
-    (["--stages", "1", "--sync", "preduce", "--preduce-size", "2"], "--preduce-size 2 must be at least 2 and at "
-                                                                    "most the 1 replica(s)"),
-    (["--stages", "1", "--sync", "preduce", "--preduce-size", "1"], "--preduce-size 1 must be at least 2"),
+    (["--sync", "preduce", "--preduce-size", "1"], "--preduce-size must be at least 2, got 1"),
+    (["--sync", "preduce", "--save-every", "2"], "--save-every is not supported with --sync preduce"),
+    (["--sync", "hetpipe", "--wave", "0"], "--wave must be at least 1, got 0"),
     (["--microbatches", "3"], "--microbatches 3 must divide --batch-size 8"),
     (["--microbatches", "1"], "--schedule 1f1b needs at least as many --microbatches as --stages: 1 < 2"),
     (["--stages", "1", "--sync", "hetpipe"], "--sync hetpipe needs the 1 servers and at least one replica"),

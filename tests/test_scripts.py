@@ -721,20 +721,33 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert "| ddp | 3 | 1000 (1000\u20131000) | 1.00 (1.00\u20131.00) |" in text
 
 
-def test_pipeline_table_plans_each_sync_with_and_without_stragglers(tiny_data):
+def test_pipeline_table_plans_each_sync_and_layout_with_and_without_stragglers(tiny_data):
     runs = pipeline_table.plan([0, 1, 2])
     sync = [run for run in runs if run[0] == "sync"]
-    assert len(sync) == 3 * 4 * 2 and len(set(runs)) == len(runs)
-    assert {(s, hetero) for _, s, hetero, *_ in sync} == {(s, h) for s in pipeline_table.SYNCS for h in (0.0, 0.2)}
-    bubble = [(schedule, m) for part, _, _, schedule, m, _ in runs if part == "bubble"]
+    assert len(sync) == 3 * 4 * 4 * 2 and len(set(runs)) == len(runs)
+    assert {(s, hetero, stages, replicas) for _, s, hetero, stages, replicas, *_ in sync} == {
+        (s, h, stages, replicas) for s in pipeline_table.SYNCS for h in (0.0, 0.1)
+        for stages, replicas in ((1, 2), (1, 4), (1, 8), (2, 4))}
+    bubble = [(schedule, m) for part, _, _, _, _, schedule, m, _ in runs if part == "bubble"]
     assert ("gpipe", 1) in bubble and ("1f1b", 1) not in bubble and len(bubble) == 5 + 4  # 1f1b needs M >= S
-    args = pipeline_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False)
-    processes, flags = pipeline_table.flags_of("sync", "hetpipe", 0.2, "1f1b", 4, 1, args)
-    assert processes == 6 and flags[flags.index("--hetero") + 1] == "0.2"  # 2 replicas x 2 stages, 2 servers
-    assert flags[flags.index("-b") + 1] == "32" and flags[flags.index("--epochs") + 1] == "3"
-    processes, flags = pipeline_table.flags_of("bubble", "allreduce", 0.0, "gpipe", 16, 0, args)
-    assert processes == 2 and flags[flags.index("-b") + 1] == "256" and flags[-2:] == ["--warmup-epochs", "0"]
-    assert len(pipeline_table.plan([0], quick=True)) < 10
+    args = pipeline_table.argparse.Namespace(data=tiny_data, epochs=1, quick=False)
+    processes, flags = pipeline_table.flags_of("sync", "hetpipe", 0.1, 2, 4, "1f1b", 2, 1, args)
+    assert processes == 10 and flags[flags.index("--hetero") + 1] == "0.1"  # 4 replicas x 2 stages, 2 servers
+    assert flags[flags.index("-b") + 1] == "8" and flags[flags.index("--microbatches") + 1] == "2"
+    processes, flags = pipeline_table.flags_of("sync", "preduce", 0.0, 1, 8, "1f1b", 1, 1, args)
+    assert processes == 8 and flags[flags.index("--stages") + 1] == "1"
+    processes, flags = pipeline_table.flags_of("bubble", "allreduce", 0.0, 2, 1, "gpipe", 16, 0, args)
+    assert processes == 2 and flags[flags.index("-b") + 1] == "256" and flags[flags.index("--epochs") + 1] == "1"
+    assert len(pipeline_table.plan([0], quick=True)) < 12
+
+
+def test_the_expected_maximum_model_of_stragglers():
+    # one replica, 2 slots at q 0.1: E[delay] = 2 x 0.1 x X; two: 1 - 0.81^2 (one sleep or more) + 1 - 0.99^2 (two)
+    assert abs(pipeline_table.expected_max(1, 2, 0.1, 1.0) - 0.2) < 1e-12
+    assert abs(pipeline_table.expected_max(2, 2, 0.1, 1.0) - (1 - 0.81 ** 2 + 1 - 0.99 ** 2)) < 1e-12
+    delays = {sync: pipeline_table.expected_delay(sync, 8, 1, 1) for sync in pipeline_table.SYNCS}
+    assert delays["preduce"] < delays["adpsgd"] < delays["allreduce"] and delays["hetpipe"] < delays["allreduce"]
+    assert pipeline_table.expected_delay("allreduce", 8, 1, 1) > pipeline_table.expected_delay("allreduce", 2, 1, 1)
 
 
 def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
@@ -743,23 +756,27 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
     rows, curves = [], []
 
-    def add(sync, hetero, top1s, rates, reached=("", "", ""), waits=0):
+    def add(replicas, sync, hetero, top1s, rates, reached=("", "", ""), waits=0, step_s=0.01):
         for seed, (top1, rate, seconds) in enumerate(zip(top1s, rates, reached)):
-            rows.append({"part": "sync", "sync": sync, "hetero": hetero, "schedule": "1f1b", "microbatches": 4,
-                         "batch": 32, "stages": 2, "replicas": 2, "processes": 4, "seed": seed, "epochs": 3,
-                         "top1": top1, "images_per_s": rate, "train_s": 10, "seconds_to_target": seconds,
-                         "target": 95.0, "waits": waits, "full_syncs": 10, "partial_syncs": 50, "disagreement": 0.01,
+            rows.append({"part": "sync", "sync": sync, "hetero": hetero, "schedule": "1f1b", "microbatches": 1,
+                         "batch": 8, "stages": 1, "replicas": replicas, "processes": replicas, "seed": seed,
+                         "epochs": 1, "top1": top1, "images_per_s": 8 * rate, "updates_per_s": rate,
+                         "step_s": step_s, "train_s": 10, "seconds_to_target": seconds, "target": 90.0,
+                         "waits": waits, "full_syncs": 10, "partial_syncs": 50, "connectivity_syncs": 2,
+                         "mean_group_size": 2.5, "longest_unconnected_updates": 90, "disagreement": 0.01,
                          "max_applied_staleness": 0, **machine})
-            curves.extend({"sync": sync, "hetero": hetero, "seed": seed, "epoch": e, "seconds": 5 * e,
-                           "top1": top1 - 3 + e} for e in (1, 2, 3))
-    add("allreduce", 0.0, (97, 97.5, 98), (1000, 1000, 1000), (10, 12, 14))
-    add("allreduce", 0.2, (97, 97.5, 98), (500, 600, 400), (20, "", 30), waits=30)
-    add("preduce", 0.0, (95, 95.5, 96), (1100, 1000, 900), (10, 10, 10))  # below allreduce's range
-    add("preduce", 0.2, (97, 97, 97), (990, 900, 810), waits=3)
+            curves.append({"sync": sync, "hetero": hetero, "stages": 1, "replicas": replicas, "seed": seed,
+                           "epoch": 1, "seconds": 10, "top1": top1})
+    add(8, "allreduce", 0.0, (92, 92.5, 93), (100, 100, 100), (10, 12, 14))
+    add(8, "allreduce", 0.1, (92, 92.5, 93), (20, 30, 25), (20, "", 30), waits=30)
+    add(8, "preduce", 0.0, (91, 91.5, 92), (100, 95, 90), (10, 10, 10))
+    add(8, "preduce", 0.1, (92, 92, 92), (80, 76, 72), (12, 12, 12), waits=3)
+    add(2, "allreduce", 0.0, (95, 95, 95), (200, 200, 200), (5, 5, 5))
+    add(2, "allreduce", 0.1, (95, 95, 95), (40, 40, 40), (25, 25, 25))
     for schedule, rates in (("gpipe", {1: 500, 2: 800, 4: 1000}), ("1f1b", {2: 900, 4: 1000})):
         for m, rate in rates.items():
             rows.append({**rows[0], "part": "bubble", "schedule": schedule, "microbatches": m, "batch": 256,
-                         "replicas": 1, "processes": 2, "images_per_s": rate, "seconds_to_target": ""})
+                         "stages": 2, "replicas": 1, "processes": 2, "images_per_s": rate, "seconds_to_target": ""})
     for name, fields, table_rows in (("pipeline.csv", pipeline_table.FIELDS, rows),
                                      ("pipeline_curves.csv", pipeline_table.CURVE_FIELDS, curves)):
         with open(data / name, "w", newline="") as f:
@@ -767,15 +784,20 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
             writer.writeheader()
             writer.writerows(table_rows)
     text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("pipeline",))
-    assert ("| `allreduce` | none | 3 | 1000 (1000\u20131000) | 12.0 (10.0\u201314.0) | 97.50 (97.00\u201398.00) | "
-            "0.0 | 10 | 50.0 | 0.0100 |") in text
-    assert "| `allreduce` | 0.2 s | 3 | 500 (400\u2013600) | 25.0 (20.0\u201330.0) (2 of 3) |" in text
-    assert "| `preduce` | 0.2 s | 3 | 900 (810\u2013990) | not reached | 97.00 (97.00\u201397.00) | 3.0 |" in text
-    assert ("Images/s with stragglers over without, seed by seed: `allreduce` 0.50 (0.40\u20130.60); `preduce` 0.90 "
-            "(0.90\u20130.90).") in text
-    assert "Final top-1 beyond the spread of `allreduce`'s with the same stragglers: `preduce` (-2.00)." in text
+    assert ("| 8 x 1 | `allreduce` | none | 3 | 100 (100–100) | 12.0 (10.0–14.0) | 92.50 (92.00–93.00) "
+            "|  | 0.0 | 0.0100 |") in text
+    assert "| 8 x 1 | `allreduce` | 0.1 s | 3 | 25 (20–30) | 25.0 (20.0–30.0) (2 of 3) |" in text
+    assert "| 8 x 1 | `preduce` | 0.1 s | 3 | 76 (72–80) | 12.0 (12.0–12.0) | 92.00 (92.00–92.00) | 2.50 |" \
+        in text
+    allreduce = 0.01 / (0.01 + pipeline_table.expected_delay("allreduce", 8, 1, 1))
+    assert f"| 8 x 1 | `allreduce` | 0.0100 | {allreduce:.2f} | 0.25 (0.20–0.30) |" in text
+    assert "| R = 8, stragglers: `preduce` at least 2x `allreduce`'s updates/s | 3.14 (2.53–4.00) | yes |" in text
+    assert "| R = 8, stragglers: `preduce` no slower to the target top-1 | 12.0 s vs 25.0 s | yes |" in text
+    assert "| 8 x 1, no stragglers: `preduce` within 10 % of `allreduce` | 0.95 (0.90–1.00) | yes |" in text
+    assert "R = 2: `allreduce`'s slowdown within 15 % of the model | 0.20 vs" in text
     assert "| 1 | 0.50 | 0.62 | 500 (0.50) |  |" in text  # (1/2) / (4/5)
     assert "| 2 | 0.33 | 0.83 | 800 (0.80) | 900 (0.90) |" in text
+    assert (tmp_path / "pipeline.png").exists()
 
 
 def test_the_zero_model_divides_what_each_mode_shards():

@@ -29,12 +29,15 @@ from recipes.common import checkpoint, data, distributed, faults, metrics, model
 
 class Run:
     def __init__(self, args, log, device, model, optimizer, scheduler, ema, num_classes, global_batch,
-                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None, control=None, gather=None):
+                 steps_per_epoch, scaler=None, autocast=contextlib.nullcontext, group=None, control=None, gather=None,
+                 seed_rank=None):
         """model: the unwrapped model (the one checkpoints and evaluation use); ema: None without --ema-decay;
         scaler: a GradScaler, saved with the checkpoint; autocast: what evaluation runs under; group and control:
         the ranks that run the Run together (default: all; the parameter server's servers), as a device group
         and a gloo group (distributed.new_group, new_control_group); gather: called by them before each
-        evaluation and save, to put the model together (the parameter server's, from the servers' shards)."""
+        evaluation and save, to put the model together (the parameter server's, from the servers' shards);
+        seed_rank: the rank whose random draws (augmentations) this one makes (default: its own; the
+        pipeline's replica r draws ddp's rank r's)."""
         self.args, self.log, self.device, self.autocast = args, log, device, autocast
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
         self.accum_steps, self.steps_per_epoch = args.accum_steps, steps_per_epoch
@@ -49,6 +52,7 @@ class Run:
         self.val_to_device = data.device_transform(args, device, num_classes, train=False)
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.seed_rank = self.rank if seed_rank is None else seed_rank
         self.epoch, self.step, self.first_step, self.epoch_lr = 0, 0, 0, 0.0
         self.meter = self.val_stats = self.ema_stats = None
 
@@ -82,7 +86,7 @@ class Run:
         for epoch in range(start_epoch, self.args.epochs):
             self.epoch, self.first_step = epoch, start_step if epoch == start_epoch else 0
             if not self.first_step:
-                data.set_seed(self.args.seed, epoch, self.rank)
+                data.set_seed(self.args.seed, epoch, self.seed_rank)
             self.epoch_lr = self.optimizer.param_groups[0]["lr"]
             yield epoch
 

@@ -135,6 +135,22 @@ def new_group(ranks):
     return dist.new_group(list(ranks), timeout=_timeout)
 
 
+def members_group(ranks):
+    """A group of these ranks on the default backend, made by them alone: the other ranks need not call this, and
+    its members need not make their groups in the same order (dist.new_group asks both), so groups can form as
+    a run goes (the pipeline's partial reduce). Its connections are set up over the store, under its ranks. It
+    is a backend that torch's registry does not know: call its collectives on it (group.allreduce([t]).wait()),
+    and shut it down (group.shutdown()) before cleanup()."""
+    ranks = sorted(ranks)
+    store = dist.PrefixStore(f"members/{'_'.join(map(str, ranks))}", dist.distributed_c10d._get_default_store())
+    index = ranks.index(dist.get_rank())
+    if dist.get_backend() == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = _timeout
+        return dist.ProcessGroupNCCL(store, index, len(ranks), options)
+    return dist.ProcessGroupGloo(store, index, len(ranks), _timeout)
+
+
 def _store_for_this_attempt(timeout, where):
     """torchrun's store, with keys prefixed by the restart count.
 

@@ -1,0 +1,110 @@
+"""Which rank is which stage of which replica, the pipeline's flags, and the flags that cannot work together.
+
+Rank r is stage r mod S of replica r div S (--stages S). With --sync hetpipe the last S ranks
+are the stages' parameter servers: one object says it, so that no part computes it again.
+"""
+
+from dataclasses import dataclass
+
+from recipes.common import RecipeError, cli, models
+from recipes.pipeline.stages import weighted_units
+
+SYNCS = ["allreduce", "preduce", "adpsgd", "hetpipe"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    stages: int
+    world_size: int
+    hetpipe: bool = False
+
+    @property
+    def replicas(self):
+        """The replicas that train (hetpipe: all but the servers' ranks)."""
+        return self.world_size // self.stages - self.hetpipe
+
+    def stage(self, rank):
+        return rank % self.stages
+
+    def replica(self, rank):
+        return rank // self.stages
+
+    def rank(self, replica, stage):
+        return replica * self.stages + stage
+
+    def pipeline_ranks(self, replica):
+        """The ranks of one replica's pipeline, stage 0 first (or of the servers: replica R)."""
+        return [self.rank(replica, s) for s in range(self.stages)]
+
+    def stage_ranks(self, stage):
+        """The ranks that hold this stage, one per replica that trains."""
+        return [self.rank(r, stage) for r in range(self.replicas)]
+
+    def server(self, stage):
+        """hetpipe: the rank of this stage's parameter server."""
+        return self.rank(self.replicas, stage)
+
+    def is_server(self, rank):
+        return self.hetpipe and self.replica(rank) == self.replicas
+
+
+def add_args(parser):
+    group = parser.add_argument_group("pipeline")
+    group.add_argument("--stages", type=int, default=2, metavar="S", help="processes per replica (default: 2)")
+    group.add_argument("--microbatches", type=int, default=4, metavar="M",
+                       help="pieces of each batch in flight in the pipeline; must divide -b (default: 4)")
+    group.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    group.add_argument("--sync", choices=SYNCS, default="allreduce",
+                       help="how the replicas of a stage agree (default: allreduce)")
+    group.add_argument("--preduce-size", type=int, metavar="P",
+                       help="preduce: at most P replicas in a group (default: no cap, SD-PIPE's)")
+    group.add_argument("--wave", type=int, default=10, metavar="W",
+                       help="hetpipe: minibatches between a replica's push and pull (default: 10, SD-PIPE's)")
+    group.add_argument("--staleness", type=int, default=0, metavar="D",
+                       help="hetpipe: waves a replica may run ahead of the slowest (default: 0)")
+    group.add_argument("--hetero", type=float, default=0.0, metavar="X",
+                       help="a process sleeps X seconds with probability --hetero-prob before each forward "
+                            "and each backward of a microbatch (default: 0)")
+    group.add_argument("--hetero-prob", type=float, default=0.1)
+    group.add_argument("--slow-rank", type=int, metavar="R", help="this rank is --slow-factor times slower")
+    group.add_argument("--slow-factor", type=float, default=2.0, metavar="F")
+
+
+def check_args(args, world_size=None):
+    """The flags that cannot work together, as one line each (world size: known once launched)."""
+    for flag in ("ema_decay", "compile", "sync_bn", "mixup_alpha", "cutmix_alpha"):  # (mixing: the first and the
+        if getattr(args, flag):                                                    # last stage would mix apart)
+            raise RecipeError(f"--{flag.replace('_', '-')} is not supported by the pipeline recipe")
+    if args.accum_steps != 1:
+        raise RecipeError("--accum-steps: the pipeline recipe cuts each batch into --microbatches instead")
+    cli.check_ranges(args, {"--stages": (lambda v: v >= 1, "must be at least 1"),
+                            "--microbatches": (lambda v: v >= 1, "must be at least 1"),
+                            "--preduce-size": (lambda v: v is None or v >= 2, "must be at least 2"),
+                            "--wave": (lambda v: v >= 1, "must be at least 1"),
+                            "--staleness": (lambda v: v >= 0, "must be 0 or more"),
+                            "--hetero": (lambda v: v >= 0, "must be 0 (off) or a number of seconds"),
+                            "--hetero-prob": (lambda v: 0 <= v <= 1, "is a probability in [0, 1]"),
+                            "--slow-factor": (lambda v: v >= 1, "must be at least 1")})
+    units = len(weighted_units(models.sequential_layers(models.build_model(args.arch, 10), args.arch)))
+    if args.stages > units:
+        raise RecipeError(f"--stages {args.stages}: --arch {args.arch} has only {units} layers with weights to "
+                          f"split into stages")
+    if args.schedule == "1f1b" and args.microbatches < args.stages:
+        raise RecipeError(f"--schedule 1f1b needs at least as many --microbatches as --stages: "
+                          f"{args.microbatches} < {args.stages}")
+    if args.batch_size % args.microbatches:
+        raise RecipeError(f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}")
+    if args.save_every and args.sync in ("preduce", "hetpipe"):
+        raise RecipeError(f"--save-every is not supported with --sync {args.sync} (its replicas meet at epoch "
+                          f"ends only)")
+    if world_size is None:
+        return
+    if world_size % args.stages:
+        raise RecipeError(f"the world size {world_size} is not a multiple of --stages {args.stages}")
+    layout = Layout(args.stages, world_size, args.sync == "hetpipe")
+    if layout.replicas < 1:
+        raise RecipeError(f"--sync hetpipe needs the {args.stages} servers and at least one replica: "
+                          f"{2 * args.stages} processes or more, not {world_size}")
+    if args.slow_rank is not None and not 0 <= args.slow_rank < layout.replicas * args.stages:
+        raise RecipeError(f"--slow-rank {args.slow_rank} is not a rank of the {layout.replicas} replica(s) x "
+                          f"{args.stages} stage(s)")

@@ -1,0 +1,229 @@
+"""Partial reduce as SD-PIPE runs it (Miao et al., PVLDB 16(9), 2023; the authors' code,
+Hsword/VLDB2023_SDPipe: ps-lite/src/preduce_handler.cc and python/hetu/preduce.py).
+
+Groups: after its local step a stage's replica queues as ready. The first to arrive leads the
+next group: it waits until every replica still in the epoch has arrived (at most --preduce-size
+of them, when given) or its deadline has passed, and the group is all those that came. The
+deadline adapts, per process: it starts at 1 ms, doubles (to at most 10 ms) after a group of
+fewer than 2 and shrinks x 0.9 (to at least 0.01 ms) otherwise. The group averages its weights
+with one all-reduce over a process group of its members, made by them alone the first time that
+membership forms, then cached (at most 2^R - R - 1 of them, as SD-PIPE caches its NCCL
+communicators). A group of more than 8 averages in pairs, in order.
+
+Staleness bound: each group adds its size to a count of updates. Once 10 R updates have passed
+since the last connectivity sync, the next group waits without a deadline until the groups since
+then connect every replica (a union-find), if every replica is still in the epoch and no other
+stage is in such a sync (stages waiting on each other's replicas would deadlock): SD-PIPE's rule;
+a group that cannot run one leaves it to the next.
+
+Epochs: an epoch is R x (steps of one shard) updates of all replicas together. Stage 0 of each
+replica claims each of its steps from a counter and tells its other stages, so a fast replica
+does more of the epoch than a slow one (its shard again, reshuffled, if it runs out).
+
+The ready queue is the c10d store: arrival n reads its part from the key member/n, which the
+leader of its group writes (its group, or "lead"); only a leader reads and writes the counts and
+the union-find, one leader at a time.
+Deviations: the epoch ends with an average of all replicas (SD-PIPE evaluates each pipeline's
+own weights: here one model is evaluated and saved); a counter of claimed steps ends the epoch,
+where SD-PIPE's last-stage scheduler does; a replica that leaves the epoch ends a connectivity
+wait (SD-PIPE's scheduler stops every replica together); a replica is ready once its host has
+queued the step (SD-PIPE synchronises its compute stream first: here no step waits for the
+device).
+"""
+
+import itertools
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from recipes.common import distributed, faults
+
+FIRST_WAIT, LONGEST_WAIT, SHORTEST_WAIT = 0.001, 0.010, 0.00001  # seconds (SD-PIPE's 1, 10 and 0.01 ms)
+CHECK_EVERY = 10  # x R updates between connectivity checks (SD-PIPE's ssp_bound)
+PAIRS_BEYOND = 8  # replicas
+
+
+def next_wait(wait, size):
+    """The adaptive deadline after a group of `size`: double after a group of one, else x 0.9."""
+    return min(2 * wait, LONGEST_WAIT) if size < 2 else max(0.9 * wait, SHORTEST_WAIT)
+
+
+def find(parents, i):
+    while parents[i] != i:
+        i = parents[i]
+    return i
+
+
+def connects_all(parents):
+    return len({find(parents, i) for i in range(len(parents))}) == 1
+
+
+def shard_again(loader, epoch):
+    """This replica's shard, then again (reshuffled) for as long as the epoch has updates for it."""
+    for again in itertools.count():
+        if again:
+            loader.sampler.set_epoch(epoch + 1_000_003 * again)
+        yield from loader
+
+
+class PartialReduce:
+    """One process's side of its stage's partial reduce: the store, its deadline, the groups it has made."""
+
+    def __init__(self, args, layout, stage, replica, replica_group, root):
+        """replica_group: a gloo group of this replica's stages (None with one stage), for the claims; root: the
+        c10d store."""
+        self.layout, self.stage, self.replica, self.cap = layout, stage, replica, args.preduce_size
+        self.store = dist.PrefixStore(f"preduce/{stage}", root)  # this stage's ready queue
+        self.lock = dist.PrefixStore("preduce", root)  # one stage at a time in a connectivity sync
+        self.claims = dist.PrefixStore("preduce/claims", root)
+        self.replica_group = replica_group
+        self.wait, self.groups = FIRST_WAIT, {}
+        self.longest = 0  # the most updates of all replicas between two moments that connected every replica
+        self.connections = 0  # the connectivity syncs this process led
+        self.arrivals = []  # this epoch's arrival numbers of this process
+        if replica == 0:  # the first arrival leads the first group; no update yet
+            self.store.set("member/1", f"lead;{self.fresh_state(0)}")
+
+    # ---- epochs counted in updates ----------------------------------------------------------------------
+
+    def claim(self, epoch, steps_per_epoch):
+        """Whether the epoch has an update left for this replica: stage 0 takes one from the counter of all
+        replicas and tells the replica's other stages (a CPU number over its gloo group)."""
+        go = torch.zeros(1)
+        if self.stage == 0:
+            go[0] = self.claims.add(f"{epoch}", 1) <= self.layout.replicas * steps_per_epoch
+        if self.replica_group is not None:
+            dist.broadcast(go, self.layout.rank(self.replica, 0), group=self.replica_group)
+        if not go[0]:  # out of the epoch: the leaders learn it from the queue, and wait for one replica fewer
+            with faults.waiting_for("the partial reduce's queue"):
+                self.arrive(epoch, stopping=True)
+        return bool(go[0])
+
+    def end_epoch(self, run):
+        """After the epoch's average of all replicas (which connects them): the updates since the last
+        connectivity sync; and the learning-rate schedule set to the epoch's end (within the epoch each replica's
+        ran by its own steps)."""
+        if self.store.check(["state"]):  # (none when a restart resumed at the epoch's end)
+            updates, last, _, _ = self.state(run.epoch, self.store.get("state").decode())
+            self.longest = max(self.longest, updates - last)
+        for n in self.arrivals:  # this process's keys of the epoch, read by now: the store does not grow
+            self.store.delete_key(f"who/{n}")
+            self.store.delete_key(f"member/{n}")
+        self.arrivals = []
+        run.scheduler.last_epoch = (run.epoch + 1) * run.steps_per_epoch - 1
+        run.scheduler.step()
+
+    def finish(self):
+        """After the last epoch: shut the groups down (torch's cleanup does not know them); returns the most
+        updates between two connections and the connectivity syncs this process led."""
+        for group in self.groups.values():
+            group.shutdown()
+        return self.longest, self.connections
+
+    # ---- the ready queue: arrival n reads member/n: its group, or the lead and the counts -------------------
+
+    def arrive(self, epoch, stopping=False):
+        """Queue as ready; returns the group this replica is in (its replicas, in order) and whether the group is
+        a connectivity sync. A stopping replica takes no part, but passes the lead on if it has it."""
+        n = self.store.add("arrivals", 1)
+        self.arrivals.append(n)
+        self.store.set(f"who/{n}", "stop" if stopping else str(self.replica))
+        role, state = self.store.get(f"member/{n}").decode().split(";", 1)
+        if role != "lead":
+            return [int(r) for r in role.split(",") if r], state == "1"
+        if stopping:  # (the lead passes on; the count of replicas out of the epoch grows by one)
+            updates, last, stopped, parents = self.state(epoch, state)
+            state = self.encode(epoch, updates, last, stopped + 1, parents)
+            self.store.multi_set(["state", f"member/{n + 1}"], [state, f"lead;{state}"])
+            return [], False
+        return self.lead(n, epoch, state)
+
+    def lead(self, n, epoch, state):
+        """Close the group that starts at arrival n: by the deadline, or, for a connectivity sync, once the
+        groups since the last one connect every replica; tell each member, and the next leader the counts."""
+        replicas = self.layout.replicas
+        updates, last, stopped, parents = self.state(epoch, state)
+        connecting = updates >= last + CHECK_EVERY * replicas and not stopped and self.take_lock()
+        members, k = [self.replica], n
+        if connecting:
+            while not connects_all(parents):
+                k += 1
+                who = self.store.get(f"who/{k}").decode()
+                if who == "stop":  # (a replica left the epoch: the epoch's end connects them all instead)
+                    stopped += 1
+                    break
+                members.append(int(who))
+                parents[find(parents, int(who))] = find(parents, self.replica)
+            self.lock.compare_set("connecting", str(self.stage), "")
+        else:
+            wanted = min(self.cap or replicas, replicas - stopped)
+            deadline = time.perf_counter() + self.wait
+            arrived = self.store.add("arrivals", 0)
+            while arrived - n + 1 < wanted and time.perf_counter() < deadline:
+                time.sleep(0.0002)
+                arrived = self.store.add("arrivals", 0)
+            k = min(arrived, n + wanted - 1)
+            for who in (self.store.multi_get([f"who/{i}" for i in range(n + 1, k + 1)]) if k > n else []):
+                if who == b"stop":  # (it counts as an arrival of this group; it takes no part)
+                    stopped += 1
+                    continue
+                members.append(int(who))
+                parents[find(parents, int(who))] = find(parents, self.replica)
+        members = sorted(members)
+        updates += len(members)
+        connecting = connecting and connects_all(parents)  # (not when a replica's leaving cut it short)
+        if connecting:
+            self.longest = max(self.longest, updates - last)
+            self.connections += 1
+            parents, last = list(range(replicas)), updates
+        group, state = f"{','.join(map(str, members))};{int(connecting)}", self.encode(epoch, updates, last,
+                                                                                      stopped, parents)
+        self.store.multi_set(["state", *(f"member/{i}" for i in range(n + 1, k + 2))],
+                             [state, *[group] * (k - n), f"lead;{state}"])
+        return members, connecting
+
+    def state(self, epoch, state):
+        """The epoch's count of updates, the count at the last connectivity sync, the replicas out of the epoch,
+        and the union-find since the last connectivity sync (only a leader writes them: the next reads them with
+        its lead; the key "state" keeps them for the epoch's end)."""
+        state = state.split(";")
+        if int(state[0]) != epoch:
+            state = self.fresh_state(epoch).split(";")
+        return int(state[1]), int(state[2]), int(state[3]), [int(p) for p in state[4].split(",")]
+
+    def fresh_state(self, epoch):
+        return self.encode(epoch, 0, 0, 0, list(range(self.layout.replicas)))
+
+    @staticmethod
+    def encode(epoch, updates, last, stopped, parents):
+        return f"{epoch};{updates};{last};{stopped};{','.join(map(str, parents))}"
+
+    def take_lock(self):
+        return self.lock.compare_set("connecting", "", str(self.stage)).decode() == str(self.stage)
+
+    # ---- the average ------------------------------------------------------------------------------------
+
+    def reduce(self, params, epoch, straggled):
+        """Queue, then average this stage's weights with the group. Returns (whether a straggler in the group
+        held this replica up, as a tensor on the device; the group's size; whether it was a connectivity sync)."""
+        with faults.waiting_for("the partial reduce's group"):  # (every wait on a peer is marked: faults)
+            members, connecting = self.arrive(epoch)
+            size = len(members)
+            self.wait = next_wait(self.wait, size)
+            if size > PAIRS_BEYOND and not connecting:  # SD-PIPE: pairs beyond 8 replicas
+                i = members.index(self.replica) // 2 * 2
+                members = members[i:i + 2]
+            flat = parameters_to_vector(params).detach()
+            mine = straggled.reshape(1).to(flat.dtype) if torch.is_tensor(straggled) else \
+                flat.new_full((1,), float(straggled))
+            if len(members) < 2:
+                return torch.zeros((), dtype=torch.bool, device=flat.device), size, connecting
+            ranks = [self.layout.rank(r, self.stage) for r in members]
+            if tuple(ranks) not in self.groups:
+                self.groups[tuple(ranks)] = distributed.members_group(ranks)
+            flat = torch.cat([flat, mine])
+            self.groups[tuple(ranks)].allreduce([flat]).wait()  # (a group of its own: its backend, called directly)
+            vector_to_parameters(flat[:-1] / len(members), params)
+            return flat[-1] > mine[0], size, connecting

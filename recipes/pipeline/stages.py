@@ -1,0 +1,99 @@
+"""The model cut into stages of about equal forward FLOPs, and put together again for evaluation and checkpoints."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from recipes.common import distributed, models
+
+
+def balanced_split(costs, stages):
+    """Cut a sequence of layer costs into `stages` consecutive non-empty parts whose largest total is as
+    small as it can be. Returns the parts' first indices (and len(costs) at the end)."""
+    n = len(costs)
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + cost)
+    # best[s][i]: (largest part, cuts) for the first i layers in s parts
+    best = [[(float("inf"), [])] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = (0.0, [0])
+    for s in range(1, stages + 1):
+        for i in range(s, n + 1):
+            for j in range(s - 1, i):
+                largest = max(best[s - 1][j][0], prefix[i] - prefix[j])
+                if largest < best[s][i][0]:
+                    best[s][i] = (largest, best[s - 1][j][1] + [i])
+    return best[stages][n][1]
+
+
+def weighted_units(layers):
+    """The layers grouped so that each group starts with a layer that has weights (one without them, such as
+    a ReLU, goes with the layer before it): a stage starts only at such a group."""
+    units = []
+    for layer in layers:
+        if units and not (any(True for _ in layer.parameters()) and any(True for _ in units[-1].parameters())):
+            units[-1].append(layer)
+        else:
+            units.append(nn.Sequential(layer))
+    return units
+
+
+def unit_flops(units, image_size):
+    """Forward FLOPs of each unit for one image (torch.utils.flop_counter), in the order they run."""
+    flops, x = [], torch.zeros(1, 3, image_size, image_size)
+    with torch.no_grad():
+        for unit in units:
+            counter = FlopCounterMode(display=False)
+            with counter:
+                x = unit.eval()(x)
+            unit.train()
+            flops.append(counter.get_total_flops())
+    return flops
+
+
+def split_model(model, args, log):
+    """The model's layers cut into --stages parts of about equal forward FLOPs: [[layer, ...] per stage]."""
+    units = weighted_units(models.sequential_layers(model, args.arch))
+    flops = unit_flops(units, args.image_size)
+    cuts = balanced_split(flops, args.stages)
+    parts = [[layer for unit in units[a:b] for layer in unit] for a, b in zip(cuts[:-1], cuts[1:])]
+    for s, part in enumerate(parts):
+        names = ", ".join(type(layer).__name__ for layer in part)
+        params = sum(p.numel() for layer in part for p in layer.parameters())
+        log.print(f"stage {s}: {names}; {params:,} parameters, {sum(flops[cuts[s]:cuts[s + 1]]) / 1e6:.2f} MFLOPs "
+                  f"per image")
+    return parts
+
+
+def state_names(model, part):
+    """The model's state_dict keys of the layers in part (the layers are the model's own modules)."""
+    prefixes = {id(module): name for name, module in model.named_modules()}
+    return [f"{prefixes[id(layer)]}.{key}" for layer in part if id(layer) in prefixes for key in layer.state_dict()]
+
+
+def gather(model, optimizer, whole, view, stage_keys):
+    """Before each evaluation and save, on every rank: the whole model and its momentum, stage s from rank s
+    (replica 0's stage s), into `whole` and the checkpoint's optimizer `view`."""
+    whole_params = dict(whole.named_parameters())
+    for s, keys in enumerate(stage_keys):
+        payload = [None]
+        if dist.get_rank() == s:
+            state, named = model.state_dict(), dict(model.named_parameters())
+            momentum = {key: optimizer.state[named[key]]["momentum_buffer"].cpu() for key in keys
+                        if key in named and "momentum_buffer" in optimizer.state.get(named[key], {})}
+            payload = [({key: state[key].cpu() for key in keys}, momentum)]
+        dist.broadcast_object_list(payload, src=s, group=distributed.control_group())
+        weights, momentum = payload[0]
+        whole.load_state_dict(weights, strict=False)
+        for key, buffer in momentum.items():
+            view.state[whole_params[key]]["momentum_buffer"] = buffer.to(whole_params[key].device)
+    view.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"]
+
+
+def resume_stage(model, whole, view, optimizer, params):
+    """After run.resume(): this stage's weights and momentum from the checkpoint's whole model."""
+    model.load_state_dict(whole.state_dict())
+    for p, q in zip(model.parameters(), whole.parameters()):
+        if "momentum_buffer" in view.state.get(q, {}) and any(p is mine for mine in params):
+            optimizer.state[p]["momentum_buffer"] = view.state[q]["momentum_buffer"].clone()

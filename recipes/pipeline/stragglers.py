@@ -1,0 +1,74 @@
+"""Stragglers, as SD-PIPE makes them: --hetero X sleeps X seconds with probability --hetero-prob
+before each forward and each backward slot of a microbatch, in every process; --slow-rank makes one
+process --slow-factor times slower.
+
+The draws are seeded by (--seed, rank, epoch, step), so any rank can tell whether another slept at a
+step (for the waits the summary counts) and a run draws the same stragglers again. SD-PIPE draws
+from Python's unseeded global generator; the rest (X, the probability, the slots) is its rule.
+"""
+
+import random
+import time
+
+import torch
+
+
+def sleeps(args, rank, epoch, step):
+    """Which of this step's 2M slots (the M forwards, then the M backwards) rank sleeps before."""
+    if not args.hetero:
+        return [False] * (2 * args.microbatches)
+    draw = random.Random(f"{args.seed}/{rank}/{epoch}/{step}")
+    return [draw.random() < args.hetero_prob for _ in range(2 * args.microbatches)]
+
+
+def replica_straggles(args, layout, replica, epoch, step):
+    """Whether any process of the replica's pipeline sleeps at this step (its stages wait for one another)."""
+    ranks = layout.pipeline_ranks(replica)
+    return args.slow_rank in ranks or any(any(sleeps(args, rank, epoch, step)) for rank in ranks)
+
+
+def inject(module, args):
+    """Hooks that sleep before the module's forward and backward slots, as the step's draws say: returns
+    {"forward": [...], "backward": [...]}, which the training loop refills with plan() before each step."""
+    slots = {"forward": [], "backward": []}
+
+    def before_backward(grad):
+        if slots["backward"] and slots["backward"].pop(0):
+            time.sleep(args.hetero)
+
+    def before_forward(module, inputs):
+        real = inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].device.type != "meta"
+        if real and slots["forward"] and slots["forward"].pop(0):  # (shape inference runs on meta tensors)
+            time.sleep(args.hetero)
+
+    def after_forward(module, inputs, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad and output.device.type != "meta":
+            output.register_hook(before_backward)
+
+    if args.hetero:
+        module.register_forward_pre_hook(before_forward)
+        module.register_forward_hook(after_forward)
+    return slots
+
+
+def plan(slots, args, rank, epoch, step):
+    """Before a step: its draws into the hooks' slots."""
+    draws = sleeps(args, rank, epoch, step)
+    slots["forward"][:] = draws[:args.microbatches]
+    slots["backward"][:] = draws[args.microbatches:]
+
+
+def slow_rank_clock(args, rank, device):
+    """--slow-rank: the time, once this rank's device has done its work (a GPU runs behind the host's queue, so
+    the slow rank waits for it: what it sleeps is then F - 1 times its step's real time). Others: None."""
+    if rank != args.slow_rank:
+        return None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def slow_down(args, rank, device, started):
+    """--slow-factor F: after the step, rank --slow-rank sleeps F - 1 times what the step took on its device."""
+    if started is not None:
+        time.sleep((args.slow_factor - 1) * (slow_rank_clock(args, rank, device) - started))
