@@ -296,3 +296,15 @@ def test_a_checkpoint_saves_and_resumes_every_training_object_in_one_call_each(t
     with pytest.raises(RunFailed, match="non-finite weights after 2 epoch"):
         saved.save(2, 0)
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["epoch"] == 1  # the last good one stays
+
+
+def test_the_common_package_names_each_of_its_modules():
+    """Its docstring is the map of the package: a module it leaves out is a module nobody finds."""
+    from pathlib import Path
+
+    import recipes.common
+
+    folder = Path(recipes.common.__file__).parent
+    named = {word.rstrip(":;,") for line in recipes.common.__doc__.splitlines() for word in line.split()}
+    modules = {path.stem for path in folder.glob("*.py") if path.stem != "__init__"}
+    assert modules <= named, modules - named

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -62,9 +63,9 @@ def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     for row in (fsdp, ps):  # (a worker counts its pushes; rank 0, an async server, every worker's)
         assert row["finished"] == "True" and float(row["kill_to_first_step_s"]) > 0
         assert 0 <= int(row["steps_redone"]) <= 2 * int(row["steps_per_epoch"])
-    from scripts import plot_results  # the script's own output, drawn into RESULTS.md's table
+    from scripts.results.recovery import recovery_recipes_table  # the script's own output, in RESULTS.md's table
 
-    text = plot_results.recovery_recipes_table(list(rows.values()))
+    text = recovery_recipes_table(list(rows.values()))
     assert f"| fsdp full sharded checkpoint | 2 | 1 | {fsdp['kill_to_first_step_s']} |" in text
     assert f"equal to seed 0's {fsdp['top1']}" in text and "2 of 2 killed runs finished" in text
 
@@ -142,6 +143,35 @@ def plot_results(data, figures, results, pngs):
         with Image.open(Path(figures) / f"{name}.png") as image:
             assert image.format == "PNG" and image.size[0] > 300
     return Path(results).read_text()
+
+
+def test_the_committed_data_redraws_results_md_and_every_figure_as_committed(tmp_path):
+    """RESULTS.md byte for byte and each figure pixel for pixel, from figures/data/ alone."""
+    import matplotlib.image
+
+    results = tmp_path / "RESULTS.md"
+    shutil.copy(ROOT / "RESULTS.md", results)
+    subprocess.run([sys.executable, "scripts/plot_results.py", "--figures", tmp_path, "--results", results], cwd=ROOT,
+                   check=True, capture_output=True)
+    assert results.read_bytes() == (ROOT / "RESULTS.md").read_bytes()
+    drawn = sorted(tmp_path.glob("*.png"))
+    assert {png.name for png in drawn} == {png.name for png in (ROOT / "figures").glob("*.png")}
+    for png in drawn:
+        assert (matplotlib.image.imread(png) == matplotlib.image.imread(ROOT / "figures" / png.name)).all(), png.name
+
+
+def test_each_part_of_make_figures_has_its_renderer():
+    """The Makefile's parts are scripts/results' index, in the same order; each module renders, in 200 lines."""
+    import importlib
+
+    from scripts import results
+
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^PARTS := (.*)$", makefile, re.M)[1].split() == results.PARTS
+    for part in results.PARTS + results.OTHERS:
+        assert callable(importlib.import_module(f"scripts.results.{part}").render), part
+    for module in (ROOT / "scripts" / "results").glob("*.py"):
+        assert len(module.read_text().splitlines()) <= 200, module.name
 
 
 def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):

@@ -12,6 +12,8 @@
     metrics      top-k counts, epoch meters summed across ranks, exact evaluation
     runlog       rank 0's output: console, progress bars, metrics.csv, TensorBoard, summary.json
     faults       SIGTERM and divergence checks
+    sharding     sharded training's state dicts in the one schema, and bytes per rank
+    pushpull     push and pull over point-to-point messages (the parameter server, hetpipe's servers)
 """
 
 

@@ -1,4 +1,4 @@
-"""Mixed precision for the apex recipe: apex's opt levels mapped onto torch.amp, behind one builder.
+"""Mixed precision for the recipes that take --opt-level (apex, fsdp): apex's opt levels mapped onto torch.amp.
 
 | --opt-level | apex.amp meant                          | here, with torch.amp                          |
 |-------------|-----------------------------------------|-----------------------------------------------|

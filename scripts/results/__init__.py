@@ -1,0 +1,24 @@
+"""RESULTS.md and figures/ from figures/data/, one module per part of `make figures`.
+
+Each module's render(data, figures, missing) draws its part's figures and returns its
+RESULTS.md sections (marker name -> text); a part whose data is missing adds a line to
+`missing` and returns nothing. scripts/plot_results.py runs them all and rewrites the
+text between the markers. Each module's docstring says what it reads, draws and writes.
+
+    part         measured by                                  module
+    io           scripts/bench_io.py                          io.py
+    scaling      scripts/bench_scaling.py                     scaling.py
+    curves       scripts/learning_curves.py                   curves.py
+    recovery     scripts/bench_recovery.py                    recovery.py
+    compile      scripts/bench_compile.py                     compile.py
+    compression  scripts/compression_table.py                 compression.py
+    ps           scripts/ps_table.py, byzfl_reference.py      ps.py (and ps_targets.py)
+    pipeline     scripts/pipeline_table.py                    pipeline.py
+    sharding     scripts/bench_sharding.py                    sharding.py
+and, outside make figures: examples.py (scripts/bench_examples.py, run by hand), gpu.py
+(make figures-gpu), timings.py (how long each part took).
+"""
+
+PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression", "ps", "pipeline", "sharding"]  # make
+# figures' order: the Makefile's PARTS is this list (tests/test_scripts.py checks it)
+OTHERS = ["examples", "timings", "gpu"]  # rendered after the parts

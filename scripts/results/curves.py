@@ -1,0 +1,107 @@
+"""curves: the learning curves of nd, dp, ddp and apex over seeds (scripts/learning_curves.py).
+
+    reads    figures/data/curves/<recipe>-seed<S>.csv and .json
+    draws    figures/top1_train.png, top1_val.png, top5_train.png, top5_val.png
+    writes   RESULTS.md's curves
+"""
+
+import json
+import statistics
+
+from scripts.results.common import beyond_spread, plt, read_csv, save, spread, table, with_range
+
+
+CURVES = [("top1", "train"), ("top1", "val"), ("top5", "train"), ("top5", "val")]
+
+
+def by_recipe(curve_files):
+    """{recipe: {seed: metrics rows}} from curves/<recipe>-seed<S>.csv (or one seed's curves/<recipe>.csv)."""
+    order = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3}
+    curves = {}
+    for path in sorted(curve_files):
+        recipe, _, seed = path.stem.partition("-seed")
+        curves.setdefault(recipe, {})[seed or "0"] = read_csv(path)
+    return dict(sorted(curves.items(), key=lambda item: order.get(item[0], 9)))
+
+
+def per_epoch(runs, split, metric):
+    """[(epoch, spread over seeds)] of one recipe."""
+    values = {}
+    for rows in runs.values():
+        for r in rows:
+            if r["split"] == split:
+                values.setdefault(int(r["epoch"]), []).append(float(r[metric]))
+    return sorted((epoch, spread(v)) for epoch, v in values.items())
+
+
+def plot_curves(curves, figures):
+    for metric, split in CURVES:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, (recipe, runs) in enumerate(curves.items()):
+            points = per_epoch(runs, split, metric)
+            epochs = [e for e, _ in points]
+            line, = ax.plot(epochs, [p["mean"] for _, p in points], marker="o", markersize=3,
+                            linestyle=("-", "--", ":", "-.")[i % 4],  # curves that coincide stay visible
+                            label=f"{recipe} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+            ax.fill_between(epochs, [p["low"] for _, p in points], [p["high"] for _, p in points],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set(xlabel="epoch", ylabel=f"{metric} accuracy (%)",
+               title=f"{metric} accuracy, {split} set (mean; band: min-max over seeds)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        save(fig, figures / f"{metric}_{split}.png")
+
+
+def curves_tables(curves, summaries):
+    """The final and best validation accuracy of each recipe over its seeds, and what differs beyond the
+    spread."""
+    rows, finals = [], {}
+    for recipe, runs in curves.items():
+        final = {metric: spread([float([r for r in rows_of if r["split"] == "val"][-1][metric])
+                                 for rows_of in runs.values()]) for metric in ("top1", "top5")}
+        best = spread([max(float(r["top1"]) for r in rows_of if r["split"] == "val") for rows_of in runs.values()])
+        finals[recipe] = final["top1"]
+        runs_summaries = [summaries[recipe, seed] for seed in runs if (recipe, seed) in summaries]
+        rate = [s["images_per_s"] for s in runs_summaries if s.get("images_per_s")]
+        wall = [s["wall_s"] for s in runs_summaries if s.get("wall_s")]
+        epochs = len([r for r in next(iter(runs.values())) if r["split"] == "val"])
+        rows.append([recipe, runs_summaries[0]["world_size"] if runs_summaries else "", len(runs), epochs,
+                     with_range(final["top1"]), with_range(final["top5"]), with_range(best),
+                     f"{statistics.mean(rate):.1f}" if rate else "", f"{statistics.mean(wall):.0f}" if wall else ""])
+    text = table(["recipe", "processes", "seeds", "epochs", "final val top-1 (%)", "final val top-5 (%)",
+                  "best val top-1 (%)", "train images/s", "wall time (s)"], rows)
+    first = next(iter(summaries.values()), {})
+    text += (f"\n\n{first.get('arch', '?')}, global batch {first.get('global_batch', '?')}; top-1 and top-5: mean "
+             f"over the seeds, and in brackets the lowest and highest (the min-max range).")
+    spreads = [f"{recipe} {result['high'] - result['low']:.2f}" for recipe, result in finals.items()
+               if result["n"] > 1]
+    if spreads:
+        text += " Seed-to-seed spread of the final top-1 (points): " + ", ".join(spreads) + "."
+    names = list(finals)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    beyond = [f"{a} and {b} ({finals[a]['mean'] - finals[b]['mean']:+.2f})" for a, b in pairs
+              if beyond_spread(finals[a], finals[b])]
+    within = [f"{a} and {b} ({finals[a]['mean'] - finals[b]['mean']:+.2f})" for a, b in pairs
+              if not beyond_spread(finals[a], finals[b])]
+    if beyond:
+        text += " Differences beyond the spread (ranges that do not overlap): " + "; ".join(beyond) + "."
+    if within and all(finals[name]["n"] > 1 for name in names):
+        text += (" Within the spread (ranges that overlap), so not told apart from noise: " + "; ".join(within)
+                 + ".")
+    return text
+
+
+def render(data, figures, missing):
+    curve_files = sorted((data / "curves").glob("*.csv"))
+    if not curve_files:
+        missing.append("curves/*.csv (scripts/learning_curves.py)")
+        return {}
+    curves = by_recipe(curve_files)
+    summaries = {}
+    for path in curve_files:
+        if path.with_suffix(".json").exists():
+            recipe, _, seed = path.stem.partition("-seed")
+            summaries[recipe, seed or "0"] = json.loads(path.with_suffix(".json").read_text())
+    plot_curves(curves, figures)
+    return {"curves": curves_tables(curves, summaries)}

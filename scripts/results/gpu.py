@@ -1,0 +1,131 @@
+"""gpu: the GPU sweep (scripts/bench_gpu.py, make figures-gpu; not a part of make figures).
+
+    reads    figures/data/gpu/precision.csv, compression.csv, timings.csv
+    draws    figures/gpu_throughput.png, gpu_scaling.png
+    writes   RESULTS.md's gpu-hardware, gpu-precision, gpu-compression
+"""
+
+from scripts.results.common import plt, read_csv, save, table
+from scripts.results.compression import method_label
+
+
+PRECISION_LABELS = {"fp32": "fp32", "fp16": "O1 fp16", "bf16": "O1 bf16"}
+
+
+def gpu_config(row):
+    """'apex O1 fp16, channels_last' and the like (', --decoder gpu' when nvjpeg decoded the JPEGs)."""
+    decoder = ", --decoder gpu" if row.get("decoder") == "gpu" else ""
+    if row["recipe"] != "apex":
+        return f"{row['recipe']} fp32{decoder}"
+    precision = "O0 fp32" if row["precision"] == "fp32" else PRECISION_LABELS[row["precision"]]
+    return f"apex {precision}" + (", channels_last" if row["channels_last"] == "1" else "") + decoder
+
+
+def gpu_precision_table(rows):
+    rate = {(gpu_config(r), r["data"], int(r["gpus"])): r for r in rows}
+    configs = list(dict.fromkeys(gpu_config(r) for r in rows))
+    counts = sorted({int(r["gpus"]) for r in rows})
+    body = []
+    for config in configs:
+        for gpus in counts:
+            synthetic, jpeg = rate.get((config, "synthetic", gpus)), rate.get((config, "jpeg", gpus))
+            if not synthetic and not jpeg:
+                continue
+            baseline = rate.get(("ddp fp32", "synthetic", gpus))
+            first = rate.get((config, "synthetic", counts[0]))
+            row = [config, gpus, (synthetic or jpeg)["batch_size"]]
+            if synthetic:
+                images = float(synthetic["images_per_s"])
+                row += [f"{images:.0f}", f"{images / float(baseline['images_per_s']):.2f}x" if baseline else "",
+                        f"{100 * images / (float(first['images_per_s']) * gpus / counts[0]):.0f} %" if first else "",
+                        f"{100 * float(synthetic['data_wait_share']):.0f} %"]
+            else:
+                row += ["", "", "", ""]
+            row += ([f"{float(jpeg['images_per_s']):.0f}", f"{float(jpeg['whole_epoch_images_per_s']):.0f}",
+                     f"{100 * float(jpeg['data_wait_share']):.0f} %"] if jpeg else ["", "", ""])
+            body.append(row)
+    r = rows[0]
+    return (table(["recipe and precision", "GPUs", "batch per GPU", "synthetic images/s", "vs ddp fp32",
+                   f"scaling efficiency (vs {counts[0]} GPU)", "synthetic: waiting for data", "JPEG images/s",
+                   "JPEG images/s, whole epochs", "JPEG: waiting for data"], body) +
+            f"\n\n{r['arch']} at {r['image_size']} px. Images/s: all GPUs together, every step after the first of "
+            f"an epoch, the median over the epochs after the first; \"whole epochs\" also counts each epoch's loader "
+            f"start-up and first batch.")
+
+
+def gpu_compression_table(rows):
+    rate = {(method_label(r), int(r["gpus"])): float(r["images_per_s"]) for r in rows}
+    body = [[method_label(r), r["gpus"], r["batch_size"], f"{float(r['images_per_s']):.0f}",
+             f"{float(r['images_per_s']) / rate[('none', int(r['gpus']))]:.2f}x" if ("none", int(r["gpus"])) in rate
+             else "", f"{float(r['bytes_per_step']):,.0f}",
+             f"{float(r['compression_ratio']):.2f}" if float(r["compression_ratio"]) else ""] for r in rows]
+    return table(["method", "GPUs", "batch per GPU", "synthetic images/s", "vs none", "bytes per step",
+                  "compression ratio"], body)
+
+
+def plot_gpu(rows, figures):
+    """Images/s per recipe and precision on the fewest GPUs measured, synthetic and JPEG; and against the
+    number of GPUs when more than one number was measured."""
+    counts = sorted({int(r["gpus"]) for r in rows})
+    configs = list(dict.fromkeys(gpu_config(r) for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(configs) + 1.5))
+    for i, data in enumerate(("synthetic", "jpeg")):
+        rate = {gpu_config(r): float(r["images_per_s"]) for r in rows
+                if r["data"] == data and int(r["gpus"]) == counts[0]}
+        ys = [y + 0.4 * i for y, config in enumerate(configs) if config in rate]
+        if ys:
+            ax.barh(ys, [rate[c] for c in configs if c in rate], height=0.4, label=f"{data} data")
+    ax.set_yticks([y + 0.2 for y in range(len(configs))], configs)
+    ax.invert_yaxis()
+    ax.set(xlabel="training images/s", title=f"{rows[0]['arch']} at {rows[0]['image_size']} px on {counts[0]} "
+           f"x {rows[0]['gpu'].split(' x ', 1)[-1]}")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend()
+    save(fig, figures / "gpu_throughput.png")
+    if len(counts) < 2:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for config in configs:
+        points = sorted((int(r["gpus"]), float(r["images_per_s"])) for r in rows
+                        if gpu_config(r) == config and r["data"] == "synthetic")
+        if len(points) > 1:
+            ax.plot(*zip(*points), marker="o", label=config)
+    ax.set(xlabel="GPUs", ylabel="training images/s (synthetic)", title="Scaling on GPUs")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, figures / "gpu_scaling.png")
+
+
+def gpu_sections(gpu_data, figures):
+    """The GPU section of RESULTS.md from gpu/*.csv; a line saying so when the GPU sweep has not run."""
+    measured = [name for name in ("precision.csv", "compression.csv") if (gpu_data / name).exists()]
+    if not measured:
+        return {"gpu-hardware": "Not measured yet: no GPU was available. `make figures-gpu` on a machine with CUDA "
+                                "fills this section.", "gpu-precision": "", "gpu-compression": ""}
+    sections = {"gpu-precision": "", "gpu-compression": ""}
+    if (gpu_data / "precision.csv").exists():
+        rows = read_csv(gpu_data / "precision.csv")
+        plot_gpu(rows, figures)
+        charts = "![GPU throughput](figures/gpu_throughput.png)\n\n"
+        if len({r["gpus"] for r in rows}) > 1:
+            charts += "![GPU scaling](figures/gpu_scaling.png)\n\n"
+        sections["gpu-precision"] = charts + gpu_precision_table(rows)
+    if (gpu_data / "compression.csv").exists():
+        sections["gpu-compression"] = gpu_compression_table(read_csv(gpu_data / "compression.csv"))
+    r = read_csv(gpu_data / measured[0])[0]
+    line = f"GPU {r['gpu']}, CPU {r['cpu']} ({r['cores']} cores), torch {r['torch']}."
+    if (gpu_data / "timings.csv").exists():
+        timings = [t for t in read_csv(gpu_data / "timings.csv") if t["part"].startswith("gpu")]
+        parts = ", ".join(f"{t['part'].removeprefix('gpu-')} {float(t['seconds']) / 60:.1f}" for t in timings
+                          if t["part"] != "gpu")
+        line += (f" The sweep took {sum(float(t['seconds']) for t in timings) / 60:.1f} minutes"
+                 f"{' (' + parts + ')' if parts else ''}: {sum(int(t['runs_trained']) for t in timings)} runs "
+                 f"trained, {sum(int(t['runs_reused']) for t in timings)} kept from an earlier start.")
+    sections["gpu-hardware"] = line
+    return sections
+
+
+def render(data, figures, missing):
+    return gpu_sections(data / "gpu", figures)
