@@ -1,5 +1,6 @@
 """The recipes read as their lesson: short recipes, small diffs between them, short loop signatures,
-a --help that keeps the docstring's layout, and README excerpts that are the code itself."""
+a --help that keeps the docstring's layout, README excerpts that are the code itself, and a README
+that is a map: short, a README per recipe, links that lead somewhere."""
 
 import difflib
 import importlib
@@ -49,9 +50,14 @@ def test_train_one_epoch_takes_at_most_7_parameters(recipe):
     assert len(inspect.signature(train.train_one_epoch).parameters) <= 7
 
 
-def test_every_python_excerpt_in_the_readme_is_in_a_recipe():
-    readme = (ROOT / "README.md").read_text()
-    excerpts = re.findall(r"```python\n(.*?)```", readme, re.S)
+def pages():
+    """The README, each recipe's README, the topic pages and the tests' README (docs/tests.md is generated)."""
+    return [ROOT / "README.md", *sorted((ROOT / "recipes").glob("*/README.md")),
+            *sorted(page for page in (ROOT / "docs").glob("*.md") if page.name != "tests.md"), ROOT / "tests" / "README.md"]
+
+
+def test_every_python_excerpt_in_the_pages_is_in_a_recipe():
+    excerpts = [excerpt for page in pages() for excerpt in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
     assert len(excerpts) >= 3
     recipes = {recipe: {line.strip() for line in source(recipe)} for recipe in RECIPES}
     for excerpt in excerpts:
@@ -84,3 +90,17 @@ def test_range_checks_name_the_flag_and_the_value():
         with pytest.raises(RecipeError) as error:
             parse_args(["data", *flags])
         assert str(error.value).startswith(line), str(error.value)
+
+
+def test_the_readme_is_a_map_with_a_readme_for_every_recipe():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for recipe in [*RECIPES, "ps", "pipeline"]:
+        assert (ROOT / "recipes" / recipe / "README.md").exists() and f"(recipes/{recipe}/README.md)" in readme, recipe
+
+
+def test_every_relative_link_of_the_pages_leads_to_a_file():
+    for page in pages():
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not target.startswith(("http://", "https://", "mailto:")):
+                assert (page.parent / target).exists(), f"{page.relative_to(ROOT)}: {target}"
