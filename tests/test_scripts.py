@@ -828,6 +828,8 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     assert "| 1 | 0.50 | 0.62 | 500 (0.50) |  |" in text  # (1/2) / (4/5)
     assert "| 2 | 0.33 | 0.83 | 800 (0.80) | 900 (0.90) |" in text
     assert (tmp_path / "pipeline.png").exists()
+    assert ("| [pipeline](#pipelined-replicas-allreduce-partial-reduce-ad-psgd-hetpipe) | 8 replicas with stragglers: "
+            "partial reduce at 3.14x allreduce's updates/s; ") in text  # (RESULTS.md's headline)
 
 
 def test_the_zero_model_divides_what_each_mode_shards():

@@ -16,9 +16,10 @@ text between the markers. Each module's docstring says what it reads, draws and 
     pipeline     scripts/pipeline_table.py                    pipeline.py
     sharding     scripts/bench_sharding.py                    sharding.py
 and, outside make figures: examples.py (scripts/bench_examples.py, run by hand), gpu.py
-(make figures-gpu), timings.py (how long each part took).
+(make figures-gpu), timings.py (how long each part took), headline.py (one line of what each
+part found, first in RESULTS.md).
 """
 
 PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression", "ps", "pipeline", "sharding"]  # make
 # figures' order: the Makefile's PARTS is this list (tests/test_scripts.py checks it)
-OTHERS = ["examples", "timings", "gpu"]  # rendered after the parts
+OTHERS = ["examples", "timings", "gpu", "headline"]  # rendered after the parts (headline: a line of each)

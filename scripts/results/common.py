@@ -52,3 +52,9 @@ def hardware_line(rows):
 
 def mean_of(runs, field):
     return statistics.mean(float(r[field]) for r in runs)
+
+
+def targets_held(text):
+    """(rows whose last cell is yes, rows whose last cell is yes or no) of a targets table."""
+    last = [line.rstrip(" |").rsplit("|", 1)[-1].strip().lower() for line in text.splitlines() if line.startswith("|")]
+    return last.count("yes"), last.count("yes") + last.count("no")

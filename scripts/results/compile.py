@@ -40,3 +40,12 @@ def render(data, figures, missing):
         missing.append("compile.csv (scripts/bench_compile.py)")
         return {}
     return {"compile": compile_table(read_csv(data / "compile.csv"))}
+
+
+def headline(data):
+    if not (data / "compile.csv").exists():
+        return None
+    last = {}
+    for r in read_csv(data / "compile.csv"):
+        last[r["mode"]] = float(r["images_per_s"])  # (each mode's last epoch: its steady state)
+    return f"torch.compile at {last['cold'] / last['eager']:.2f}x eager's images/s in steady state"

@@ -93,3 +93,17 @@ def render(data, figures, missing):
     compression = read_csv(data / "compression.csv")
     plot_compression(compression, figures)
     return {"compression": compression_table(compression)}
+
+
+def headline(data):
+    if not (data / "compression.csv").exists():
+        return None
+    rows = read_csv(data / "compression.csv")
+    top1 = {}
+    for r in rows:
+        top1.setdefault((r["method"], r["error_feedback"]), []).append(float(r["top1"]))
+    most = max((r for r in rows if r["compression_ratio"]), key=lambda r: float(r["compression_ratio"]))
+    key = (most["method"], most["error_feedback"])
+    return (f"{most['method']}{' with error feedback' if most['error_feedback'] == '1' else ''} sends "
+            f"{float(most['compression_ratio']):.0f}x fewer bytes: top-1 {statistics.mean(top1[key]):.2f} against "
+            f"{statistics.mean(top1['none', '0']):.2f} uncompressed")

@@ -105,3 +105,16 @@ def render(data, figures, missing):
             summaries[recipe, seed or "0"] = json.loads(path.with_suffix(".json").read_text())
     plot_curves(curves, figures)
     return {"curves": curves_tables(curves, summaries)}
+
+
+def headline(data):
+    finals = {}
+    for path in sorted((data / "curves").glob("*.csv")):
+        val = [r for r in read_csv(path) if r["split"] == "val"]
+        if val:
+            finals.setdefault(path.stem.partition("-seed")[0], []).append(float(val[-1]["top1"]))
+    if not finals:
+        return None
+    order = ["nd", "dp", "ddp", "apex"]
+    return "final top-1 over seeds: " + ", ".join(f"{recipe} {statistics.mean(finals[recipe]):.2f}"
+                                                   for recipe in sorted(finals, key=order.index))

@@ -71,3 +71,11 @@ def render(data, figures, missing):
     loader = data / "io_loader.json"
     return {"io": io_tables(io_rows, json.loads(loader.read_text()) if loader.exists() else None),
             "hardware": hardware_line(io_rows)}  # (scaling's line, where it ran, comes after and wins)
+
+
+def headline(data):
+    if not (data / "io.csv").exists():
+        return None
+    best = max(read_csv(data / "io.csv"), key=lambda r: float(r["images_per_s"]))
+    return (f"{float(best['images_per_s']):.0f} images/s at best ({best['decoder']}, {best['workers']} loader "
+            f"workers, {best['image_size']} px)")

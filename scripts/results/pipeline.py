@@ -9,7 +9,7 @@ and the bubble (scripts/pipeline_table.py).
 import statistics
 
 from scripts import pipeline_table  # (the expected-maximum model of stragglers)
-from scripts.results.common import mean_of, plt, read_csv, save, spread, table, with_range
+from scripts.results.common import mean_of, plt, read_csv, save, spread, table, targets_held, with_range
 
 
 def pipeline_groups(rows):
@@ -182,3 +182,16 @@ def render(data, figures, missing):
     curves = read_csv(data / "pipeline_curves.csv") if (data / "pipeline_curves.csv").exists() else []
     plot_pipeline(rows, curves, figures)
     return pipeline_tables(rows)
+
+
+def headline(data):
+    if not (data / "pipeline.csv").exists():
+        return None
+    groups = pipeline_groups(read_csv(data / "pipeline.csv"))
+    straggled = {key[2]: key for key in groups if key[:2] == (1, 8) and key[3] and key[2] in ("preduce", "allreduce")}
+    if len(straggled) < 2:
+        return None
+    speed = ratios(groups, straggled["preduce"], straggled["allreduce"])
+    held, total = targets_held(pipeline_targets(groups, pipeline_model_rows(groups)))
+    return (f"8 replicas with stragglers: partial reduce at {speed['mean']:.2f}x allreduce's updates/s; {held} of its "
+            f"{total} targets hold")

@@ -6,7 +6,7 @@ and ByzFL's benchmark beside it (ps_targets.py).
     writes   RESULTS.md's ps-sync, ps-async, ps-eta, ps-speed, ps-targets, ps-byzfl
 """
 
-from scripts.results.common import beyond_spread, read_csv, spread, table, with_range
+from scripts.results.common import beyond_spread, read_csv, spread, table, targets_held, with_range
 
 
 def ps_attacks(rows, parts=("sync", "async")):
@@ -154,3 +154,12 @@ def render(data, figures, missing):
     else:
         missing.append("byzfl.csv (scripts/byzfl_reference.py)")
     return sections
+
+
+def headline(data):
+    from scripts.results.ps_targets import ps_targets
+
+    if not (data / "ps.csv").exists():
+        return None
+    held, total = targets_held(ps_targets(read_csv(data / "ps.csv")))
+    return f"{held} of its {total} targets hold (Zeno's validators against Byzantine workers)"

@@ -55,3 +55,12 @@ def render(data, figures, missing):
     else:
         missing.append("recovery_recipes.csv (scripts/bench_recovery.py)")
     return sections
+
+
+def headline(data):
+    if not (data / "recovery_recipes.csv").exists():
+        return None
+    rows = read_csv(data / "recovery_recipes.csv")
+    seconds = [float(r["kill_to_first_step_s"]) for r in rows if r["finished"] == "True"]
+    return (f"{len(seconds)} of {len(rows)} killed runs finished, training again {min(seconds):.1f} to "
+            f"{max(seconds):.1f} s after the kill" if seconds else f"0 of {len(rows)} killed runs finished")

@@ -103,3 +103,12 @@ def render(data, figures, missing):
     sections = dict(zip(("scaling", "overhead"), scaling_tables(scaling)))
     sections["hardware"] = hardware_line(scaling)
     return sections
+
+
+def headline(data):
+    if not (data / "scaling.csv").exists():
+        return None
+    rate = {(r["recipe"], int(r["processes"])): float(r["images_per_s"]) for r in read_csv(data / "scaling.csv")
+            if r["kind"] == "recipe" and r["data"] == "synthetic"}
+    most = max(n for recipe, n in rate if recipe == "ddp")
+    return f"ddp on {most} processes: {rate['ddp', most] / rate['nd', 1]:.2f}x nd's images/s (synthetic data)"

@@ -85,3 +85,12 @@ def render(data, figures, missing):
     sharding = read_csv(data / "sharding.csv")
     plot_sharding(sharding, figures)
     return {"sharding": sharding_table(sharding)}
+
+
+def headline(data):
+    if not (data / "sharding.csv").exists():
+        return None
+    rows = read_csv(data / "sharding.csv")
+    most = max(int(r["processes"]) for r in rows)
+    state = {r["shard"]: float(r["model_bytes"]) for r in rows if int(r["processes"]) == most}
+    return f"FSDP (full) keeps {state['full'] / state['none']:.2f} of DDP's model state per rank on {most} processes"
