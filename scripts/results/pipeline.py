@@ -64,7 +64,7 @@ def pipeline_targets(groups, body):
         if stages == 1:
             off = measured["mean"] / predicted - 1
             rows.append([f"R = {replicas}: `{sync}`'s slowdown within 15 % of the model",
-                         f"{measured['mean']:.2f} vs {predicted:.2f} ({off:+.0%})", "yes" if abs(off) <= 0.15 else "NO"])
+                         f"{measured['mean']:.2f} vs {predicted:.2f} ({off:+.1%})", "yes" if abs(off) <= 0.15 else "NO"])
     for (stages, replicas, sync, hetero), runs in groups.items():
         base = (stages, replicas, "allreduce", 0.0)
         if sync == "preduce" and not hetero and base in groups:
