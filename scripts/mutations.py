@@ -38,7 +38,7 @@ BREAKS = [
     dict(name="compile-returns-the-model", file="recipes/common/models.py",
          old="    return torch.compile(module)", new="    return module",
          tests=["tests/test_training.py::test_compile_trains_an_epoch_on_cpu",
-                "tests/test_scripts.py::test_bench_compile_runs_eager_cold_and_warm"]),
+                "tests/test_benchmarks.py::test_bench_compile_runs_eager_cold_and_warm"]),
     dict(name="compression-no-sync-removed", file="recipes/compression/train.py",
          old="with model.no_sync() if i < run.accum_steps - 1 else contextlib.nullcontext():",
          new="with contextlib.nullcontext():",

@@ -81,3 +81,22 @@ def run_recipe(recipe, args, nproc=None, expect_ok=True, env=None, timeout=300):
 
 def read_summary(out):
     return json.loads((Path(out) / "summary.json").read_text())
+
+
+def alive(pid):
+    """Whether process pid is running (not gone, not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def plot_results(data, figures, results, pngs):
+    """Run plot_results.py on data; check that it drew the figures named; return RESULTS.md's text."""
+    command = [sys.executable, "scripts/plot_results.py", "--data", data, "--figures", figures, "--results", results]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in pngs:
+        with Image.open(Path(figures) / f"{name}.png") as image:
+            assert image.format == "PNG" and image.size[0] > 300
+    return Path(results).read_text()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, TINY, child_env, free_port, read_summary, recipe_command, run_recipe
+from conftest import ROOT, TINY, alive, child_env, free_port, read_summary, recipe_command, run_recipe
 
 # random flips make the comparison sensitive to the random state a resume restores
 # -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps. A SIGTERM after step 9
@@ -149,13 +149,6 @@ def descendants(pid):
             found[child] = name
             todo.append(child)
     return found
-
-
-def alive(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")

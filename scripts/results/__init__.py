@@ -21,5 +21,5 @@ part found, first in RESULTS.md).
 """
 
 PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression", "ps", "pipeline", "sharding"]  # make
-# figures' order: the Makefile's PARTS is this list (tests/test_scripts.py checks it)
+# figures' order: the Makefile's PARTS is this list (tests/test_results.py checks it)
 OTHERS = ["examples", "timings", "gpu", "headline"]  # rendered after the parts (headline: a line of each)

@@ -48,4 +48,6 @@ def headline(data):
     last = {}
     for r in read_csv(data / "compile.csv"):
         last[r["mode"]] = float(r["images_per_s"])  # (each mode's last epoch: its steady state)
+    if not {"cold", "eager"} <= set(last):
+        return None
     return f"torch.compile at {last['cold'] / last['eager']:.2f}x eager's images/s in steady state"

@@ -102,7 +102,10 @@ def headline(data):
     top1 = {}
     for r in rows:
         top1.setdefault((r["method"], r["error_feedback"]), []).append(float(r["top1"]))
-    most = max((r for r in rows if r["compression_ratio"]), key=lambda r: float(r["compression_ratio"]))
+    compressed = [r for r in rows if r["compression_ratio"]]
+    if not compressed or ("none", "0") not in top1:
+        return None
+    most = max(compressed, key=lambda r: float(r["compression_ratio"]))
     key = (most["method"], most["error_feedback"])
     return (f"{most['method']}{' with error feedback' if most['error_feedback'] == '1' else ''} sends "
             f"{float(most['compression_ratio']):.0f}x fewer bytes: top-1 {statistics.mean(top1[key]):.2f} against "

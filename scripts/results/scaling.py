@@ -110,5 +110,7 @@ def headline(data):
         return None
     rate = {(r["recipe"], int(r["processes"])): float(r["images_per_s"]) for r in read_csv(data / "scaling.csv")
             if r["kind"] == "recipe" and r["data"] == "synthetic"}
+    if ("nd", 1) not in rate or not any(recipe == "ddp" for recipe, _ in rate):
+        return None
     most = max(n for recipe, n in rate if recipe == "ddp")
     return f"ddp on {most} processes: {rate['ddp', most] / rate['nd', 1]:.2f}x nd's images/s (synthetic data)"

@@ -93,4 +93,6 @@ def headline(data):
     rows = read_csv(data / "sharding.csv")
     most = max(int(r["processes"]) for r in rows)
     state = {r["shard"]: float(r["model_bytes"]) for r in rows if int(r["processes"]) == most}
+    if not {"full", "none"} <= set(state):
+        return None
     return f"FSDP (full) keeps {state['full'] / state['none']:.2f} of DDP's model state per rank on {most} processes"

@@ -1,0 +1,231 @@
+"""The measuring scripts of make figures, each on tiny data: what they run, what they write, and the models
+beside their tables."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, child_env, plot_results
+
+sys.path.insert(0, str(ROOT))
+from scripts import bench_sharding, measuring, pipeline_table, ps_table  # noqa: E402
+
+
+def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
+    out = tmp_path / "recovery.json"
+    command = [sys.executable, "scripts/bench_recovery.py", "--quick", str(tiny_data), "--json", str(out), "--runs",
+               str(tmp_path / "runs"), "--cases", "fsdp-full-sharded-checkpoint", "ps-async-a-worker-killed"]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    measured = json.loads(out.read_text())
+    assert measured["finished"] and measured["arch"] == "lenet"
+    assert 0 < measured["seconds_per_save"] < measured["train_epoch_s"]
+    assert 0 < measured["stop_check_us"] and 0 < measured["stop_check_share_of_step"] < 1
+    assert measured["kill_to_first_step_s"] > 0 and measured["checkpoint_mb"] > 0
+    rows = {row["row"]: row for row in measuring.read_csv(tmp_path / "recovery_recipes.csv")}
+    fsdp, ps = rows["fsdp full sharded checkpoint"], rows["ps async, a worker killed"]
+    assert fsdp["deterministic"] == "True" and fsdp["as_uninterrupted"] == "True"  # equal to seed 0's top-1
+    assert fsdp["top1"] == fsdp["reference_top1"] and ps["deterministic"] == "False"
+    for row in (fsdp, ps):  # (a worker counts its pushes; rank 0, an async server, every worker's)
+        assert row["finished"] == "True" and float(row["kill_to_first_step_s"]) > 0
+        assert 0 <= int(row["steps_redone"]) <= 2 * int(row["steps_per_epoch"])
+    from scripts.results.recovery import recovery_recipes_table  # the script's own output, in RESULTS.md's table
+
+    text = recovery_recipes_table(list(rows.values()))
+    assert f"| fsdp full sharded checkpoint | 2 | 1 | {fsdp['kill_to_first_step_s']} |" in text
+    assert f"equal to seed 0's {fsdp['top1']}" in text and "2 of 2 killed runs finished" in text
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++")),
+                    reason="torch.compile on CPU needs a C++ compiler (g++ or clang++) for TorchInductor")
+def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
+    out = tmp_path / "compile.csv"
+    command = [sys.executable, "scripts/bench_compile.py", str(tiny_data), "--quick", "--epochs", "2", "--threads",
+               "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["mode"], r["epoch"]) for r in rows] == [(m, e) for m in ("eager", "cold", "warm") for e in "12"]
+    assert all(float(r["epoch_s"]) > 0 and r["arch"] == "lenet" and r["torch"] for r in rows)
+    assert "cold : first epoch" in result.stdout
+    assert list((tmp_path / "runs" / "inductor-cache").rglob("*.py")), "TorchInductor generated no code"
+    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ())  # the script's own output
+    assert f"| eager (no --compile) | {float(rows[0]['epoch_s']):.1f} |" in text
+    assert f"| --compile, warm Inductor cache | {float(rows[4]['epoch_s']):.1f} |" in text
+
+
+def test_bench_io_measures_both_decoders(tmp_path):
+    jpegs, out = tmp_path / "jpegs", tmp_path / "io.csv"
+    subprocess.run([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", jpegs,
+                    "--classes", "2", "--images", "40"], check=True, capture_output=True)
+    command = [sys.executable, "scripts/bench_io.py", str(jpegs), "--workers", "0", "1", "--repeats", "1",
+               "-b", "8", "--image-size", "64", "--csv", str(out)]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    assert sorted((r["decoder"], r["batches"], r["workers"]) for r in rows) == [
+        ("pil", "uint8", "0"), ("pil", "uint8", "1"), ("tensor", "float32", "0"), ("tensor", "float32", "1"),
+        ("tensor", "uint8", "0"), ("tensor", "uint8", "1")]
+    files = {p.name: p.stat().st_size for p in (jpegs / "train").rglob("*.jpg")}
+    mean_bytes = sum(files.values()) / len(files)
+    for r in rows:  # 64 train images; one batch of 8 per worker (at least one) is the warm-up
+        assert int(r["images"]) == 64 - 8 * max(int(r["workers"]), 1)
+        bytes_per_image = float(r["mb_per_s"]) * 1e6 / float(r["images_per_s"])
+        assert 0.5 * mean_bytes < bytes_per_image < 2 * mean_bytes  # MB/s counts the files actually read
+    loader = json.loads((tmp_path / "io_loader.json").read_text())
+    assert loader["float32_batch_bytes"] == 4 * loader["uint8_batch_bytes"] == 4 * 8 * 3 * 64 * 64
+    assert loader["normalise_ms_per_batch"] > 0 and loader["first_batch_s_fresh_workers"] > 0
+    assert 0 < loader["first_batch_s_persistent_workers"]
+    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("IO",))  # the script's own output
+    for r in rows:
+        assert f"| {r['decoder']} | {r['batches']} | {r['workers']} | {float(r['images_per_s']):.1f} |" in text
+    assert f"{loader['normalise_ms_per_batch']:.2f} ms to convert and normalise a batch of 8 at 64 px" in text
+
+
+def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path):
+    out = tmp_path / "scaling.csv"
+    command = [sys.executable, "scripts/bench_scaling.py", "-a", "lenet", "--image-size", "16", "-b", "128",
+               "--processes", "1", "--steps", "5", "--warmup", "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    assert sorted((r["kind"], r["recipe"], r["data"]) for r in rows) == [
+        ("bare", "ddp", "memory"), ("bare", "nd", "memory"), ("recipe", "ddp", "synthetic"),
+        ("recipe", "nd", "synthetic")]
+    assert all(float(r["images_per_s"]) > 0 and r["cores"] and r["torch"] for r in rows)
+    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("training_throughput",))
+    ddp = next(r for r in rows if (r["kind"], r["recipe"]) == ("recipe", "ddp"))  # the script's own output, drawn
+    assert f"| ddp | synthetic | 1 | {float(ddp['images_per_s']):.1f} | {float(ddp['epoch_s']):.1f} | 1.00x |" in text
+
+
+def test_compression_table_trains_serial_and_ddp_and_a_restart_trains_only_what_is_missing(tiny_data, tmp_path):
+    runs, data = tmp_path / "runs", tmp_path / "data"
+    command = [sys.executable, "scripts/compression_table.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
+               "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--seeds", "0", "--runs", runs,
+               "--figures-data", data]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(3 run(s) trained now, 0 kept from an earlier start)" in result.stdout
+    with open(data / "compression.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["method"], r["error_feedback"], r["processes"], r["seed"]) for r in rows] == [
+        ("serial", "0", "1", "0"), ("fp8-e5m2", "0", "2", "0"), ("fp8-e5m2", "1", "2", "0")]
+    assert all(3.9 < float(r["compression_ratio"]) <= 4 for r in rows[1:])  # (rounded to 3 decimals)
+    first_top1 = [r["top1"] for r in rows]
+
+    # a stop cut the serial run short: its summary.json is gone; a new start trains it alone again
+    (runs / "serial-seed0" / "summary.json").unlink()
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(1 run(s) trained now, 2 kept from an earlier start)" in result.stdout
+    with open(data / "compression.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["top1"] for r in rows] == first_top1  # the same seed trains to the same accuracy
+    timings = {r["part"]: r for r in csv.DictReader(open(data / "timings.csv"))}
+    assert timings["compression"]["runs_trained"] == "1" and timings["compression"]["runs_reused"] == "2"
+
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("compression",))
+    assert "| fp8-e5m2 + error feedback | 2 | 1 |" in text
+
+
+def test_learning_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tmp_path):
+    data = tmp_path / "data"
+    (data / "curves").mkdir(parents=True)
+    (data / "curves" / "nd.csv").write_text("stale\n")  # an earlier layout: not drawn beside the new runs
+    command = [sys.executable, "scripts/learning_curves.py", "--data", tiny_data, "--quick", "--epochs", "2",
+               "--global-batch", "16", "--seeds", "3", "--runs", tmp_path / "runs", "--figures-data", data]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (data / "curves").iterdir()) == [
+        f"{recipe}-seed3.{suffix}" for recipe in ("apex", "ddp", "nd") for suffix in ("csv", "json")]
+    for recipe, processes in (("nd", 1), ("ddp", 2), ("apex", 2)):
+        summary = json.loads((data / "curves" / f"{recipe}-seed3.json").read_text())
+        assert summary["world_size"] == processes and summary["global_batch"] == 16 and summary["epochs"] == 2
+        assert json.loads((tmp_path / "runs" / f"{recipe}-seed3" / "args.json").read_text())["seed"] == 3
+    text = plot_results(data, tmp_path / "figures", tmp_path / "RESULTS.md", ("top1_val",))  # the script's output
+    with open(data / "curves" / "ddp-seed3.csv", newline="") as f:
+        final = float([r for r in csv.DictReader(f) if r["split"] == "val"][-1]["top1"])
+    assert f"| ddp | 2 | 1 | 2 | {final:.2f} | " in text, text[:1500]  # (one seed: no range)
+
+
+def test_ps_table_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path):
+    runs = ps_table.plan([0, 1, 2])
+    assert len(runs) == 3 * (7 * 4 + 3 * 3 + 7 + 2) and len(set(runs)) == len(runs)
+    sync = {(aggregate, attack) for part, _, aggregate, attack, _, seed in runs if part == "sync"}
+    assert len(sync) == 7 * 4 and ("zeno, 1 step", "N(0,1), p 0.2") in sync and ("phocas", "none") in sync
+    assert {seed for *_, seed in runs} == {0, 1, 2}
+    args = ps_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
+
+    def value(flags, flag):
+        return flags[flags.index(flag) + 1]
+    recipe, processes, flags = ps_table.flags_of("sync", "zenops", "signflip x4, 2 of 8", None, 0, args)
+    assert (recipe, processes) == ("ps", 11) and value(flags, "--validators") == "2"
+    assert value(flags, "--local-steps") == "8" and value(flags, "--byzantine") == "2"
+    assert value(flags, "--attack-scale") == "4" and value(flags, "--validation-split") == "0.02"
+    recipe, processes, flags = ps_table.flags_of("sync", "zeno, 1 step", "signflip x6, p 0.2", None, 0, args)
+    assert "--local-steps" not in flags and value(flags, "--attack-prob") == "0.2"
+    recipe, processes, flags = ps_table.flags_of("async", "zeno++, 1 step", "signflip x10, p 0.4", None, 1, args)
+    assert (recipe, processes) == ("ps", 11) and value(flags, "--attack-prob") == "0.4"
+    assert value(flags, "--attack-scale") == "10" and value(flags, "--mode") == "async"
+    recipe, processes, flags = ps_table.flags_of("sync", "zenops", "N(0,1), p 0.2", -0.01, 1, args)
+    assert value(flags, "--zeno-eta") == "-0.01" and value(flags, "--attack") == "gaussian"
+    assert ps_table.flags_of("sync", "median", "none", None, 0, args)[:2] == ("ps", 9)
+    assert ps_table.flags_of("ddp", "ddp", "none", None, 0, args)[:2] == ("ddp", 8)
+    recipe, processes, flags = ps_table.flags_of("nd", "validation data only", "none", None, 0, args)
+    assert (recipe, processes) == ("nd", 1) and value(flags, "-b") == "8"  # one worker's batch
+    assert value(flags, "--epochs") == "18"  # 6 times the epochs on a 49th of the data: a worker's steps
+    assert value(flags, "--warmup-epochs") == "6"  # and 6 times the warm-up
+    assert len(list((flags[0] / "train").rglob("*.png"))) == 1  # 2 % of the 48 train images
+    quick = ps_table.plan([0], quick=True)
+    assert {part for part, *_ in quick} == {"sync", "async", "eta", "speed"} and len(quick) < 20
+    folder = ps_table.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
+    assert len(list((folder / "train").rglob("*.png"))) == 24  # half of the 48 train images
+    assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]
+
+
+def test_pipeline_table_plans_each_sync_and_layout_with_and_without_stragglers(tiny_data):
+    runs = pipeline_table.plan([0, 1, 2])
+    sync = [run for run in runs if run[0] == "sync"]
+    assert len(sync) == 3 * 4 * 4 * 2 and len(set(runs)) == len(runs)
+    assert {(s, hetero, stages, replicas) for _, s, hetero, stages, replicas, *_ in sync} == {
+        (s, h, stages, replicas) for s in pipeline_table.SYNCS for h in (0.0, 0.1)
+        for stages, replicas in ((1, 2), (1, 4), (1, 8), (2, 4))}
+    bubble = [(schedule, m) for part, _, _, _, _, schedule, m, _ in runs if part == "bubble"]
+    assert ("gpipe", 1) in bubble and ("1f1b", 1) not in bubble and len(bubble) == 5 + 4  # 1f1b needs M >= S
+    args = pipeline_table.argparse.Namespace(data=tiny_data, epochs=1, quick=False)
+    processes, flags = pipeline_table.flags_of("sync", "hetpipe", 0.1, 2, 4, "1f1b", 2, 1, args)
+    assert processes == 10 and flags[flags.index("--hetero") + 1] == "0.1"  # 4 replicas x 2 stages, 2 servers
+    assert flags[flags.index("-b") + 1] == "8" and flags[flags.index("--microbatches") + 1] == "2"
+    processes, flags = pipeline_table.flags_of("sync", "preduce", 0.0, 1, 8, "1f1b", 1, 1, args)
+    assert processes == 8 and flags[flags.index("--stages") + 1] == "1"
+    processes, flags = pipeline_table.flags_of("bubble", "allreduce", 0.0, 2, 1, "gpipe", 16, 0, args)
+    assert processes == 2 and flags[flags.index("-b") + 1] == "256" and flags[flags.index("--epochs") + 1] == "1"
+    assert len(pipeline_table.plan([0], quick=True)) < 12
+
+
+def test_the_expected_maximum_model_of_stragglers():
+    # one replica, 2 slots at q 0.1: E[delay] = 2 x 0.1 x X; two: 1 - 0.81^2 (one sleep or more) + 1 - 0.99^2 (two)
+    assert abs(pipeline_table.expected_max(1, 2, 0.1, 1.0) - 0.2) < 1e-12
+    assert abs(pipeline_table.expected_max(2, 2, 0.1, 1.0) - (1 - 0.81 ** 2 + 1 - 0.99 ** 2)) < 1e-12
+    delays = {sync: pipeline_table.expected_delay(sync, 8, 1, 1) for sync in pipeline_table.SYNCS}
+    assert delays["preduce"] < delays["adpsgd"] < delays["allreduce"] and delays["hetpipe"] < delays["allreduce"]
+    assert pipeline_table.expected_delay("allreduce", 8, 1, 1) > pipeline_table.expected_delay("allreduce", 2, 1, 1)
+
+
+def test_the_zero_model_divides_what_each_mode_shards():
+    p, n = 1000, 4  # parameters, processes: 4 bytes each for weights, gradients and momentum
+    assert [bench_sharding.model_bytes(mode, p, n) for mode in bench_sharding.MODES] == [12000, 9000, 6000, 3000]
+    assert all(bench_sharding.model_bytes(mode, p, 1) == 12000 for mode in bench_sharding.MODES)
+    assert [bench_sharding.comm_bytes(mode, p, n) for mode in bench_sharding.MODES] == [6000, 9000, 6000, 9000]
+    assert all(bench_sharding.comm_bytes(mode, p, 1) == 0 for mode in bench_sharding.MODES)
+
+
+def test_bench_sharding_without_data_says_so_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "scripts/bench_sharding.py", "--data", tmp_path / "none"], cwd=ROOT,
+                            env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
+    assert "has no train/ folder" in result.stderr

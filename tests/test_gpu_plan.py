@@ -1,0 +1,156 @@
+"""The GPU sweep's plan and the one-GPU check, on a machine without a GPU: what they would run, and one line
+where they cannot."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, child_env
+
+sys.path.insert(0, str(ROOT))
+from scripts import bench_gpu, measuring  # noqa: E402
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("count_syncs.py", ["--json", "x.json", "recipes/ddp/train.py"], "counts CUDA synchronisations, and no CUDA GPU"),
+    ("bench_examples.py", ["data/none", "--examples", "main.py"], "data/none has no train/ folder"),
+    ("bench_examples.py", ["{tiny}", "--examples", "no/main.py"], "--examples no/main.py is not a file")])
+def test_the_gpu_and_parity_tools_refuse_in_one_line(tiny_data, script, flags, message):
+    flags = [flag.replace("{tiny}", str(tiny_data)) for flag in flags]
+    result = subprocess.run([sys.executable, f"scripts/{script}", *flags], cwd=ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr
+
+
+def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():
+    listed = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--list"], cwd=ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    plan = dict(line.split(None, 1) for line in listed.stdout.splitlines())
+    assert {"nd", "dp", "ddp-decoder-pil", "ddp-decoder-gpu", "pipeline-stages-1"} <= set(plan)
+    assert len([name for name in plan if name.startswith("apex-")]) == 8  # O0-O3, with and without channels_last
+    assert len([name for name in plan if name.startswith("compression-")]) == 7
+    assert len([name for name in plan if name.startswith("fsdp-")]) == 9  # 4 modes x O0/O1, and the DCP resume
+    assert all("--channels-last" in plan[f"fsdp-{shard}-O1"] for shard in ("none", "optimizer", "grad-op", "full"))
+    assert "--sync-bn" in plan["ddp-ema-syncbn-accum-mix"] and "--ema-decay" in plan["ddp-ema-syncbn-accum-mix"]
+    assert "--nproc_per_node=3" in plan["ps-1-server-2-workers"] and "gloo" in plan["ps-1-server-2-workers"]
+    faults = plan["faults-sigterm-then-resume"]
+    assert "--fault term" in faults and "--auto-resume" in faults
+    assert "count_syncs.py" in plan["syncs-per-step-ddp"]
+    assert "--amp-dtype fp16" in plan["syncs-per-step-apex-fp16-ema"] and "--ema-decay" in plan["syncs-per-step-apex-fp16-ema"]
+    result = subprocess.run([sys.executable, "scripts/gpu_smoke.py"], cwd=ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert "no CUDA GPU here" in result.stderr
+
+
+def test_figures_gpu_comes_in_parts_and_skips_compression_on_one_gpu(tmp_path, monkeypatch):
+    jpegs = tmp_path / "jpegs"
+    (jpegs / "train").mkdir(parents=True)
+    listed = subprocess.run([sys.executable, "scripts/bench_gpu.py", "--jpeg", str(jpegs), "--list"], cwd=ROOT,
+                            env=child_env(), capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    parts = [line for line in listed.stdout.splitlines() if not line.startswith(" ")]
+    assert parts[0].startswith("synthetic: 8 run(s), about ") and parts[1].startswith("jpeg: 9 run(s), about ")
+    assert parts[2].startswith("compression: 0 run(s), about 0.0 min by the model of --list (H100s); compression at "
+                               "1 GPU: skipped, one GPU sends no gradients")
+    assert "--decoder gpu" in listed.stdout
+    args = bench_gpu.parse_args(["--jpeg", str(jpegs), "--gpus", "1", "2", "--list"])
+    runs, skipped = bench_gpu.plan(args, [1, 2])
+    assert {gpus for _, _, gpus, *_ in runs["compression"]} == {2} and "compression" in skipped
+    # each part within 9 minutes on one H100 by --list's model, with make figures-gpu's 20,000 + 5,000 JPEGs
+    monkeypatch.setattr(bench_gpu, "train_images", lambda args, data, split="train": {"synthetic": 12800}.get(
+        data, 20000 if split == "train" else 5000))
+    runs, _ = bench_gpu.plan(args, [1])
+    minutes = {part: bench_gpu.estimated_minutes(args, runs[part], cores=16) for part in ("synthetic", "jpeg")}
+    assert all(3 < m < 9 for m in minutes.values()), minutes
+    # a part measured again replaces its own rows and keeps the others' (a resumed make figures-gpu ONLY=jpeg)
+    data = tmp_path / "precision.csv"
+    measuring.write_csv(data, bench_gpu.PRECISION_FIELDS, [{"data": d, "gpus": 1} for d in ("synthetic", "jpeg")])
+    assert [r["data"] for r in bench_gpu.kept_rows(data, [1], ["jpeg"])] == ["synthetic"]
+    assert [r["data"] for r in bench_gpu.kept_rows(data, [2], ["jpeg"])] == ["synthetic", "jpeg"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "no CUDA GPU here"),
+    (["--gpus", "0"], "--gpus must be at least 1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--jpeg", "no/such/folder"], "has no train/ folder"),
+    (["--parts", "jpeg"], "the jpeg part needs --jpeg DIR"),
+    (["--parts", "speed"], "invalid choice: 'speed'")])
+def test_bench_gpu_bad_input_and_no_cuda_are_one_line_and_exit_2(flags, message):
+    result = subprocess.run([sys.executable, "scripts/bench_gpu.py", *flags], cwd=ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr
+
+
+def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
+    assert bench_gpu.gpu_counts(1) == [1] and bench_gpu.gpu_counts(8) == [1, 2, 4, 8]
+    assert bench_gpu.gpu_counts(6) == [1, 2, 4, 6] and bench_gpu.gpu_counts(8, [4, 2, 4]) == [2, 4]
+    with pytest.raises(SystemExit) as stopped:
+        bench_gpu.gpu_counts(2, [4])
+    assert stopped.value.code == 2
+    runs = [(data, *run) for data in ("synthetic", "jpeg") for run in bench_gpu.precision_runs(2, data)]
+    assert len(runs) == len({name for _, name, *_ in runs}) == 2 * (2 + 3 * 2) + 1
+    flags = {(recipe, data, decoder, precision, channels_last): extra
+             for data, _, recipe, decoder, precision, channels_last, extra in runs}
+    assert flags["dp", "jpeg", "tensor", "fp32", False] == [] and flags["ddp", "synthetic", "", "fp32", False] == []
+    assert flags["apex", "synthetic", "", "fp32", True] == ["--opt-level", "O0", "--channels-last"]
+    assert flags["apex", "jpeg", "tensor", "fp16", False] == ["--opt-level", "O1", "--amp-dtype", "fp16"]
+    assert flags["apex", "jpeg", "tensor", "bf16", True] == ["--opt-level", "O1", "--amp-dtype", "bf16",
+                                                             "--channels-last"]
+    assert flags["apex", "jpeg", "gpu", "fp16", True][-2:] == ["--decoder", "gpu"]  # nvjpeg, the best set-up once
+    for gpus in bench_gpu.gpu_counts(8):  # each GPU count of an 8-GPU node: the same layouts, each run named apart
+        for data in ("synthetic", "jpeg"):
+            layouts = [run[1:] for run in bench_gpu.precision_runs(gpus, data)]
+            assert layouts == [run[1:] for run in bench_gpu.precision_runs(2, data)], (gpus, data)
+    names = [r[0] for gpus in bench_gpu.gpu_counts(8) for data in ("synthetic", "jpeg")
+             for r in bench_gpu.precision_runs(gpus, data)]
+    assert len(names) == len(set(names)) == 4 * (2 * (2 + 3 * 2) + 1)
+    compression = bench_gpu.compression_runs(4)
+    assert [(method, ef) for _, method, ef, _ in compression] == bench_gpu.COMPRESSION
+    assert compression[-1][3] == ["--compress", "powersgd", "--error-feedback"]
+    assert bench_gpu.epochs_for(12800, 1, 256, 40) == (2, 50)  # one warm-up epoch, then 50 timed steps
+    assert bench_gpu.epochs_for(12800, 8, 256, 40) == (8, 6)  # 7 epochs of 6 steps after the warm-up
+
+
+def test_bench_gpu_halves_the_batch_until_it_fits_and_a_restart_skips_what_did_not(tmp_path, monkeypatch):
+    launched = []
+
+    def fake_train(recipe, processes, flags, out, threads, env=None, check=True, echo=None):
+        """measuring.train's files, without a recipe: a run that does not fit 64 images per GPU runs out of memory."""
+        batch, workers = int(flags[flags.index("-b") + 1]), int(flags[flags.index("-j") + 1])
+        launched.append((recipe, processes, batch, workers, env["CUDA_VISIBLE_DEVICES"]))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "launch.json").write_text(json.dumps(measuring.launch_of(recipe, processes, flags, env, threads)))
+        if batch // (2 if recipe == "dp" else 1) > 64:
+            (out / "failed.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+            return None
+        (out / "metrics.csv").write_text("epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr\n"
+                                         "1,train,1,1,1,50,1,30,0.1\n2,train,1,1,1,1400,2,10,0.1\n")
+        (out / "checkpoint.pt").write_bytes(b"weights")
+        return {"top1": 1.0}
+
+    monkeypatch.setattr(bench_gpu.measuring, "train", fake_train)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the GPUs a scheduler gave this job
+    args = bench_gpu.parse_args(["--runs", str(tmp_path), "--parts", "synthetic"])
+    measured = bench_gpu.train(args, "dp-fp32-synthetic-2", "dp", 2, "synthetic", [], cores=16)
+    # DataParallel: one process, one batch and the loader workers of both GPUs; 256, then 128 per GPU did not fit
+    assert launched == [("dp", 1, 512, 8, "4,5"), ("dp", 1, 256, 8, "4,5"), ("dp", 1, 128, 8, "4,5")]
+    assert measured["batch_size"] == 64 and measured["epochs"] == 2 and measured["workers"] == 8
+    # 12800 images on 2 GPUs at 64 each: 100 steps of 128 images in epoch 2's 10 s
+    assert measured["images_per_s"] == 1400.0 and measured["whole_epoch_images_per_s"] == 1280.0
+    assert measured["data_wait_share"] == 0.2
+    assert not list(tmp_path.rglob("*.pt"))  # a finished run keeps its metrics, not its checkpoints
+
+    launched.clear()  # a restart: the batches that ran out of memory are not tried again
+    bench_gpu.train(args, "dp-fp32-synthetic-2", "dp", 2, "synthetic", [], cores=16)
+    assert launched == [("dp", 1, 128, 8, "4,5")]
+    launched.clear()
+    bench_gpu.train(args, "ddp-fp32-jpeg-2", "ddp", 2, "synthetic", [], cores=16)
+    assert launched[-1] == ("ddp", 2, 64, 4, "4,5")  # DDP: one process per GPU, batch and workers per process
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert bench_gpu.visible_gpus(3) == "0,1,2"

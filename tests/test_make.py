@@ -1,0 +1,113 @@
+"""The make targets and the checks around them: figures by part, GPU targets on a machine without one, the
+mutation check, the page of what the tests show."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, child_env
+
+sys.path.insert(0, str(ROOT))
+from scripts import list_tests, mutations  # noqa: E402
+
+
+def make(*targets, env=None):
+    env = child_env(env)
+    for name in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS"):  # under `make test`: a make of its own, not a sub-make
+        env.pop(name, None)
+    return subprocess.run(["make", *targets], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_make_figures_measures_only_the_parts_asked_for():
+    commands = make("-n", "figures", "ONLY=compression curves").stdout
+    assert "learning_curves.py" in commands and "compression_table.py" in commands and "plot_results.py" in commands
+    assert not any(script in commands for script in ("bench_io", "bench_scaling", "bench_recovery", "bench_compile"))
+    assert commands.index("learning_curves.py") < commands.index("compression_table.py") < commands.index(
+        "plot_results.py")  # make figures' own order, whatever ONLY's
+    every_part = make("-n", "figures").stdout
+    assert all(script in every_part for script in ("bench_io", "bench_scaling", "learning_curves", "bench_recovery",
+                                                   "bench_compile", "compression_table", "ps_table",
+                                                   "pipeline_table", "bench_sharding"))
+    assert every_part.index("compression_table.py") < every_part.index("ps_table.py") < every_part.index(
+        "pipeline_table.py") < every_part.index("bench_sharding.py")
+    assert "--quick" not in every_part and "--runs runs/figures/compression" in every_part
+    assert "--quick" not in make("-n", "figures", "QUICK=0").stdout  # QUICK=0 means not quick
+    quick = make("-n", "figures", "QUICK=1", "ONLY=compression").stdout
+    assert "--quick" in quick and "runs/figures-quick/runs/compression" in quick
+    result = make("figures", "ONLY=compression bogus")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and "ONLY=bogus is not a part" in result.stderr
+
+
+@pytest.mark.parametrize("target", ["figures-gpu", "gpu-smoke"])
+def test_make_gpu_targets_without_cuda_say_so_in_one_line(target):
+    result = make(target, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no CUDA GPU here" in result.stderr
+    assert f"make {target} needs one" in result.stderr
+    result = make("figures-gpu", "ONLY=jpeg bogus")
+    assert result.returncode == 2 and "ONLY=bogus is not a part of make figures-gpu" in result.stderr
+
+
+@pytest.mark.parametrize("target, lacking", [("gpu-smoke", "byzfl"), ("figures-gpu", "matplotlib")])
+def test_a_python_without_a_package_a_gpu_target_needs_is_told_in_one_line(monkeypatch, capsys, target, lacking):
+    """GPU nodes often have torch and torchvision and no package index (PY=python3 make gpu-smoke)."""
+    from scripts import check_python
+
+    find_spec = check_python.importlib.util.find_spec
+    monkeypatch.setattr(check_python.importlib.util, "find_spec", lambda name: None if name == lacking else
+                        find_spec(name))
+    with pytest.raises(SystemExit) as stopped:
+        check_python.require(target, gpu=True)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"lacks {lacking} (" in error and f"which make {target} needs" in error
+
+
+def test_a_torch_older_than_the_recipes_is_told_in_one_line(monkeypatch, capsys):
+    import importlib.metadata
+
+    from scripts import check_python
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"torch": "2.9.1+cu128"}.get(name, "0.26.0"))
+    with pytest.raises(SystemExit) as stopped:
+        check_python.require("gpu-smoke", gpu=True)
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and error.count("\n") == 1 and "has torch 2.9.1+cu128 (at least 2.11)" in error
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"torch": "2.11.0"}.get(name, "0.26.0"))
+    assert check_python.too_old() == []
+
+
+def test_every_break_of_the_mutation_check_applies_and_names_tests_that_exist():
+    """scripts/mutations.py's list kept in step with the code: each break's text occurs once where it says, and
+    each test it names is a test of that file (the whole check runs outside make test: make test-mutations)."""
+    assert len({brk["name"] for brk in mutations.BREAKS}) == len(mutations.BREAKS)
+    for brk in mutations.BREAKS:
+        assert (ROOT / brk["file"]).read_text().count(brk["old"]) == 1, brk["name"]
+        for test in brk["tests"]:
+            path, name = test.split("::")
+            assert f"def {name.split('[')[0]}(" in (ROOT / path).read_text(), (brk["name"], test)
+
+
+def test_the_mutation_check_catches_a_break_and_tells_a_missed_one():
+    """In small: two breaks, caught by their tests after a control run with nothing broken; and a break no test can
+    see (a comment changed) reported as missed."""
+    command = [sys.executable, "scripts/mutations.py", "--only", "checkpoint-written-in-place", "scaler-not-restored"]
+    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "control: the 2 tests pass with no break in" in result.stdout
+    assert [line.split()[:2] for line in result.stdout.splitlines()[1:3]] == [
+        ["caught", "scaler-not-restored"], ["caught", "checkpoint-written-in-place"]]
+    assert "2 of 2 breaks caught" in result.stdout and "FAILED tests/test_common.py::test_checkpoint_write_is_atomic" in \
+        result.stdout  # (each caught break names the test that failed)
+    unseen = dict(name="a-comment", file="recipes/common/schedule.py", old="#", new="# (changed)",
+                  tests=["tests/test_training.py::test_warmup_then_cosine"])
+    unseen["old"] = next(line for line in (ROOT / unseen["file"]).read_text().splitlines() if "#" in line)
+    unseen["new"] = unseen["old"] + " (a comment changed)"
+    assert mutations.check(unseen)[0] == "missed"
+
+
+def test_the_page_of_what_the_tests_show_is_current():
+    """docs/tests.md, which the README points to for what the suite shows, is what tests/ says now."""
+    assert list_tests.main(["--check"]) == 0, "run python scripts/list_tests.py"
+    assert "- a crash between write and rename leaves the old checkpoint (for each of its cases)" in list_tests.page()

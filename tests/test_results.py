@@ -1,0 +1,341 @@
+"""scripts/results/ and plot_results.py: RESULTS.md and the figures drawn from figures/data/, part by part."""
+
+import csv
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT, plot_results
+
+sys.path.insert(0, str(ROOT))
+from scripts import (bench_compile, bench_gpu, bench_io, bench_scaling, bench_sharding, byzfl_reference,  # noqa: E402
+                     compression_table, measuring, pipeline_table, ps_table)
+
+
+def write_figures_data(data):
+    """Measured-data files as the benchmark scripts write them, with round numbers to check the tables by."""
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    (data / "curves").mkdir(parents=True)
+    for recipe, world_size, offset in (("nd", 1, 0), ("ddp", 2, 0.5), ("apex", 2, 5)):
+        for seed in (0, 1, 2):  # final val top-1: nd 60, 61, 62; ddp 60.5, 61.5, 62.5; apex 65, 66, 67
+            rows = ["epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr"]
+            rows += [f"{e},{split},1.0,{40 + 10 * e + seed + offset},{80 + 5 * e},100,0.1,2.0,0.05" for e in (1, 2)
+                     for split in ("train", "val")]
+            (data / "curves" / f"{recipe}-seed{seed}.csv").write_text("\n".join(rows) + "\n")
+            (data / "curves" / f"{recipe}-seed{seed}.json").write_text(json.dumps(
+                {"world_size": world_size, "images_per_s": 120 + seed, "wall_s": 55.0 + seed, "arch": "lenet",
+                 "global_batch": 64}))
+    header = "kind,recipe,data,processes,threads,arch,image_size,batch_size,images_per_s,epoch_s,cpu,cores,gpu,torch"
+    assert header.split(",") == bench_scaling.FIELDS  # (each header here is the script's own, checked)
+    rows = [("recipe", "nd", "synthetic", 1, 97, 10), ("recipe", "ddp", "synthetic", 1, 100, 10),
+            ("recipe", "ddp", "jpeg", 1, 50, 2), ("recipe", "ddp", "synthetic", 2, 180, 6),
+            ("recipe", "ddp", "jpeg", 2, 80, 1.5), ("bare", "nd", "memory", 1, 100, ""),
+            ("bare", "ddp", "memory", 1, 100, ""), ("bare", "ddp", "memory", 2, 200, ""),
+            ("bare", "independent", "memory", 2, 150, "")]
+    (data / "scaling.csv").write_text("\n".join([header] + [
+        f"{k},{r},{d},{p},1,resnet18,32,32,{rate},{epoch_s},{','.join(map(str, machine.values()))}"
+        for k, r, d, p, rate, epoch_s in rows]) + "\n")
+    header = ("decoder,batches,workers,batch_size,image_size,images,seconds,images_per_s,mb_per_s,"
+              "images_per_s_per_worker,cpu,cores,gpu,torch")
+    assert header.split(",") == bench_io.FIELDS
+    rows = [("pil", "uint8", 0, 100), ("pil", "uint8", 2, 200), ("tensor", "uint8", 0, 150),
+            ("tensor", "uint8", 2, 300), ("tensor", "float32", 0, 125), ("tensor", "float32", 2, 240)]
+    (data / "io.csv").write_text("\n".join([header] + [
+        f"{d},{b},{w},32,224,320,1,{rate},{rate / 10},{rate / max(w, 1)},{','.join(map(str, machine.values()))}"
+        for d, b, w, rate in rows]) + "\n")
+    (data / "io_loader.json").write_text(json.dumps(
+        {"batch_size": 32, "image_size": 224, "normalise_ms_per_batch": 12.5, "uint8_batch_bytes": 4816896,
+         "float32_batch_bytes": 19267584, "first_batch_workers": 2, "first_batch_s_fresh_workers": 0.9,
+         "first_batch_s_persistent_workers": 0.2}))
+    (data / "examples.json").write_text(json.dumps(
+        {"flags": "-a resnet18 -b 32 -j 2 --epochs 1 -p 1000", "images": 800, "repeats": 3,
+         "recipe": {"wall_s": 37.0, "cpu_s": 70.0, "left_running": 0},
+         "examples": {"wall_s": 40.0, "cpu_s": 75.0, "left_running": 0}, "wall_ratio": 0.925, "cpu_ratio": 0.9333,
+         **machine}))
+    (data / "recovery.json").write_text(json.dumps(
+        {"arch": "resnet18", "processes": 2, "checkpoint_mb": 89.5, "seconds_per_save": 0.3,
+         "save_share_of_epoch": 0.01, "kill_to_first_step_s": 14.0, "steps_redone": 20, "stop_check_us": 150.0,
+         "stop_check_share_of_step": 0.0015}))
+    header = ("method,error_feedback,processes,seed,threads,arch,epochs,global_batch,train_s,wall_s,top1,top5,"
+              "bytes_per_step,compression_ratio,cpu,cores,gpu,torch")
+    assert header.split(",") == compression_table.FIELDS
+    rows = [("serial", 0, 1, 60, (95.0, 95.5, 96.0), "", ""), ("none", 0, 2, 40, (94.5, 94.0, 95.0), 4000, 1.0),
+            ("fp8-e4m3", 0, 2, 45, (93.25, 93.0, 93.5), 1004, 3.984),  # below none's range: beyond the spread
+            ("fp8-e4m3", 1, 2, 46, (94.0, 94.75, 94.25), 1004, 3.984)]  # inside it
+    (data / "compression.csv").write_text("\n".join([header] + [
+        f"{m},{ef},{p},{seed},1,lenet,15,64,{t + seed},{t + 5},{top1[seed]},99,{b},{r},"
+        f"{','.join(map(str, machine.values()))}" for seed in (0, 1, 2) for m, ef, p, t, top1, b, r in rows]) + "\n")
+    assert "part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch".split(",") == measuring.TIMING_FIELDS
+    (data / "timings.csv").write_text("part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch\n" + "".join(
+        f"{part},{seconds},{trained},0,2026-11-24,{','.join(map(str, machine.values()))}\n"
+        for part, seconds, trained in (("io", 60, 0), ("curves", 600, 9), ("compression", 3000, 57))))
+    rows = [("eager", (12, 10, 10), 100), ("cold", (70, 5, 5), 200), ("warm", (20, 5, 5), 200)]
+    assert "mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch".split(",") == bench_compile.FIELDS
+    (data / "compile.csv").write_text("\n".join(["mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch"] + [
+        f"{mode},{e + 1},{t},{rate},resnet18,2,{','.join(map(str, machine.values()))}"
+        for mode, times, rate in rows for e, t in enumerate(times)]) + "\n")
+
+
+def test_the_committed_data_redraws_results_md_and_every_figure_as_committed(tmp_path):
+    """RESULTS.md byte for byte and each figure pixel for pixel, from figures/data/ alone."""
+    import matplotlib.image
+
+    results = tmp_path / "RESULTS.md"
+    shutil.copy(ROOT / "RESULTS.md", results)
+    subprocess.run([sys.executable, "scripts/plot_results.py", "--figures", tmp_path, "--results", results], cwd=ROOT,
+                   check=True, capture_output=True)
+    assert results.read_bytes() == (ROOT / "RESULTS.md").read_bytes()
+    drawn = sorted(tmp_path.glob("*.png"))
+    assert {png.name for png in drawn} == {png.name for png in (ROOT / "figures").glob("*.png")}
+    for png in drawn:
+        assert (matplotlib.image.imread(png) == matplotlib.image.imread(ROOT / "figures" / png.name)).all(), png.name
+
+
+def test_each_part_of_make_figures_has_its_renderer():
+    """The Makefile's parts are scripts/results' index, in the same order; each module renders, in 200 lines."""
+    import importlib
+
+    from scripts import results
+
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^PARTS := (.*)$", makefile, re.M)[1].split() == results.PARTS
+    for part in results.PARTS + results.OTHERS:
+        assert callable(importlib.import_module(f"scripts.results.{part}").render), part
+    for module in (ROOT / "scripts" / "results").glob("*.py"):
+        assert len(module.read_text().splitlines()) <= 200, module.name
+
+
+def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
+    data, figures, results = tmp_path / "data", tmp_path / "figures", tmp_path / "RESULTS.md"
+    write_figures_data(data)
+    results.write_text("# Prose stays\n\n<!-- BEGIN scaling -->\nstale table\n<!-- END scaling -->\n\nMore prose.\n")
+    text = plot_results(data, figures, results, ("top1_train", "top1_val", "top5_train", "top5_val",
+                                                 "training_throughput", "training_time", "IO", "compression"))
+    assert text.startswith("# Prose stays") and "More prose." in text and "stale table" not in text
+    assert "| ddp | synthetic | 2 | 180.0 | 6.0 | 1.80x | 90 % |" in text  # 180 / (2 x 100)
+    assert "| nd | 1 | 1 | 97.0 | 100.0 | 97.0 % |" in text and "| ddp | 2 | 1 | 180.0 | 200.0 | 90.0 % |" in text
+    assert "| unconnected bare loops | memory | 2 | 150.0 |  | 1.50x | 75 % |" in text  # against nd's bare loop
+    assert "tensor / PIL images/s: 0 worker(s): 1.50x, 2 worker(s): 1.50x." in text
+    assert "uint8 / float32 batches, images/s of the tensor decoder: 0 worker(s): 1.20x, 2 worker(s): 1.25x." in text
+    assert "12.50 ms to convert and normalise a batch of 32 at 224 px" in text and "4.8 MB as uint8 and 19.3" in text
+    assert "0.900 s when they start anew each epoch (with --seed), 0.200 s when they persist" in text
+    assert "| recipes/nd/train.py | 37.00 | 70.00 | 0 |" in text
+    assert "| pytorch/examples imagenet/main.py | 40.00 | 75.00 | 0 |" in text
+    assert "recipe / examples: wall 0.925x, CPU 0.933x; the medians of 3 runs of each" in text
+    assert ("| nd | 1 | 3 | 2 | 61.00 (60.00\u201362.00) | 90.00 (90.00\u201390.00) | 61.00 (60.00\u201362.00) | 121.0 "
+            "| 56 |") in text
+    assert "| apex | 2 | 3 | 2 | 66.00 (65.00\u201367.00) |" in text
+    assert "spread of the final top-1 (points): nd 2.00, ddp 2.00, apex 2.00." in text
+    assert "beyond the spread (ranges that do not overlap): nd and apex (-5.00); ddp and apex (-4.50)." in text
+    assert "so not told apart from noise: nd and ddp (-0.50)." in text
+    assert "CPU Test CPU (2 cores), GPU none: these results are CPU-only" in text
+    assert "Not measured yet: no GPU was available." in text  # the GPU section, without gpu/*.csv
+    assert "| resnet18 | 2 | 89.5 | 0.3 | 1.00 % | 14.0 | 20 | 150 | 0.15 % |" in text
+    assert "| serial | 1 | 3 | 61.0 | 95.50 (95.00\u201396.00) |  |  |  |  |" in text
+    assert "| none | 2 | 3 | 41.0 | 94.50 (94.00\u201395.00) |  |  | 4,000 | 1.00 |" in text
+    assert "| fp8-e4m3 | 2 | 3 | 46.0 | 93.25 (93.00\u201393.50) | -1.25 | yes | 1,004 | 3.98 |" in text
+    assert "| fp8-e4m3 + error feedback | 2 | 3 | 47.0 | 94.33 (94.00\u201394.75) | -0.17 | no | 1,004 | 3.98 |" in text
+    assert "Uncompressed DDP's top-1 spreads over 1.00 points at 2 processes from seed to seed." in text
+    assert ("Beyond the spread: fp8-e4m3 at 2 (-1.25). Within it (not told apart from noise): fp8-e4m3 + error "
+            "feedback at 2 (-0.17).") in text
+    assert "| `make figures ONLY=compression` | 50.0 | 57 | 0 | 2026-11-24 |" in text
+    assert "| `make figures` (the parts summed), without scaling, recovery, compile, ps, pipeline, sharding | 61.0 |" in text
+    assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
+    assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
+    assert "| --compile, warm Inductor cache | 20.0 | 5.0 | 200.0 | 2.00x | +13.0 |" in text
+    assert "costs 63.0 s at start-up with an empty cache (13.0 s with a warm one) and runs at 2.00x" in text
+
+
+def write_gpu_data(data):
+    machine = "Test CPU,16,1 x Test GPU,2.14.1"
+    header = ("recipe,data,decoder,precision,channels_last,gpus,batch_size,epochs,images_per_s,"
+              "whole_epoch_images_per_s,data_wait_share,arch,image_size,workers,cpu,cores,gpu,torch")
+    assert header.split(",") == bench_gpu.PRECISION_FIELDS  # (each header here is the script's own, checked)
+    rows = [("ddp", "synthetic", "", "fp32", 0, 1, 1000, 0.01), ("ddp", "jpeg", "tensor", "fp32", 0, 1, 800, 0.25),
+            ("apex", "synthetic", "", "fp16", 1, 1, 2500, 0.02), ("apex", "jpeg", "tensor", "fp16", 1, 1, 900, 0.6),
+            ("apex", "jpeg", "gpu", "fp16", 1, 1, 2100, 0.1),
+            ("ddp", "synthetic", "", "fp32", 0, 2, 1900, 0), ("apex", "synthetic", "", "fp16", 1, 2, 4500, 0)]
+    (data / "gpu").mkdir(parents=True)
+    (data / "gpu" / "precision.csv").write_text("\n".join([header] + [
+        f"{recipe},{d},{decoder},{precision},{cl},{gpus},256,2,{rate},{rate - 100},{wait},resnet50,224,16,{machine}"
+        for recipe, d, decoder, precision, cl, gpus, rate, wait in rows]) + "\n")
+    header = ("method,error_feedback,gpus,batch_size,epochs,images_per_s,whole_epoch_images_per_s,data_wait_share,"
+              "bytes_per_step,compression_ratio,arch,image_size,workers,cpu,cores,gpu,torch")
+    assert header.split(",") == bench_gpu.COMPRESSION_FIELDS
+    (data / "gpu" / "compression.csv").write_text("\n".join([header] + [
+        f"{method},{ef},1,256,2,{rate},{rate},0,{sent},{ratio},resnet50,224,4,{machine}"
+        for method, ef, rate, sent, ratio in (("none", 0, 1000, 100000, 1.0), ("powersgd", 1, 950, 1000, 100.0))])
+        + "\n")
+    (data / "gpu" / "timings.csv").write_text("part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch\n"
+                                              f"gpu-synthetic,420,8,0,2026-11-24,{machine}\n"
+                                              f"gpu-jpeg,300,8,1,2026-11-24,{machine}\n")
+
+
+def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
+    data, figures, results = tmp_path / "data", tmp_path / "figures", tmp_path / "RESULTS.md"
+    write_gpu_data(data)
+    results.write_text("# Results\n")
+    text = plot_results(data, figures, results, ("gpu_throughput", "gpu_scaling"))
+    assert "| ddp fp32 | 1 | 256 | 1000 | 1.00x | 100 % | 1 % | 800 | 700 | 25 % |" in text
+    assert "| apex O1 fp16, channels_last | 1 | 256 | 2500 | 2.50x | 100 % | 2 % | 900 | 800 | 60 % |" in text
+    assert "| apex O1 fp16, channels_last | 2 | 256 | 4500 | 2.37x | 90 % | 0 % |  |  |  |" in text  # 4500 / (2 x 2500)
+    assert "| powersgd + error feedback | 1 | 256 | 950 | 0.95x | 1,000 | 100.00 |" in text
+    assert "| none | 1 | 256 | 1000 | 1.00x | 100,000 | 1.00 |" in text
+    assert "| apex O1 fp16, channels_last, --decoder gpu | 1 | 256 |  |  |  |  | 2100 | 2000 | 10 % |" in text
+    assert ("GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The sweep took 12.0 minutes (synthetic 7.0, "
+            "jpeg 5.0): 16 runs trained, 1 kept from an earlier start." in text)
+
+
+def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    rows = []
+    flip = "signflip x4, 2 of 8"
+
+    def add(part, mode, aggregate, attack, top1s, eta="", counts=(800, 0, 0, 0), rate=1000.0):
+        for seed, top1 in enumerate(top1s):
+            rows.append({"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "zeno_eta": eta,
+                         "seed": seed, "processes": 9, "epochs": 6, "top1": top1, "honest_pushed": counts[0],
+                         "honest_rejected": counts[1], "byzantine_pushed": counts[2], "byzantine_rejected": counts[3],
+                         "stale_dropped": 0, "images_per_s": rate, "train_s": 10, **machine})
+    add("sync", "sync", "mean", "none", (96, 97, 98), rate=1200.0)
+    add("sync", "sync", "mean", flip, (90, 91, 92), counts=(600, 0, 200, 0))
+    add("sync", "sync", "median", "none", (95, 95, 95))
+    add("sync", "sync", "median", flip, (94, 94.5, 95), counts=(600, 0, 200, 0))  # above mean's range
+    add("sync", "sync", "mean, 1 step", "none", (80, 81, 82), rate=1100.0)
+    add("sync", "sync", "zeno, 1 step", "none", (81, 81, 81), counts=(800, 200, 0, 0))  # inside its mean's range
+    add("sync", "sync", "zeno, 1 step", flip, (80, 81, 82), counts=(600, 60.5, 200, 150))  # no mean to compare
+    add("async", "async", "mean, 1 step", "none", (90, 90, 90), rate=900.0)
+    add("async", "async", "zeno++, 1 step", "signflip x10, p 0.2", (87, 87, 87), counts=(600, 30, 200, 180))
+    add("async", "async", "mean, 1 step", "signflip x10, p 0.2", ("", "", ""), counts=(600, 0, 200, 0))
+    for eta, top1s in (("0.1", (70, 71, 72)), ("0", (80, 80, 80)), ("-0.1", (60, 60, 60))):
+        add("eta", "sync", "zenops", "N(0,1), p 0.2", top1s, eta=eta, counts=(600, 120, 200, 100))
+    add("eta", "nd", "validation data only", "none", (85, 86, 87), counts=("", "", "", ""))
+    add("speed", "ddp", "ddp", "none", (97, 97, 97), counts=("", "", "", ""))
+    add("async", "async", "mean, 1 step", "signflip x10, p 0.4", (10, "", ""), counts=(600, 0, 200, 0))
+    add("async", "async", "zeno++, 1 step", "signflip x10, p 0.4", ("", "", ""), counts=(600, 0, 200, 0))
+    for row in rows:  # a run that diverged has no top-1 and no counts
+        row["diverged"] = int(row["top1"] == "")
+        if row["diverged"]:
+            row.update(honest_pushed="", honest_rejected="", byzantine_pushed="", byzantine_rejected="")
+    with open(data / "ps.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=ps_table.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    theirs = []  # ByzFL's benchmark: mean and median, no attack and sign flip, 3 seeds
+    for rule, attack, top1s in (("mean", "none", (96, 96, 96)), ("median", "none", (95, 95, 95)),
+                                ("mean", "signflip", (93, 93.5, 94)), ("median", "signflip", (93, 93.5, 94))):
+        theirs += [{"aggregator": rule.title(), "attack": attack, "aggregate": rule, "ps_attack": attack,
+                    "byzantine": 2, "honest": 6, "workers": 8, "tolerated_f": 2, "seed": seed, "steps": 150,
+                    "batch": 25, "lr": 0.1, "momentum": 0.9, "top1": top1, "diverged": 0, "train_s": 1,
+                    "byzfl": "0.0.11", **machine} for seed, top1 in enumerate(top1s)]
+    with open(data / "byzfl.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=byzfl_reference.FIELDS)
+        writer.writeheader()
+        writer.writerows(theirs)
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("ps", "ps_eta"))
+    assert f"| rule | ByzFL: none | ours: none | ByzFL: signflip | ours: {flip} |" in text
+    assert ("| `median` | 95.0 (95.0\u201395.0) | 95.0 (95.0\u201395.0) | 93.5 (93.0\u201394.0) | "
+            "94.5 (94.0\u201395.0) |") in text
+    # ours: median beats mean beyond the spread under the flip; ByzFL's cannot tell them apart
+    assert "0 not told apart; a run that diverged counts as chance, 10 %): median under signflip (ByzFL +0, " \
+           "ours +1)." in text
+    assert f"| aggregation | none | {flip} |" in text
+    assert "| `mean` | 97.0 (96.0\u201398.0) | 91.0 (90.0\u201392.0) |" in text
+    assert "| `zeno, 1 step` | 81.0 (81.0\u201381.0) | 81.0 (80.0\u201382.0) |" in text
+    assert (f"Beyond the spread of `mean` (of the same local steps) under the same attack, better: median under "
+            f"{flip} (+3.5). Worse: median under none (-2.0).") in text
+    assert "| `zeno++, 1 step` |  | 87.0 (87.0\u201387.0) | diverged |" in text  # async: no row without an attack
+    assert "| `mean, 1 step` | 90.0 (90.0\u201390.0) | diverged | 10.0 (2 of 3 diverged) |" in text
+    assert "better: zeno++, 1 step under signflip x10, p 0.2 (the mean diverged). Worse: none." in text
+    assert "| sync | `zeno, 1 step` | 25 (25\u201325) | 10 (10\u201310) / 75 (75\u201375) |" in text
+    assert "| async | `zeno++, 1 step` |  | 5 (5\u20135) / 90 (90\u201390) |" in text
+    assert f"| mode | rule | none | {flip} / signflip x10, p 0.2 | signflip x10, p 0.4 |" in text
+    assert "| 0 | 80.0 (80.0\u201380.0) | 20 (20\u201320) | 50 (50\u201350) |" in text
+    assert "| validation data only (nd) | 86.0 (85.0\u201387.0) |  |  |" in text
+    assert "The best eta: 0 (80.0 (80.0\u201380.0) %); within its spread (not told apart from it): none." in text
+    assert "| ps sync, `mean` | 3 | 1200 (1200\u20131200) | 1.20 (1.20\u20131.20) |" in text
+    assert "| ps sync, `mean, 1 step` | 3 | 1100 (1100\u20131100) | 1.10 (1.10\u20131.10) |" in text
+    assert "| ps async, `mean, 1 step` | 3 | 900 (900\u2013900) | 0.90 (0.90\u20130.90) |" in text
+    assert "| ddp | 3 | 1000 (1000\u20131000) | 1.00 (1.00\u20131.00) |" in text
+
+
+def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    rows, curves = [], []
+
+    def add(replicas, sync, hetero, top1s, rates, reached=("", "", ""), waits=0, step_s=0.01):
+        for seed, (top1, rate, seconds) in enumerate(zip(top1s, rates, reached)):
+            rows.append({"part": "sync", "sync": sync, "hetero": hetero, "schedule": "1f1b", "microbatches": 1,
+                         "batch": 8, "stages": 1, "replicas": replicas, "processes": replicas, "seed": seed,
+                         "epochs": 1, "top1": top1, "images_per_s": 8 * rate, "updates_per_s": rate,
+                         "step_s": step_s, "train_s": 10, "seconds_to_target": seconds, "target": 90.0,
+                         "waits": waits, "full_syncs": 10, "partial_syncs": 50, "connectivity_syncs": 2,
+                         "mean_group_size": 2.5, "longest_unconnected_updates": 90, "disagreement": 0.01,
+                         "max_applied_staleness": 0, **machine})
+            curves.append({"sync": sync, "hetero": hetero, "stages": 1, "replicas": replicas, "seed": seed,
+                           "epoch": 1, "seconds": 10, "top1": top1})
+    add(8, "allreduce", 0.0, (92, 92.5, 93), (100, 100, 100), (10, 12, 14))
+    add(8, "allreduce", 0.1, (92, 92.5, 93), (20, 30, 25), (20, "", 30), waits=30)
+    add(8, "preduce", 0.0, (91, 91.5, 92), (100, 95, 90), (10, 10, 10))
+    add(8, "preduce", 0.1, (92, 92, 92), (80, 76, 72), (12, 12, 12), waits=3)
+    add(2, "allreduce", 0.0, (95, 95, 95), (200, 200, 200), (5, 5, 5))
+    add(2, "allreduce", 0.1, (95, 95, 95), (40, 40, 40), (25, 25, 25))
+    for schedule, rates in (("gpipe", {1: 500, 2: 800, 4: 1000}), ("1f1b", {2: 900, 4: 1000})):
+        for m, rate in rates.items():
+            rows.append({**rows[0], "part": "bubble", "schedule": schedule, "microbatches": m, "batch": 256,
+                         "stages": 2, "replicas": 1, "processes": 2, "images_per_s": rate, "seconds_to_target": ""})
+    for name, fields, table_rows in (("pipeline.csv", pipeline_table.FIELDS, rows),
+                                     ("pipeline_curves.csv", pipeline_table.CURVE_FIELDS, curves)):
+        with open(data / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(table_rows)
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("pipeline",))
+    assert ("| 8 x 1 | `allreduce` | none | 3 | 100 (100–100) | 12.0 (10.0–14.0) | 92.50 (92.00–93.00) "
+            "|  | 0.0 | 0.0100 |") in text
+    assert "| 8 x 1 | `allreduce` | 0.1 s | 3 | 25 (20–30) | 25.0 (20.0–30.0) (2 of 3) |" in text
+    assert "| 8 x 1 | `preduce` | 0.1 s | 3 | 76 (72–80) | 12.0 (12.0–12.0) | 92.00 (92.00–92.00) | 2.50 |" \
+        in text
+    allreduce = 0.01 / (0.01 + pipeline_table.expected_delay("allreduce", 8, 1, 1))
+    assert f"| 8 x 1 | `allreduce` | 0.0100 | {allreduce:.2f} | 0.25 (0.20–0.30) |" in text
+    assert "| R = 8, stragglers: `preduce` at least 2x `allreduce`'s updates/s | 3.14 (2.53–4.00) | yes |" in text
+    assert "| R = 8, stragglers: `preduce` no slower to the target top-1 | 12.0 s vs 25.0 s | yes |" in text
+    assert "| 8 x 1, no stragglers: `preduce` within 10 % of `allreduce` | 0.95 (0.90–1.00) | yes |" in text
+    assert "R = 2: `allreduce`'s slowdown within 15 % of the model | 0.20 vs" in text
+    assert "| 1 | 0.50 | 0.62 | 500 (0.50) |  |" in text  # (1/2) / (4/5)
+    assert "| 2 | 0.33 | 0.83 | 800 (0.80) | 900 (0.90) |" in text
+    assert (tmp_path / "pipeline.png").exists()
+    assert ("| [pipeline](#pipelined-replicas-allreduce-partial-reduce-ad-psgd-hetpipe) | 8 replicas with stragglers: "
+            "partial reduce at 3.14x allreduce's updates/s; ") in text  # (RESULTS.md's headline)
+
+
+def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    p, rows = 2 ** 20, []
+    for n, rates in ((1, (100, 99, 98, 97)), (2, (180, 150, 160, 90))):
+        for mode, rate in zip(bench_sharding.MODES, rates):
+            model = bench_sharding.model_bytes(mode, p, n)
+            rows.append({"shard": mode, "zero": bench_sharding.ZERO[mode], "processes": n, "arch": "resnet50",
+                         "image_size": 32, "batch": 16, "parameters": p, "param_bytes": int(model) // 3,
+                         "grad_bytes": int(model) // 3, "optimizer_bytes": int(model) // 3,
+                         "state_bytes": 3 * (int(model) // 3), "model_bytes": model,
+                         "peak_rss_bytes": 700 * 2 ** 20, "peak_cuda_bytes": "", "images_per_s": rate,
+                         "comm_bytes_model": bench_sharding.comm_bytes(mode, p, n), "top1": 10.0, **machine})
+    with open(data / "sharding.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=bench_sharding.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("sharding",))
+    assert "| `none` (DDP) | 1 | 4.0 | 4.0 | 4.0 | 12.0 | 12.0 | 700 | 100.0 | 1.00 | 0 |" in text
+    assert "| `full` (ZeRO-3) | 2 | 2.0 | 2.0 | 2.0 | 6.0 | 6.0 | 700 | 90.0 | 0.50 | 6 |" in text
+    assert "| `optimizer` (ZeRO-1) | 2 | 3.3 | 3.3 | 3.3 | 10.0 | 10.0 | 700 | 150.0 | 0.83 | 6 |" in text
+    assert "resnet50 (1.0 M parameters) at 32 px, -b 16 per process" in text
+    assert "Measured sum over the model: `none` 1.00-1.00; `optimizer` 1.00-1.00" in text
