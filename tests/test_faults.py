@@ -414,8 +414,9 @@ def test_sigterm_ends_a_rank_waiting_on_a_stopped_peer_within_its_grace(tiny_dat
     ranks, outputs = rank_by_rank(recipe, args, world_size, tmp_path)
     signalled, ended = None, {}
     try:
-        # (preduce: rank 0's replica may take fewer than 3 of an epoch's steps, which counts both replicas' updates)
-        wait_for_line(outputs[0], "epoch 1 train" if "preduce" in flags else "epoch 1 step 3/", running=ranks)
+        # (preduce: rank 0's replica may take fewer than 3 of an epoch's steps, which counts both replicas' updates;
+        # both start the second epoch together, from the first epoch's average)
+        wait_for_line(outputs[0], "epoch 2 step 1/" if "preduce" in flags else "epoch 1 step 3/", running=ranks)
         for rank in stopped:
             ranks[rank].send_signal(signal.SIGSTOP)
         time.sleep(0.5)  # the others now wait on it
