@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recipes.common import distributed, faults
+from recipes.pipeline.sync import flagged
 
 FIRST_WAIT, LONGEST_WAIT, SHORTEST_WAIT = 0.001, 0.010, 0.00001  # seconds (SD-PIPE's 1, 10 and 0.01 ms)
 CHECK_EVERY = 10  # x R updates between connectivity checks (SD-PIPE's ssp_bound)
@@ -215,15 +216,13 @@ class PartialReduce:
             if size > PAIRS_BEYOND and not connecting:  # SD-PIPE: pairs beyond 8 replicas
                 i = members.index(self.replica) // 2 * 2
                 members = members[i:i + 2]
-            flat = parameters_to_vector(params).detach()
-            mine = straggled.reshape(1).to(flat.dtype) if torch.is_tensor(straggled) else \
-                flat.new_full((1,), float(straggled))
+            flat = flagged(parameters_to_vector(params).detach(), straggled)
+            mine = flat[-1].clone()
             if len(members) < 2:
                 return torch.zeros((), dtype=torch.bool, device=flat.device), size, connecting
             ranks = [self.layout.rank(r, self.stage) for r in members]
             if tuple(ranks) not in self.groups:
                 self.groups[tuple(ranks)] = distributed.members_group(ranks)
-            flat = torch.cat([flat, mine])
             self.groups[tuple(ranks)].allreduce([flat]).wait()  # (a group of its own: its backend, called directly)
             vector_to_parameters(flat[:-1] / len(members), params)
-            return flat[-1] > mine[0], size, connecting
+            return flat[-1] > mine, size, connecting
