@@ -75,17 +75,17 @@ figure-part-io = $(PY) scripts/bench_io.py $(JPEG_DATA) --csv $(FIG_DATA)/io.csv
 	$(if $(quick),--workers 0 2 --repeats 1)
 figure-part-scaling = $(PY) scripts/bench_scaling.py --jpeg $(JPEG_DATA) --csv $(FIG_DATA)/scaling.csv \
 	--runs $(RUNS)/scaling $(if $(quick),-a lenet --image-size 16 --steps 20)
-figure-part-curves = $(PY) scripts/learning_curves.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+figure-part-curves = $(PY) scripts/bench_curves.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/curves $(if $(quick),--quick --epochs 2)
 figure-part-recovery = $(PY) scripts/bench_recovery.py --json $(FIG_DATA)/recovery.json --runs $(RUNS)/recovery \
 	$(if $(quick),--quick $(DEMO_DATA))
 figure-part-compile = $(PY) scripts/bench_compile.py $(if $(quick),--quick $(DEMO_DATA) --epochs 2) \
 	--csv $(FIG_DATA)/compile.csv --runs $(RUNS)/compile
-figure-part-compression = $(PY) scripts/compression_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+figure-part-compression = $(PY) scripts/bench_compression.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/compression $(if $(quick),--quick --epochs 2 --processes 2 --methods none fp8-e4m3)
-figure-part-ps = $(PY) scripts/ps_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \
+figure-part-ps = $(PY) scripts/bench_ps.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \
 	$(if $(quick),--quick --epochs 1 --seeds 0)
-figure-part-pipeline = $(PY) scripts/pipeline_table.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+figure-part-pipeline = $(PY) scripts/bench_pipeline.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/pipeline $(if $(quick),--quick --epochs 1 --seeds 0)
 figure-part-sharding = $(PY) scripts/bench_sharding.py --data $(JPEG_DATA) --csv $(FIG_DATA)/sharding.csv \
 	--runs $(RUNS)/sharding $(if $(quick),-a lenet --image-size 16 --processes 1 2)

@@ -5,18 +5,18 @@
 
 Each part has its module in scripts/results/ (the index: scripts/results/__init__.py, the
 Makefile's PARTS). It reads only the measured files that the benchmark scripts write:
-  curves/<recipe>-seed<S>.csv  per-epoch metrics copied from run directories (learning_curves.py)
+  curves/<recipe>-seed<S>.csv  per-epoch metrics copied from run directories (bench_curves.py)
   scaling.csv           images/s and epoch time per world size, and the bare loop (bench_scaling.py)
   io.csv                input-pipeline images/s and MB/s per decoder and worker count (bench_io.py)
   io_loader.json        uint8 batches on the trainer, first-batch waits (bench_io.py)
   examples.json         the nd recipe against pytorch/examples' imagenet/main.py (bench_examples.py)
   recovery.json         checkpoint cost and restart time (bench_recovery.py)
-  compression.csv       time, accuracy and bytes per gradient-compression method and seed (compression_table.py)
+  compression.csv       time, accuracy and bytes per gradient-compression method and seed (bench_compression.py)
   compile.csv           epoch times, eager against torch.compile (bench_compile.py)
-  ps.csv                the parameter server against Byzantine workers, per run and seed (ps_table.py)
-  byzfl.csv             ByzFL's own benchmark on the same digits, per rule, attack and seed (byzfl_reference.py)
+  ps.csv                the parameter server against Byzantine workers, per run and seed (bench_ps.py)
+  ps_byzfl.csv          ByzFL's own benchmark on the same digits, per rule, attack and seed (bench_ps_byzfl.py)
   pipeline.csv, pipeline_curves.csv   pipelined replicas per sync method, stragglers and the bubble
-                        (pipeline_table.py)
+                        (bench_pipeline.py)
   sharding.csv          bytes per rank and images/s of each --shard mode against processes (bench_sharding.py)
   timings.csv           how long each part of make figures took (every script above)
   gpu/precision.csv, gpu/compression.csv   the GPU sweep (bench_gpu.py, make figures-gpu)

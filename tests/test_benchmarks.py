@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, child_env, plot_results
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_sharding, measuring, pipeline_table, ps_table  # noqa: E402
+from scripts import bench_sharding, measuring, bench_pipeline, bench_ps  # noqa: E402
 
 
 def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
@@ -80,7 +80,7 @@ def test_bench_io_measures_both_decoders(tmp_path):
     assert loader["float32_batch_bytes"] == 4 * loader["uint8_batch_bytes"] == 4 * 8 * 3 * 64 * 64
     assert loader["normalise_ms_per_batch"] > 0 and loader["first_batch_s_fresh_workers"] > 0
     assert 0 < loader["first_batch_s_persistent_workers"]
-    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("IO",))  # the script's own output
+    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("io",))  # the script's own output
     for r in rows:
         assert f"| {r['decoder']} | {r['batches']} | {r['workers']} | {float(r['images_per_s']):.1f} |" in text
     assert f"{loader['normalise_ms_per_batch']:.2f} ms to convert and normalise a batch of 8 at 64 px" in text
@@ -97,14 +97,14 @@ def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path)
         ("bare", "ddp", "memory"), ("bare", "nd", "memory"), ("recipe", "ddp", "synthetic"),
         ("recipe", "nd", "synthetic")]
     assert all(float(r["images_per_s"]) > 0 and r["cores"] and r["torch"] for r in rows)
-    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("training_throughput",))
+    text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("scaling_throughput",))
     ddp = next(r for r in rows if (r["kind"], r["recipe"]) == ("recipe", "ddp"))  # the script's own output, drawn
     assert f"| ddp | synthetic | 1 | {float(ddp['images_per_s']):.1f} | {float(ddp['epoch_s']):.1f} | 1.00x |" in text
 
 
-def test_compression_table_trains_serial_and_ddp_and_a_restart_trains_only_what_is_missing(tiny_data, tmp_path):
+def test_bench_compression_trains_serial_and_ddp_and_a_restart_trains_only_what_is_missing(tiny_data, tmp_path):
     runs, data = tmp_path / "runs", tmp_path / "data"
-    command = [sys.executable, "scripts/compression_table.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
+    command = [sys.executable, "scripts/bench_compression.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
                "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--seeds", "0", "--runs", runs,
                "--figures-data", data]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
@@ -132,11 +132,11 @@ def test_compression_table_trains_serial_and_ddp_and_a_restart_trains_only_what_
     assert "| fp8-e5m2 + error feedback | 2 | 1 |" in text
 
 
-def test_learning_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tmp_path):
+def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tmp_path):
     data = tmp_path / "data"
     (data / "curves").mkdir(parents=True)
     (data / "curves" / "nd.csv").write_text("stale\n")  # an earlier layout: not drawn beside the new runs
-    command = [sys.executable, "scripts/learning_curves.py", "--data", tiny_data, "--quick", "--epochs", "2",
+    command = [sys.executable, "scripts/bench_curves.py", "--data", tiny_data, "--quick", "--epochs", "2",
                "--global-batch", "16", "--seeds", "3", "--runs", tmp_path / "runs", "--figures-data", data]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -146,74 +146,74 @@ def test_learning_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data,
         summary = json.loads((data / "curves" / f"{recipe}-seed3.json").read_text())
         assert summary["world_size"] == processes and summary["global_batch"] == 16 and summary["epochs"] == 2
         assert json.loads((tmp_path / "runs" / f"{recipe}-seed3" / "args.json").read_text())["seed"] == 3
-    text = plot_results(data, tmp_path / "figures", tmp_path / "RESULTS.md", ("top1_val",))  # the script's output
+    text = plot_results(data, tmp_path / "figures", tmp_path / "RESULTS.md", ("curves_top1_val",))  # the script's output
     with open(data / "curves" / "ddp-seed3.csv", newline="") as f:
         final = float([r for r in csv.DictReader(f) if r["split"] == "val"][-1]["top1"])
     assert f"| ddp | 2 | 1 | 2 | {final:.2f} | " in text, text[:1500]  # (one seed: no range)
 
 
-def test_ps_table_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path):
-    runs = ps_table.plan([0, 1, 2])
+def test_bench_ps_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path):
+    runs = bench_ps.plan([0, 1, 2])
     assert len(runs) == 3 * (7 * 4 + 3 * 3 + 7 + 2) and len(set(runs)) == len(runs)
     sync = {(aggregate, attack) for part, _, aggregate, attack, _, seed in runs if part == "sync"}
     assert len(sync) == 7 * 4 and ("zeno, 1 step", "N(0,1), p 0.2") in sync and ("phocas", "none") in sync
     assert {seed for *_, seed in runs} == {0, 1, 2}
-    args = ps_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
+    args = bench_ps.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
 
     def value(flags, flag):
         return flags[flags.index(flag) + 1]
-    recipe, processes, flags = ps_table.flags_of("sync", "zenops", "signflip x4, 2 of 8", None, 0, args)
+    recipe, processes, flags = bench_ps.flags_of("sync", "zenops", "signflip x4, 2 of 8", None, 0, args)
     assert (recipe, processes) == ("ps", 11) and value(flags, "--validators") == "2"
     assert value(flags, "--local-steps") == "8" and value(flags, "--byzantine") == "2"
     assert value(flags, "--attack-scale") == "4" and value(flags, "--validation-split") == "0.02"
-    recipe, processes, flags = ps_table.flags_of("sync", "zeno, 1 step", "signflip x6, p 0.2", None, 0, args)
+    recipe, processes, flags = bench_ps.flags_of("sync", "zeno, 1 step", "signflip x6, p 0.2", None, 0, args)
     assert "--local-steps" not in flags and value(flags, "--attack-prob") == "0.2"
-    recipe, processes, flags = ps_table.flags_of("async", "zeno++, 1 step", "signflip x10, p 0.4", None, 1, args)
+    recipe, processes, flags = bench_ps.flags_of("async", "zeno++, 1 step", "signflip x10, p 0.4", None, 1, args)
     assert (recipe, processes) == ("ps", 11) and value(flags, "--attack-prob") == "0.4"
     assert value(flags, "--attack-scale") == "10" and value(flags, "--mode") == "async"
-    recipe, processes, flags = ps_table.flags_of("sync", "zenops", "N(0,1), p 0.2", -0.01, 1, args)
+    recipe, processes, flags = bench_ps.flags_of("sync", "zenops", "N(0,1), p 0.2", -0.01, 1, args)
     assert value(flags, "--zeno-eta") == "-0.01" and value(flags, "--attack") == "gaussian"
-    assert ps_table.flags_of("sync", "median", "none", None, 0, args)[:2] == ("ps", 9)
-    assert ps_table.flags_of("ddp", "ddp", "none", None, 0, args)[:2] == ("ddp", 8)
-    recipe, processes, flags = ps_table.flags_of("nd", "validation data only", "none", None, 0, args)
+    assert bench_ps.flags_of("sync", "median", "none", None, 0, args)[:2] == ("ps", 9)
+    assert bench_ps.flags_of("ddp", "ddp", "none", None, 0, args)[:2] == ("ddp", 8)
+    recipe, processes, flags = bench_ps.flags_of("nd", "validation data only", "none", None, 0, args)
     assert (recipe, processes) == ("nd", 1) and value(flags, "-b") == "8"  # one worker's batch
     assert value(flags, "--epochs") == "18"  # 6 times the epochs on a 49th of the data: a worker's steps
     assert value(flags, "--warmup-epochs") == "6"  # and 6 times the warm-up
     assert len(list((flags[0] / "train").rglob("*.png"))) == 1  # 2 % of the 48 train images
-    quick = ps_table.plan([0], quick=True)
+    quick = bench_ps.plan([0], quick=True)
     assert {part for part, *_ in quick} == {"sync", "async", "eta", "speed"} and len(quick) < 20
-    folder = ps_table.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
+    folder = bench_ps.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
     assert len(list((folder / "train").rglob("*.png"))) == 24  # half of the 48 train images
     assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]
 
 
-def test_pipeline_table_plans_each_sync_and_layout_with_and_without_stragglers(tiny_data):
-    runs = pipeline_table.plan([0, 1, 2])
+def test_bench_pipeline_plans_each_sync_and_layout_with_and_without_stragglers(tiny_data):
+    runs = bench_pipeline.plan([0, 1, 2])
     sync = [run for run in runs if run[0] == "sync"]
     assert len(sync) == 3 * 4 * 4 * 2 and len(set(runs)) == len(runs)
     assert {(s, hetero, stages, replicas) for _, s, hetero, stages, replicas, *_ in sync} == {
-        (s, h, stages, replicas) for s in pipeline_table.SYNCS for h in (0.0, 0.1)
+        (s, h, stages, replicas) for s in bench_pipeline.SYNCS for h in (0.0, 0.1)
         for stages, replicas in ((1, 2), (1, 4), (1, 8), (2, 4))}
     bubble = [(schedule, m) for part, _, _, _, _, schedule, m, _ in runs if part == "bubble"]
     assert ("gpipe", 1) in bubble and ("1f1b", 1) not in bubble and len(bubble) == 5 + 4  # 1f1b needs M >= S
-    args = pipeline_table.argparse.Namespace(data=tiny_data, epochs=1, quick=False)
-    processes, flags = pipeline_table.flags_of("sync", "hetpipe", 0.1, 2, 4, "1f1b", 2, 1, args)
+    args = bench_pipeline.argparse.Namespace(data=tiny_data, epochs=1, quick=False)
+    processes, flags = bench_pipeline.flags_of("sync", "hetpipe", 0.1, 2, 4, "1f1b", 2, 1, args)
     assert processes == 10 and flags[flags.index("--hetero") + 1] == "0.1"  # 4 replicas x 2 stages, 2 servers
     assert flags[flags.index("-b") + 1] == "8" and flags[flags.index("--microbatches") + 1] == "2"
-    processes, flags = pipeline_table.flags_of("sync", "preduce", 0.0, 1, 8, "1f1b", 1, 1, args)
+    processes, flags = bench_pipeline.flags_of("sync", "preduce", 0.0, 1, 8, "1f1b", 1, 1, args)
     assert processes == 8 and flags[flags.index("--stages") + 1] == "1"
-    processes, flags = pipeline_table.flags_of("bubble", "allreduce", 0.0, 2, 1, "gpipe", 16, 0, args)
+    processes, flags = bench_pipeline.flags_of("bubble", "allreduce", 0.0, 2, 1, "gpipe", 16, 0, args)
     assert processes == 2 and flags[flags.index("-b") + 1] == "256" and flags[flags.index("--epochs") + 1] == "1"
-    assert len(pipeline_table.plan([0], quick=True)) < 12
+    assert len(bench_pipeline.plan([0], quick=True)) < 12
 
 
 def test_the_expected_maximum_model_of_stragglers():
     # one replica, 2 slots at q 0.1: E[delay] = 2 x 0.1 x X; two: 1 - 0.81^2 (one sleep or more) + 1 - 0.99^2 (two)
-    assert abs(pipeline_table.expected_max(1, 2, 0.1, 1.0) - 0.2) < 1e-12
-    assert abs(pipeline_table.expected_max(2, 2, 0.1, 1.0) - (1 - 0.81 ** 2 + 1 - 0.99 ** 2)) < 1e-12
-    delays = {sync: pipeline_table.expected_delay(sync, 8, 1, 1) for sync in pipeline_table.SYNCS}
+    assert abs(bench_pipeline.expected_max(1, 2, 0.1, 1.0) - 0.2) < 1e-12
+    assert abs(bench_pipeline.expected_max(2, 2, 0.1, 1.0) - (1 - 0.81 ** 2 + 1 - 0.99 ** 2)) < 1e-12
+    delays = {sync: bench_pipeline.expected_delay(sync, 8, 1, 1) for sync in bench_pipeline.SYNCS}
     assert delays["preduce"] < delays["adpsgd"] < delays["allreduce"] and delays["hetpipe"] < delays["allreduce"]
-    assert pipeline_table.expected_delay("allreduce", 8, 1, 1) > pipeline_table.expected_delay("allreduce", 2, 1, 1)
+    assert bench_pipeline.expected_delay("allreduce", 8, 1, 1) > bench_pipeline.expected_delay("allreduce", 2, 1, 1)
 
 
 def test_the_zero_model_divides_what_each_mode_shards():

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_gpu, measuring  # noqa: E402
+from scripts import bench_gpu, gpu_plan, measuring  # noqa: E402
 
 
 @pytest.mark.parametrize("script, flags, message", [
@@ -58,13 +58,13 @@ def test_figures_gpu_comes_in_parts_and_skips_compression_on_one_gpu(tmp_path, m
                                "1 GPU: skipped, one GPU sends no gradients")
     assert "--decoder gpu" in listed.stdout
     args = bench_gpu.parse_args(["--jpeg", str(jpegs), "--gpus", "1", "2", "--list"])
-    runs, skipped = bench_gpu.plan(args, [1, 2])
+    runs, skipped = gpu_plan.plan(args, [1, 2])
     assert {gpus for _, _, gpus, *_ in runs["compression"]} == {2} and "compression" in skipped
     # each part within 9 minutes on one H100 by --list's model, with make figures-gpu's 20,000 + 5,000 JPEGs
-    monkeypatch.setattr(bench_gpu, "train_images", lambda args, data, split="train": {"synthetic": 12800}.get(
+    monkeypatch.setattr(gpu_plan, "train_images", lambda args, data, split="train": {"synthetic": 12800}.get(
         data, 20000 if split == "train" else 5000))
-    runs, _ = bench_gpu.plan(args, [1])
-    minutes = {part: bench_gpu.estimated_minutes(args, runs[part], cores=16) for part in ("synthetic", "jpeg")}
+    runs, _ = gpu_plan.plan(args, [1])
+    minutes = {part: gpu_plan.estimated_minutes(args, runs[part], cores=16) for part in ("synthetic", "jpeg")}
     assert all(3 < m < 9 for m in minutes.values()), minutes
     # a part measured again replaces its own rows and keeps the others' (a resumed make figures-gpu ONLY=jpeg)
     data = tmp_path / "precision.csv"
@@ -88,12 +88,12 @@ def test_bench_gpu_bad_input_and_no_cuda_are_one_line_and_exit_2(flags, message)
 
 
 def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
-    assert bench_gpu.gpu_counts(1) == [1] and bench_gpu.gpu_counts(8) == [1, 2, 4, 8]
-    assert bench_gpu.gpu_counts(6) == [1, 2, 4, 6] and bench_gpu.gpu_counts(8, [4, 2, 4]) == [2, 4]
+    assert gpu_plan.gpu_counts(1) == [1] and gpu_plan.gpu_counts(8) == [1, 2, 4, 8]
+    assert gpu_plan.gpu_counts(6) == [1, 2, 4, 6] and gpu_plan.gpu_counts(8, [4, 2, 4]) == [2, 4]
     with pytest.raises(SystemExit) as stopped:
-        bench_gpu.gpu_counts(2, [4])
+        gpu_plan.gpu_counts(2, [4])
     assert stopped.value.code == 2
-    runs = [(data, *run) for data in ("synthetic", "jpeg") for run in bench_gpu.precision_runs(2, data)]
+    runs = [(data, *run) for data in ("synthetic", "jpeg") for run in gpu_plan.precision_runs(2, data)]
     assert len(runs) == len({name for _, name, *_ in runs}) == 2 * (2 + 3 * 2) + 1
     flags = {(recipe, data, decoder, precision, channels_last): extra
              for data, _, recipe, decoder, precision, channels_last, extra in runs}
@@ -103,18 +103,18 @@ def test_bench_gpu_sweeps_every_recipe_precision_and_layout():
     assert flags["apex", "jpeg", "tensor", "bf16", True] == ["--opt-level", "O1", "--amp-dtype", "bf16",
                                                              "--channels-last"]
     assert flags["apex", "jpeg", "gpu", "fp16", True][-2:] == ["--decoder", "gpu"]  # nvjpeg, the best set-up once
-    for gpus in bench_gpu.gpu_counts(8):  # each GPU count of an 8-GPU node: the same layouts, each run named apart
+    for gpus in gpu_plan.gpu_counts(8):  # each GPU count of an 8-GPU node: the same layouts, each run named apart
         for data in ("synthetic", "jpeg"):
-            layouts = [run[1:] for run in bench_gpu.precision_runs(gpus, data)]
-            assert layouts == [run[1:] for run in bench_gpu.precision_runs(2, data)], (gpus, data)
-    names = [r[0] for gpus in bench_gpu.gpu_counts(8) for data in ("synthetic", "jpeg")
-             for r in bench_gpu.precision_runs(gpus, data)]
+            layouts = [run[1:] for run in gpu_plan.precision_runs(gpus, data)]
+            assert layouts == [run[1:] for run in gpu_plan.precision_runs(2, data)], (gpus, data)
+    names = [r[0] for gpus in gpu_plan.gpu_counts(8) for data in ("synthetic", "jpeg")
+             for r in gpu_plan.precision_runs(gpus, data)]
     assert len(names) == len(set(names)) == 4 * (2 * (2 + 3 * 2) + 1)
-    compression = bench_gpu.compression_runs(4)
-    assert [(method, ef) for _, method, ef, _ in compression] == bench_gpu.COMPRESSION
+    compression = gpu_plan.compression_runs(4)
+    assert [(method, ef) for _, method, ef, _ in compression] == gpu_plan.COMPRESSION
     assert compression[-1][3] == ["--compress", "powersgd", "--error-feedback"]
-    assert bench_gpu.epochs_for(12800, 1, 256, 40) == (2, 50)  # one warm-up epoch, then 50 timed steps
-    assert bench_gpu.epochs_for(12800, 8, 256, 40) == (8, 6)  # 7 epochs of 6 steps after the warm-up
+    assert gpu_plan.epochs_for(12800, 1, 256, 40) == (2, 50)  # one warm-up epoch, then 50 timed steps
+    assert gpu_plan.epochs_for(12800, 8, 256, 40) == (8, 6)  # 7 epochs of 6 steps after the warm-up
 
 
 def test_bench_gpu_halves_the_batch_until_it_fits_and_a_restart_skips_what_did_not(tmp_path, monkeypatch):

@@ -20,16 +20,16 @@ def make(*targets, env=None):
 
 def test_make_figures_measures_only_the_parts_asked_for():
     commands = make("-n", "figures", "ONLY=compression curves").stdout
-    assert "learning_curves.py" in commands and "compression_table.py" in commands and "plot_results.py" in commands
+    assert "bench_curves.py" in commands and "bench_compression.py" in commands and "plot_results.py" in commands
     assert not any(script in commands for script in ("bench_io", "bench_scaling", "bench_recovery", "bench_compile"))
-    assert commands.index("learning_curves.py") < commands.index("compression_table.py") < commands.index(
+    assert commands.index("bench_curves.py") < commands.index("bench_compression.py") < commands.index(
         "plot_results.py")  # make figures' own order, whatever ONLY's
     every_part = make("-n", "figures").stdout
-    assert all(script in every_part for script in ("bench_io", "bench_scaling", "learning_curves", "bench_recovery",
-                                                   "bench_compile", "compression_table", "ps_table",
-                                                   "pipeline_table", "bench_sharding"))
-    assert every_part.index("compression_table.py") < every_part.index("ps_table.py") < every_part.index(
-        "pipeline_table.py") < every_part.index("bench_sharding.py")
+    assert all(script in every_part for script in ("bench_io", "bench_scaling", "bench_curves", "bench_recovery",
+                                                   "bench_compile", "bench_compression", "bench_ps",
+                                                   "bench_pipeline", "bench_sharding"))
+    assert every_part.index("bench_compression.py") < every_part.index("bench_ps.py") < every_part.index(
+        "bench_pipeline.py") < every_part.index("bench_sharding.py")
     assert "--quick" not in every_part and "--runs runs/figures/compression" in every_part
     assert "--quick" not in make("-n", "figures", "QUICK=0").stdout  # QUICK=0 means not quick
     quick = make("-n", "figures", "QUICK=1", "ONLY=compression").stdout

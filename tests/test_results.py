@@ -10,8 +10,8 @@ import sys
 from conftest import ROOT, plot_results
 
 sys.path.insert(0, str(ROOT))
-from scripts import (bench_compile, bench_gpu, bench_io, bench_scaling, bench_sharding, byzfl_reference,  # noqa: E402
-                     compression_table, measuring, pipeline_table, ps_table)
+from scripts import (bench_compile, bench_gpu, bench_io, bench_scaling, bench_sharding, bench_ps_byzfl,  # noqa: E402
+                     bench_compression, measuring, bench_pipeline, bench_ps)
 
 
 def write_figures_data(data):
@@ -60,7 +60,7 @@ def write_figures_data(data):
          "stop_check_share_of_step": 0.0015}))
     header = ("method,error_feedback,processes,seed,threads,arch,epochs,global_batch,train_s,wall_s,top1,top5,"
               "bytes_per_step,compression_ratio,cpu,cores,gpu,torch")
-    assert header.split(",") == compression_table.FIELDS
+    assert header.split(",") == bench_compression.FIELDS
     rows = [("serial", 0, 1, 60, (95.0, 95.5, 96.0), "", ""), ("none", 0, 2, 40, (94.5, 94.0, 95.0), 4000, 1.0),
             ("fp8-e4m3", 0, 2, 45, (93.25, 93.0, 93.5), 1004, 3.984),  # below none's range: beyond the spread
             ("fp8-e4m3", 1, 2, 46, (94.0, 94.75, 94.25), 1004, 3.984)]  # inside it
@@ -107,12 +107,34 @@ def test_each_part_of_make_figures_has_its_renderer():
         assert len(module.read_text().splitlines()) <= 200, module.name
 
 
+def test_each_part_keeps_one_name_from_the_makefile_to_its_figures(tmp_path):
+    """Part P: the Makefile runs scripts/bench_P.py, scripts/results/P.py renders it from figures/data/P*,
+    draws figures/P*.png and writes RESULTS.md sections P or P-* (hardware, where it ran, is no one part's)."""
+    import importlib
+
+    from scripts import results
+
+    makefile = (ROOT / "Makefile").read_text()
+    data = ROOT / "figures" / "data"
+    for part in results.PARTS:
+        assert re.search(rf"^figure-part-{part} = \$\(PY\) scripts/bench_{part}\.py ", makefile, re.M), part
+        assert list(data.glob(f"{part}*")), part
+        figures, missing = tmp_path / part, []
+        figures.mkdir()
+        sections = importlib.import_module(f"scripts.results.{part}").render(data, figures, missing)
+        assert sections and not missing, part
+        assert all(name == part or name.startswith(f"{part}-") for name in set(sections) - {"hardware"}), part
+        assert all(png.name.startswith(part) for png in figures.glob("*.png")), part
+    others = {"examples.json", "timings.csv"}  # (examples, timings: rendered outside make figures)
+    assert all(any(f.name.startswith(part) for part in results.PARTS) for f in data.iterdir() if f.name not in others)
+
+
 def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     data, figures, results = tmp_path / "data", tmp_path / "figures", tmp_path / "RESULTS.md"
     write_figures_data(data)
     results.write_text("# Prose stays\n\n<!-- BEGIN scaling -->\nstale table\n<!-- END scaling -->\n\nMore prose.\n")
-    text = plot_results(data, figures, results, ("top1_train", "top1_val", "top5_train", "top5_val",
-                                                 "training_throughput", "training_time", "IO", "compression"))
+    text = plot_results(data, figures, results, ("curves_top1_train", "curves_top1_val", "curves_top5_train", "curves_top5_val",
+                                                 "scaling_throughput", "scaling_time", "io", "compression"))
     assert text.startswith("# Prose stays") and "More prose." in text and "stale table" not in text
     assert "| ddp | synthetic | 2 | 180.0 | 6.0 | 1.80x | 90 % |" in text  # 180 / (2 x 100)
     assert "| nd | 1 | 1 | 97.0 | 100.0 | 97.0 % |" in text and "| ddp | 2 | 1 | 180.0 | 200.0 | 90.0 % |" in text
@@ -222,7 +244,7 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
         if row["diverged"]:
             row.update(honest_pushed="", honest_rejected="", byzantine_pushed="", byzantine_rejected="")
     with open(data / "ps.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=ps_table.FIELDS)
+        writer = csv.DictWriter(f, fieldnames=bench_ps.FIELDS)
         writer.writeheader()
         writer.writerows(rows)
     theirs = []  # ByzFL's benchmark: mean and median, no attack and sign flip, 3 seeds
@@ -232,8 +254,8 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
                     "byzantine": 2, "honest": 6, "workers": 8, "tolerated_f": 2, "seed": seed, "steps": 150,
                     "batch": 25, "lr": 0.1, "momentum": 0.9, "top1": top1, "diverged": 0, "train_s": 1,
                     "byzfl": "0.0.11", **machine} for seed, top1 in enumerate(top1s)]
-    with open(data / "byzfl.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=byzfl_reference.FIELDS)
+    with open(data / "ps_byzfl.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=bench_ps_byzfl.FIELDS)
         writer.writeheader()
         writer.writerows(theirs)
     text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("ps", "ps_eta"))
@@ -290,8 +312,8 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
         for m, rate in rates.items():
             rows.append({**rows[0], "part": "bubble", "schedule": schedule, "microbatches": m, "batch": 256,
                          "stages": 2, "replicas": 1, "processes": 2, "images_per_s": rate, "seconds_to_target": ""})
-    for name, fields, table_rows in (("pipeline.csv", pipeline_table.FIELDS, rows),
-                                     ("pipeline_curves.csv", pipeline_table.CURVE_FIELDS, curves)):
+    for name, fields, table_rows in (("pipeline.csv", bench_pipeline.FIELDS, rows),
+                                     ("pipeline_curves.csv", bench_pipeline.CURVE_FIELDS, curves)):
         with open(data / name, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
@@ -302,7 +324,7 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     assert "| 8 x 1 | `allreduce` | 0.1 s | 3 | 25 (20–30) | 25.0 (20.0–30.0) (2 of 3) |" in text
     assert "| 8 x 1 | `preduce` | 0.1 s | 3 | 76 (72–80) | 12.0 (12.0–12.0) | 92.00 (92.00–92.00) | 2.50 |" \
         in text
-    allreduce = 0.01 / (0.01 + pipeline_table.expected_delay("allreduce", 8, 1, 1))
+    allreduce = 0.01 / (0.01 + bench_pipeline.expected_delay("allreduce", 8, 1, 1))
     assert f"| 8 x 1 | `allreduce` | 0.0100 | {allreduce:.2f} | 0.25 (0.20–0.30) |" in text
     assert "| R = 8, stragglers: `preduce` at least 2x `allreduce`'s updates/s | 3.14 (2.53–4.00) | yes |" in text
     assert "| R = 8, stragglers: `preduce` no slower to the target top-1 | 12.0 s vs 25.0 s | yes |" in text

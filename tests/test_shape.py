@@ -99,6 +99,11 @@ def test_the_readme_is_a_map_with_a_readme_for_every_recipe():
         assert (ROOT / "recipes" / recipe / "README.md").exists() and f"(recipes/{recipe}/README.md)" in readme, recipe
 
 
+def test_no_script_is_longer_than_300_lines():
+    lengths = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "scripts").rglob("*.py")}
+    assert max(lengths.values()) <= 300, {name: n for name, n in lengths.items() if n > 300}
+
+
 def test_every_relative_link_of_the_pages_leads_to_a_file():
     for page in pages():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):

@@ -1,6 +1,6 @@
 """DDP with mixed precision: torch.amp's autocast and GradScaler, under apex's --opt-level names.
 
-    torchrun --nproc_per_node=2 recipes/apex/train.py data/mnist5k -a resnet18 -b 64 --opt-level O1
+    torchrun --nproc_per_node=2 recipes/apex/train.py data/mnist5k -a lenet --image-size 28 -b 64 --opt-level O1
 
 Compared with recipes/ddp/train.py: autocast runs the forward pass and the loss in
 fp16/bf16 where that is safe, and for fp16 a GradScaler scales the loss up so that

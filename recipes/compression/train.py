@@ -1,6 +1,7 @@
 """Gradient compression: DDP that sends fewer bytes per gradient, through a communication hook.
 
-    torchrun --nproc_per_node=2 recipes/compression/train.py data/mnist5k -a resnet18 -b 32 --compress fp8-e4m3
+    torchrun --nproc_per_node=2 recipes/compression/train.py data/mnist5k -a lenet --image-size 28 \\
+        -b 32 --compress fp8-e4m3
 
 Compared with recipes/ddp/train.py: one DDP communication hook (--compress, see
 hooks.py: compress, communicate, decompress, average), and what it sent per step.

@@ -1,6 +1,6 @@
 """DistributedDataParallel: one process per device, gradients averaged by allreduce.
 
-    torchrun --nproc_per_node=2 recipes/ddp/train.py data/mnist5k -a resnet18 -b 64
+    torchrun --nproc_per_node=2 recipes/ddp/train.py data/mnist5k -a lenet --image-size 28 -b 64
 
 Compared with recipes/nd/train.py: a process group, a sampler that gives each rank
 its own shard, the DDP wrapper, output from rank 0 only, and no_sync for --accum-steps.

@@ -1,6 +1,6 @@
 """torch.nn.DataParallel: one process splits each batch across all visible GPUs.
 
-    python recipes/dp/train.py data/mnist5k -a resnet18 -b 64
+    python recipes/dp/train.py data/mnist5k -a lenet --image-size 28 -b 64
 
 Compared with recipes/nd/train.py, DataParallel adds one wrapper. Each step it
 copies the model to every GPU, scatters the batch, and gathers outputs and

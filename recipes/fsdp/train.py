@@ -1,6 +1,6 @@
 """Sharded data parallel: ZeRO-1, ZeRO-2 and FSDP (ZeRO-3), one flag apart.
 
-    torchrun --nproc_per_node=2 recipes/fsdp/train.py data/mnist5k -a resnet18 -b 64 --shard full
+    torchrun --nproc_per_node=2 recipes/fsdp/train.py data/mnist5k -a lenet --image-size 28 -b 64 --shard full
 
 Compared with recipes/ddp/train.py: what each of the N ranks keeps. DDP keeps the
 weights, the gradients and the optimizer state whole on every rank (with SGD and

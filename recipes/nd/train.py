@@ -1,6 +1,6 @@
 """Single device: no data parallelism, the baseline the other recipes build on.
 
-    python recipes/nd/train.py data/mnist5k -a resnet18 -b 64
+    python recipes/nd/train.py data/mnist5k -a lenet --image-size 28 -b 64
 
 Runs on the first GPU when there is one, else on the CPU.
 """

@@ -12,7 +12,7 @@ change of its weights over H steps), as the Zeno papers attack:
 
 ALIE and IPM are not here: they are omniscient (computed from the honest workers' updates of the
 step), which workers that see only their own batches cannot be; byzfl's benchmark, run by
-scripts/byzfl_reference.py, measures them with that knowledge.
+scripts/bench_ps_byzfl.py, measures them with that knowledge.
 """
 
 import torch

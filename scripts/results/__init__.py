@@ -8,12 +8,12 @@ text between the markers. Each module's docstring says what it reads, draws and 
     part         measured by                                  module
     io           scripts/bench_io.py                          io.py
     scaling      scripts/bench_scaling.py                     scaling.py
-    curves       scripts/learning_curves.py                   curves.py
+    curves       scripts/bench_curves.py                      curves.py
     recovery     scripts/bench_recovery.py                    recovery.py
     compile      scripts/bench_compile.py                     compile.py
-    compression  scripts/compression_table.py                 compression.py
-    ps           scripts/ps_table.py, byzfl_reference.py      ps.py (and ps_targets.py)
-    pipeline     scripts/pipeline_table.py                    pipeline.py
+    compression  scripts/bench_compression.py                 compression.py
+    ps           scripts/bench_ps.py, bench_ps_byzfl.py        ps.py (and ps_targets.py)
+    pipeline     scripts/bench_pipeline.py                    pipeline.py
     sharding     scripts/bench_sharding.py                    sharding.py
 and, outside make figures: examples.py (scripts/bench_examples.py, run by hand), gpu.py
 (make figures-gpu), timings.py (how long each part took), headline.py (one line of what each

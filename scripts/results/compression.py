@@ -1,4 +1,4 @@
-"""compression: time, accuracy and bytes of each gradient compression, over seeds (scripts/compression_table.py).
+"""compression: time, accuracy and bytes of each gradient compression, over seeds (scripts/bench_compression.py).
 
     reads    figures/data/compression.csv
     draws    figures/compression.png
@@ -88,7 +88,7 @@ def compression_table(rows):
 
 def render(data, figures, missing):
     if not (data / "compression.csv").exists():
-        missing.append("compression.csv (scripts/compression_table.py)")
+        missing.append("compression.csv (scripts/bench_compression.py)")
         return {}
     compression = read_csv(data / "compression.csv")
     plot_compression(compression, figures)

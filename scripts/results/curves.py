@@ -1,7 +1,7 @@
-"""curves: the learning curves of nd, dp, ddp and apex over seeds (scripts/learning_curves.py).
+"""curves: the learning curves of nd, dp, ddp and apex over seeds (scripts/bench_curves.py).
 
     reads    figures/data/curves/<recipe>-seed<S>.csv and .json
-    draws    figures/top1_train.png, top1_val.png, top5_train.png, top5_val.png
+    draws    figures/curves_top1_train.png, curves_top1_val.png, curves_top5_train.png, curves_top5_val.png
     writes   RESULTS.md's curves
 """
 
@@ -50,7 +50,7 @@ def plot_curves(curves, figures):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend()
-        save(fig, figures / f"{metric}_{split}.png")
+        save(fig, figures / f"curves_{metric}_{split}.png")
 
 
 def curves_tables(curves, summaries):
@@ -95,7 +95,7 @@ def curves_tables(curves, summaries):
 def render(data, figures, missing):
     curve_files = sorted((data / "curves").glob("*.csv"))
     if not curve_files:
-        missing.append("curves/*.csv (scripts/learning_curves.py)")
+        missing.append("curves/*.csv (scripts/bench_curves.py)")
         return {}
     curves = by_recipe(curve_files)
     summaries = {}

@@ -1,7 +1,7 @@
 """io: the input pipeline's images/s and MB/s per decoder and worker count (scripts/bench_io.py).
 
     reads    figures/data/io.csv, io_loader.json
-    draws    figures/IO.png
+    draws    figures/io.png
     writes   RESULTS.md's io, hardware (when scaling has not run)
 """
 
@@ -28,7 +28,7 @@ def plot_io(io_rows, figures):
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save(fig, figures / "IO.png")
+    save(fig, figures / "io.png")
 
 
 DECODERS = {"pil": "PIL + transforms", "tensor": "torchvision.io + transforms.v2"}

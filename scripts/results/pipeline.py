@@ -1,5 +1,5 @@
 """pipeline: pipelined replicas per sync method, layout and stragglers, beside the expected-maximum model,
-and the bubble (scripts/pipeline_table.py).
+and the bubble (scripts/bench_pipeline.py).
 
     reads    figures/data/pipeline.csv, pipeline_curves.csv
     draws    figures/pipeline.png
@@ -8,7 +8,7 @@ and the bubble (scripts/pipeline_table.py).
 
 import statistics
 
-from scripts import pipeline_table  # (the expected-maximum model of stragglers)
+from scripts import bench_pipeline  # (the expected-maximum model of stragglers)
 from scripts.results.common import mean_of, plt, read_csv, save, spread, table, targets_held, with_range
 
 
@@ -39,7 +39,7 @@ def pipeline_model_rows(groups):
             continue
         c = mean_of(groups[base], "step_s")
         microbatches = int(runs[0]["microbatches"])
-        predicted = c / (c + pipeline_table.expected_delay(sync, replicas, stages, microbatches, x=hetero))
+        predicted = c / (c + bench_pipeline.expected_delay(sync, replicas, stages, microbatches, x=hetero))
         body.append((stages, replicas, sync, c, predicted, measured))
     return body
 
@@ -144,7 +144,7 @@ def plot_pipeline(rows, curves, figures):
                 points = [(key[1], mean_of(groups[key], "updates_per_s")) for key in keys]
                 left.plot(*zip(*points), marker="o", color=f"C{i}", linestyle=style,
                           label=f"{sync}" + (f", stragglers {hetero:g} s" if hetero else ", none"))
-        predicted = [(r, mean_of(groups[1, r, sync, 0.0], "updates_per_s") * c / (c + pipeline_table.expected_delay(
+        predicted = [(r, mean_of(groups[1, r, sync, 0.0], "updates_per_s") * c / (c + bench_pipeline.expected_delay(
             sync, r, 1, 1, x=hetero))) for r in sorted({key[1] for key in groups if key[0] == 1})
             for key in [(1, r, sync, 0.0)] if key in groups for c in [mean_of(groups[key], "step_s")]
             for hetero in [max(k[3] for k in groups)]]
@@ -177,7 +177,7 @@ def plot_pipeline(rows, curves, figures):
 def render(data, figures, missing):
     rows = read_csv(data / "pipeline.csv") if (data / "pipeline.csv").exists() else []
     if not rows:
-        missing.append("pipeline.csv (scripts/pipeline_table.py)")
+        missing.append("pipeline.csv (scripts/bench_pipeline.py)")
         return {}
     curves = read_csv(data / "pipeline_curves.csv") if (data / "pipeline_curves.csv").exists() else []
     plot_pipeline(rows, curves, figures)

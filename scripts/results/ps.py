@@ -1,7 +1,7 @@
-"""ps: the parameter server against Byzantine workers, per run and seed (scripts/ps_table.py), its targets
+"""ps: the parameter server against Byzantine workers, per run and seed (scripts/bench_ps.py), its targets
 and ByzFL's benchmark beside it (ps_targets.py).
 
-    reads    figures/data/ps.csv, byzfl.csv
+    reads    figures/data/ps.csv, ps_byzfl.csv
     draws    figures/ps.png, ps_eta.png (ps_targets.py)
     writes   RESULTS.md's ps-sync, ps-async, ps-eta, ps-speed, ps-targets, ps-byzfl
 """
@@ -145,14 +145,14 @@ def render(data, figures, missing):
 
     rows = read_csv(data / "ps.csv") if (data / "ps.csv").exists() else []
     if not rows:
-        missing.append("ps.csv (scripts/ps_table.py)")
+        missing.append("ps.csv (scripts/bench_ps.py)")
         return {}
     plot_ps(rows, figures)
     sections = {**ps_tables(rows), "ps-targets": ps_targets(rows)}
-    if (data / "byzfl.csv").exists():
-        sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "byzfl.csv"), rows)
+    if (data / "ps_byzfl.csv").exists():
+        sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "ps_byzfl.csv"), rows)
     else:
-        missing.append("byzfl.csv (scripts/byzfl_reference.py)")
+        missing.append("ps_byzfl.csv (scripts/bench_ps_byzfl.py)")
     return sections
 
 

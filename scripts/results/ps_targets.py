@@ -1,6 +1,6 @@
 """The ps part's second half: its targets, ByzFL's benchmark beside its table, and its figures.
 
-    reads    figures/data/ps.csv, byzfl.csv
+    reads    figures/data/ps.csv, ps_byzfl.csv
     draws    figures/ps.png, ps_eta.png
     writes   RESULTS.md's ps-targets, ps-byzfl
 """

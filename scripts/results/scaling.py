@@ -1,8 +1,8 @@
 """scaling: images/s and epoch time against processes, and the bare loop (scripts/bench_scaling.py).
 
     reads    figures/data/scaling.csv
-    draws    figures/training_throughput.png, training_time.png
-    writes   RESULTS.md's scaling, overhead, hardware
+    draws    figures/scaling_throughput.png, figures/scaling_time.png
+    writes   RESULTS.md's scaling, scaling-overhead, hardware
 """
 
 from scripts.results.common import hardware_line, plt, read_csv, save, table
@@ -46,7 +46,7 @@ def plot_scaling(scaling, figures):
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    save(fig, figures / "training_throughput.png")
+    save(fig, figures / "scaling_throughput.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for data in ("synthetic", "jpeg"):
@@ -58,7 +58,7 @@ def plot_scaling(scaling, figures):
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    save(fig, figures / "training_time.png")
+    save(fig, figures / "scaling_time.png")
 
 
 def scaling_tables(scaling):
@@ -100,7 +100,7 @@ def render(data, figures, missing):
         return {}
     scaling = read_csv(data / "scaling.csv")
     plot_scaling(scaling, figures)
-    sections = dict(zip(("scaling", "overhead"), scaling_tables(scaling)))
+    sections = dict(zip(("scaling", "scaling-overhead"), scaling_tables(scaling)))
     sections["hardware"] = hardware_line(scaling)
     return sections
 

@@ -1,9 +1,9 @@
 """An outside reference for the parameter server's Byzantine table: byzfl's own benchmark, on the same digits.
 
-    python scripts/byzfl_reference.py            # figures/data/byzfl.csv (45 runs, about 8 minutes on 2 cores)
-    python scripts/byzfl_reference.py --quick    # 1 seed, 2 rules, 1 attack, 20 steps: for tests
+    python scripts/bench_ps_byzfl.py            # figures/data/ps_byzfl.csv (45 runs, about 8 minutes on 2 cores)
+    python scripts/bench_ps_byzfl.py --quick    # 1 seed, 2 rules, 1 attack, 20 steps: for tests
 
-`make figures ONLY=ps` runs it after scripts/ps_table.py (which calls run()). scripts/ps_table.py measures
+`make figures ONLY=ps` runs it after scripts/bench_ps.py (which calls run()). scripts/bench_ps.py measures
 recipes/ps, whose robust rules are byzfl's functions called from our own server. This script asks byzfl's
 benchmark (`byzfl.benchmark.run_benchmark`, its whole training loop: clients, server, attacks) the same
 question on the same data, so that a number in the recipe's table can be told apart from a bug in the
@@ -34,18 +34,13 @@ Why the numbers may differ from the recipe's (this is a reference, not a replica
     data between the clients and the model's initial weights are drawn under its data-distribution seed,
     0 in every run. The recipe's seed moves all of them, so its spread from seed to seed is wider.
 
-byzfl reads MNIST through torchvision's datasets.MNIST(root=<data_folder>, download=True). There is no
-download here: the script writes the folder's digits as the four uncompressed IDX files torchvision looks for
-(<runs>/mnist-idx/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte: train/ as "train", val/ as
-"t10k", labels in ImageFolder's order, which for the digits' folders 0..9 is the digit), and MNIST's
-_check_exists() finds them, so download=True returns at once. The benchmark runs in a child process whose
-network connections are refused, so a download attempt would fail the run, not fetch anything.
-
-byzfl's benchmark reads config.json from its working directory: each call gets its own folder under --runs
-(configs/<part>-seed<S>/), and byzfl writes its results under <runs>/steps<N>/results/<one folder per setting>/.
-byzfl skips a setting whose train_time_tr_seed_<S>_dd_seed_0.txt exists, and so does this script (without
-starting byzfl): a stopped run starts again where it stopped, and a finished one only rewrites byzfl.csv,
-which is written again after each seed (a stopped script leaves its finished seeds' rows there).
+byzfl reads MNIST through torchvision's datasets.MNIST(root, download=True). There is no download: the
+script writes the folder's digits as the four uncompressed IDX files torchvision looks for (train/ as "train",
+val/ as "t10k", labels in ImageFolder's order: the digit), so download=True returns at once; byzfl runs in a
+child process whose network connections are refused. Each call gets its own config.json folder under --runs,
+and byzfl writes its results under <runs>/steps<N>/results/. A setting whose train_time_tr_seed_<S>_dd_seed_0.txt
+exists is skipped (byzfl's rule, and ours without starting byzfl): a stopped run starts again where it stopped.
+ps_byzfl.csv is written again after each seed.
 """
 
 import argparse
@@ -83,7 +78,7 @@ IDX_FILES = {("train", "images"): "train-images-idx3-ubyte", ("train", "labels")
 BENCHMARK = """
 import socket, sys
 def refuse(*args, **kwargs):
-    raise OSError("byzfl_reference.py: no network here (MNIST must come from the IDX files)")
+    raise OSError("bench_ps_byzfl.py: no network here (MNIST must come from the IDX files)")
 socket.socket.connect = socket.socket.connect_ex = socket.create_connection = refuse
 from byzfl.benchmark import run_benchmark
 run_benchmark(nb_jobs=int(sys.argv[1]))
@@ -214,7 +209,7 @@ def main():
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/mnist5k", help="an image folder of 28x28 digits: train/ and val/")
     parser.add_argument("--runs", default="runs/figures/byzfl", help="scratch: the IDX files, configs, byzfl's results")
-    parser.add_argument("--figures-data", default="figures/data", help="where byzfl.csv goes")
+    parser.add_argument("--figures-data", default="figures/data", help="where ps_byzfl.csv goes")
     parser.add_argument("--steps", type=int, help=f"byzfl's nb_steps (default {STEPS}; {QUICK_STEPS} with --quick)")
     parser.add_argument("--seeds", type=int, nargs="+", help="training seeds (default 0 1 2; 0 with --quick)")
     parser.add_argument("--jobs", type=int, default=measuring.usable_cores(),
@@ -227,7 +222,7 @@ def main():
 
 
 def run(data, runs, figures_data, steps=None, seeds=None, jobs=None, quick=False):
-    """Every run of byzfl's benchmark not yet finished, then byzfl.csv (also called by ps_table.py, whose part of
+    """Every run of byzfl's benchmark not yet finished, then ps_byzfl.csv (also called by bench_ps.py, whose part of
     make figures this is)."""
     started = time.time()
     steps = steps or (QUICK_STEPS if quick else STEPS)
@@ -247,7 +242,7 @@ def run(data, runs, figures_data, steps=None, seeds=None, jobs=None, quick=False
     write_mnist(data, idx_root)
     results = runs / (f"quick-steps{steps}" if quick else f"steps{steps}") / "results"
     every = plan(seeds, quick)
-    machine, rows, trained, out = measuring.hardware(), [], 0, Path(figures_data) / "byzfl.csv"
+    machine, rows, trained, out = measuring.hardware(), [], 0, Path(figures_data) / "ps_byzfl.csv"
     for seed in seeds:
         for part in ("clean", "attacked"):
             todo = [(aggregator, attack) for p, aggregator, attack, s in every if (p, s) == (part, seed)
@@ -263,7 +258,7 @@ def run(data, runs, figures_data, steps=None, seeds=None, jobs=None, quick=False
             run_byzfl(results.parent / "configs" / f"{part}-seed{seed}", config, jobs, threads=1)
             trained += len(todo)
             print(f"  done in {time.time() - began:.0f} s", flush=True)
-        # the table so far, seed by seed: a stopped script leaves whole seeds in byzfl.csv
+        # the table so far, seed by seed: a stopped script leaves whole seeds in ps_byzfl.csv
         rows += [{**row_of(results, part, aggregator, attack, seed, steps), **machine, "byzfl": byzfl_version}
                  for part, aggregator, attack, s in every if s == seed]
         measuring.write_csv(out, FIELDS, rows)
@@ -274,7 +269,7 @@ def run(data, runs, figures_data, steps=None, seeds=None, jobs=None, quick=False
 
 
 def row_of(results, part, aggregator, attack, seed, steps):
-    """One run's row of byzfl.csv, from the files byzfl wrote: the final test accuracy is its top-1."""
+    """One run's row of ps_byzfl.csv, from the files byzfl wrote: the final test accuracy is its top-1."""
     (aggregator, _, aggregate), (attack, _, ps_attack) = aggregator, attack
     byzantine = BYZANTINE if part == "attacked" else 0
     folder = result_folder(results, aggregator, attack, byzantine)

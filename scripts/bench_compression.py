@@ -1,6 +1,6 @@
 """Serial, data-parallel and compressed data-parallel training on the digits: time, accuracy and bytes.
 
-    python scripts/compression_table.py     # figures/data/compression.csv (then plot_results.py draws it)
+    python scripts/bench_compression.py     # figures/data/compression.csv (then plot_results.py draws it)
 
 On data/mnist5k, with the same epochs and global batch, for each of 3 seeds, it trains
   nd                   serial: one process

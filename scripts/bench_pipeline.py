@@ -1,8 +1,8 @@
 """Pipelined replicas on the digits: each sync method at 2, 4 and 8 replicas, with and without
 stragglers, beside the expected-maximum model; and the bubble.
 
-    python scripts/pipeline_table.py     # figures/data/pipeline.csv and pipeline_curves.csv
-    python scripts/pipeline_table.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
+    python scripts/bench_pipeline.py     # figures/data/pipeline.csv and pipeline_curves.csv
+    python scripts/bench_pipeline.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
 
 sync    R = 2, 4 and 8 replicas of one stage, and 4 replicas x 2 stages (hetpipe: and its servers),
         lenet at 28 px (scripts/measuring.py's ACCURACY), -b 8 per replica (2 microbatches under

@@ -1,7 +1,7 @@
 """The parameter server against Byzantine workers, on the digits: accuracy, rejections and speed.
 
-    python scripts/ps_table.py     # figures/data/ps.csv (then plot_results.py draws it)
-    python scripts/ps_table.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
+    python scripts/bench_ps.py     # figures/data/ps.csv (then plot_results.py draws it)
+    python scripts/bench_ps.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
 
 On data/mnist5k, 8 workers and 1 server (and 2 validators for the Zeno rules, holding out 2 % of
 train/), each row for every seed (3 by default), in the papers' regimes scaled down:
@@ -17,8 +17,8 @@ train/), each row for every seed (3 by default), in the papers' regimes scaled d
           alone (the split of the same seed), at one worker's batch for as many steps as one
           worker takes (6 times the epochs, and of the warm-up, on a 49th of the data)
   speed   ddp on 8 processes, the throughput the ps sync rows are compared with
-Then, in the same part, scripts/byzfl_reference.py: ByzFL's own benchmark on the same digits, into
-figures/data/byzfl.csv. The robust rules are set for b = 2 Byzantine workers in every row (--zeno-b
+Then, in the same part, scripts/bench_ps_byzfl.py: ByzFL's own benchmark on the same digits, into
+figures/data/ps_byzfl.csv. The robust rules are set for b = 2 Byzantine workers in every row (--zeno-b
 2). The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at a batch of 8
 per worker, for 5 epochs. Run processes are forked from a server that has imported torch once
 (measuring.run_forked): started by torchrun, each run would spend about 25 s importing. Each run
@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts import byzfl_reference, measuring  # noqa: E402
+from scripts import bench_ps_byzfl, measuring  # noqa: E402
 
 WORKERS, BYZANTINE, VALIDATORS = 8, 2, 2
 HELD_OUT = 0.02  # the validators' share of train/ (--validation-split): small, so that it alone is a weak baseline
@@ -166,7 +166,7 @@ def main():
                 {key: summary.get(key) for key in FIELDS[10:15]}), flush=True)
         measuring.write_csv(Path(args.figures_data) / "ps.csv", FIELDS, rows)
     # the outside reference, in the same part (its time counts in the part's)
-    byzfl_reference.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)
+    bench_ps_byzfl.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)
     measuring.record_part(args.figures_data, "ps", started)
 
 

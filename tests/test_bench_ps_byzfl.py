@@ -1,4 +1,4 @@
-"""scripts/byzfl_reference.py: byzfl's own benchmark on the digits, read from IDX files, with no download."""
+"""scripts/bench_ps_byzfl.py: byzfl's own benchmark on the digits, read from IDX files, with no download."""
 
 import csv
 import socket
@@ -12,7 +12,7 @@ from conftest import ROOT, child_env
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts import byzfl_reference  # noqa: E402
+from scripts import bench_ps_byzfl  # noqa: E402
 
 TRAIN_PER_DIGIT, VAL_PER_DIGIT = 12, 3
 
@@ -41,7 +41,7 @@ def quick(digits, tmp_path_factory):
     """One --quick run of the script (1 seed, Average and Median, SignFlipping and no attack, 20 steps)."""
     tmp = tmp_path_factory.mktemp("byzfl")
     runs, figures = tmp / "runs", tmp / "figures"
-    command = [sys.executable, str(ROOT / "scripts" / "byzfl_reference.py"), "--quick", "--data", str(digits),
+    command = [sys.executable, str(ROOT / "scripts" / "bench_ps_byzfl.py"), "--quick", "--data", str(digits),
                "--runs", str(runs), "--figures-data", str(figures)]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -59,7 +59,7 @@ def read_idx(path):
 
 def test_quick_run_writes_a_row_per_rule_attack_and_seed_with_a_top1_in_percent(quick):
     _, _, figures, stdout = quick
-    with open(figures / "byzfl.csv", newline="") as f:
+    with open(figures / "ps_byzfl.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     got = {(row["aggregator"], row["attack"], int(row["byzantine"]), int(row["honest"])) for row in rows}
     assert got == {("Average", "NoAttack", 0, 8), ("Median", "NoAttack", 0, 8),
@@ -96,7 +96,7 @@ def test_byzfl_read_the_idx_files_and_downloaded_nothing(quick, monkeypatch):
     _, runs, _, _ = quick
     raw = runs / "mnist-idx" / "MNIST" / "raw"
     # a download leaves its .gz archives beside the files, and a processed/ folder would be read instead of them
-    assert sorted(p.name for p in raw.iterdir()) == sorted(byzfl_reference.IDX_FILES.values())
+    assert sorted(p.name for p in raw.iterdir()) == sorted(bench_ps_byzfl.IDX_FILES.values())
     assert not (runs / "mnist-idx" / "MNIST" / "processed").exists()
     for config in (runs / "quick-steps20" / "configs").glob("*/config.json"):  # byzfl was pointed at them
         assert f'"data_folder": "{(runs / "mnist-idx").resolve()}"' in config.read_text()
@@ -108,7 +108,7 @@ def test_byzfl_read_the_idx_files_and_downloaded_nothing(quick, monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
     assert len(MNIST(runs / "mnist-idx", train=True, download=True)) == 10 * TRAIN_PER_DIGIT
     assert len(MNIST(runs / "mnist-idx", train=False, download=True)) == 10 * VAL_PER_DIGIT
-    assert sorted(p.name for p in raw.iterdir()) == sorted(byzfl_reference.IDX_FILES.values())
+    assert sorted(p.name for p in raw.iterdir()) == sorted(bench_ps_byzfl.IDX_FILES.values())
 
 
 def test_a_finished_run_is_not_trained_again(quick):
@@ -120,11 +120,11 @@ def test_a_finished_run_is_not_trained_again(quick):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "0 run(s) trained now, 4 kept" in result.stdout
     assert [path.stat().st_mtime_ns for path in timings] == before
-    assert len((figures / "byzfl.csv").read_text().splitlines()) == 1 + 4
+    assert len((figures / "ps_byzfl.csv").read_text().splitlines()) == 1 + 4
 
 
 def test_a_folder_without_train_and_val_is_a_one_line_error(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "byzfl_reference.py"), "--data",
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ps_byzfl.py"), "--data",
                              str(tmp_path / "missing"), "--runs", str(tmp_path / "runs")], cwd=ROOT, env=child_env(),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0

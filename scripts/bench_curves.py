@@ -1,7 +1,7 @@
 """Train nd, ddp and apex on the digits, 3 seeds each, and keep their per-epoch metrics for the figures.
 
-    python scripts/learning_curves.py                  # data/mnist5k, lenet, 15 epochs, seeds 0 1 2
-    python scripts/learning_curves.py --data DIR --quick --figures-data OUT   # lenet at 16 px, for tests
+    python scripts/bench_curves.py                  # data/mnist5k, lenet, 15 epochs, seeds 0 1 2
+    python scripts/bench_curves.py --data DIR --quick --figures-data OUT   # lenet at 16 px, for tests
 
 nd trains with batch 64 in one process; ddp and apex with 2 processes of 32 (on a
 machine with one GPU, one process), so the three see the same global batch and

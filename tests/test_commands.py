@@ -1,0 +1,137 @@
+"""Every command a reader is shown runs as written: the bash blocks of the README, the recipes' READMEs and
+docs/, and each recipe's docstring (its --help).
+
+Each command on data/mnist5k runs from a scratch folder that holds the digits (as `make demo` writes them),
+with --epochs 1 appended; a block that resumes a run runs in order, in one folder, and a command that resumes
+keeps its own --epochs (the total it continues to). Each must exit 0 and learn: every run directory it writes ends with a top-1 of at least 30 % on
+the 1,000 validation digits (10 % by chance). The cluster templates (an ImageNet path, several machines,
+SLURM) cannot run here: their flags must parse, torchrun's by torchrun and the recipe's by the recipe."""
+
+import ast
+import importlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, child_env, free_port
+
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("recipes/*/README.md")),
+         *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*.md"))]
+RECIPE = re.compile(r"^recipes/(\w+)/train\.py$")
+MULTI_NODE = ("--nnodes", "--node_rank", "--master_addr", "--rdzv_endpoint", "--dist-url")
+
+
+def shown_blocks():
+    """(where, [command lines]) for each bash block of the pages and each recipe's docstring: continuation lines
+    joined, $VARIABLES set earlier in the block filled in, comments dropped."""
+    blocks = []
+    for page in PAGES:
+        for i, block in enumerate(re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(), re.S)):
+            blocks.append((f"{page} block {i + 1}", block))
+    for script in sorted(ROOT.glob("recipes/*/train.py")):
+        docstring = ast.get_docstring(ast.parse(script.read_text())).replace("\\\n", " ")
+        commands = [line for line in docstring.splitlines() if re.match(r"^\s+(torchrun|python) ", line)]
+        blocks.append((f"{script.relative_to(ROOT)} docstring", "\n".join(commands)))
+    found = []
+    for where, block in blocks:
+        variables, commands = {}, []
+        for line in block.replace("\\\n", " ").splitlines():
+            tokens = shlex.split(re.sub(r"\$(\w+)", lambda m: variables.get(m[1], m[0]), line), comments=True)
+            if len(tokens) == 1 and re.match(r"^[A-Z_]+=", tokens[0]):
+                name, value = tokens[0].split("=", 1)
+                variables[name] = value
+            elif (tokens[:1] in (["python"], ["torchrun"]) and any(RECIPE.match(t) for t in tokens)
+                  or "sbatch" in tokens and "scripts/slurm_ddp.sbatch" in tokens):
+                commands.append(tokens)  # (a recipe's launch: diff, cat, make and the other scripts are not)
+        if commands:
+            found.append((where, commands))
+    return found
+
+
+def runs_here(tokens):
+    return (tokens[0] in ("python", "torchrun") and "data/mnist5k" in tokens
+            and not any(t.split("=")[0] in MULTI_NODE for t in tokens))
+
+
+def resumes(tokens):
+    return "--resume" in tokens or "--auto-resume" in tokens
+
+
+BLOCKS = shown_blocks()
+RUNNABLE = {}  # (commands run in order in one folder) -> where shown first: a command shown twice runs once
+for where, commands in BLOCKS:
+    here = [tuple(c) for c in commands if runs_here(c)]
+    for sequence in [tuple(here)] if any(map(resumes, here)) else [(c,) for c in here]:
+        RUNNABLE.setdefault(sequence, where)
+
+
+def test_the_pages_show_commands_to_run():
+    """The collector finds what it should: every recipe's docstring command, and the resume walk-through."""
+    wheres = [where for where, _ in BLOCKS]
+    assert all(f"recipes/{r}/train.py docstring" in wheres for r in ("nd", "ddp", "apex", "fsdp", "ps", "pipeline"))
+    assert any(w.startswith("docs/run-directory.md") for w in RUNNABLE.values())
+    assert any(w.startswith("docs/launching.md") for w in wheres)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("digits") / "mnist5k"
+    subprocess.run([sys.executable, "scripts/make_demo_data.py", "--out", str(folder)], cwd=ROOT, check=True,
+                   capture_output=True, env=child_env())
+    return folder
+
+
+def argv_of(tokens):
+    """The command as this interpreter runs it, --epochs 1 appended unless it resumes."""
+    argv = [sys.executable, *(["-m", "torch.distributed.run"] if tokens[0] == "torchrun" else []), *tokens[1:]]
+    return argv if resumes(tokens) else [*argv, "--epochs", "1"]
+
+
+@pytest.mark.parametrize("commands", list(RUNNABLE), ids=list(RUNNABLE.values()))
+def test_each_command_on_the_digits_runs_as_written_and_learns(commands, digits, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mnist5k").symlink_to(digits)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    env = child_env({"PET_MASTER_PORT": str(free_port())})  # (torchrun's --master_port, for a plain torchrun)
+    for tokens in commands:
+        started = time.time()
+        result = subprocess.run(argv_of(tokens), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        assert result.returncode == 0, f"{shlex.join(tokens)}\n{errors}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        written = [p for p in tmp_path.glob("runs/**/summary.json") if p.stat().st_mtime >= started]
+        assert written, shlex.join(tokens)
+        for summary in written:
+            top1 = json.loads(summary.read_text())["top1"]
+            assert top1 >= 30, (shlex.join(tokens), summary.parent.name, top1)
+
+
+def recipe_argv(tokens):
+    """(recipe, its arguments) of a template: after torchrun's or the legacy launcher's flags (which they must
+    parse), or after SLURM's script (DATA=... RECIPE=... sbatch [sbatch flags] scripts/slurm_ddp.sbatch ARGS)."""
+    from torch.distributed import launch, run
+
+    if "slurm_ddp.sbatch" in " ".join(tokens):
+        env = dict(t.split("=", 1) for t in tokens if re.match(r"^[A-Z_]+=", t))
+        script = next(i for i, t in enumerate(tokens) if t.endswith("slurm_ddp.sbatch"))
+        return env.get("RECIPE", "ddp"), [env["DATA"], *tokens[script + 1:]]
+    if tokens[0] == "torchrun":
+        parsed = run.get_args_parser().parse_args(tokens[1:])
+    elif tokens[1:3] == ["-m", "torch.distributed.launch"]:
+        parsed = launch.parse_args(tokens[3:])
+    else:
+        return RECIPE.match(tokens[1])[1], tokens[2:]
+    return RECIPE.match(parsed.training_script)[1], parsed.training_script_args
+
+
+TEMPLATES = [(where, tokens) for where, commands in BLOCKS for tokens in commands if not runs_here(tokens)]
+
+
+@pytest.mark.parametrize("tokens", [t for _, t in TEMPLATES], ids=[w for w, _ in TEMPLATES])
+def test_each_cluster_template_parses(tokens):
+    recipe, argv = recipe_argv(tokens)
+    args = importlib.import_module(f"recipes.{recipe}.train").parse_args(argv)
+    assert str(args.data) == argv[0]
