@@ -99,6 +99,20 @@ def test_the_readme_is_a_map_with_a_readme_for_every_recipe():
         assert (ROOT / "recipes" / recipe / "README.md").exists() and f"(recipes/{recipe}/README.md)" in readme, recipe
 
 
+@pytest.mark.parametrize("recipe", [*RECIPES, "ps", "pipeline"])
+def test_a_recipes_readme_teaches_without_repeating_its_docstrings(recipe):
+    """Outside its commands, a recipe's README shares at most 15 runs of 8 words with any one file of its code
+    (the docstrings, the --help, the comments): it says why, and links to them for the details."""
+    def runs(text):
+        words = re.findall(r"\w+", text.lower())
+        return {" ".join(words[i:i + 8]) for i in range(len(words) - 7)}
+
+    readme = runs(re.sub(r"```.*?```", "", (ROOT / "recipes" / recipe / "README.md").read_text(), flags=re.S))
+    code = [*(ROOT / "recipes" / recipe).glob("*.py"), *(ROOT / "recipes" / "common").glob("*.py")]
+    shared = {path.name: len(readme & runs(path.read_text())) for path in code}
+    assert max(shared.values()) <= 15, {name: n for name, n in shared.items() if n > 15}
+
+
 def test_no_script_is_longer_than_300_lines():
     lengths = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "scripts").rglob("*.py")}
     assert max(lengths.values()) <= 300, {name: n for name, n in lengths.items() if n > 300}
