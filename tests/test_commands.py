@@ -75,6 +75,9 @@ def test_the_pages_show_commands_to_run():
     assert all(f"recipes/{r}/train.py docstring" in wheres for r in ("nd", "ddp", "apex", "fsdp", "ps", "pipeline"))
     assert any(w.startswith("docs/run-directory.md") for w in RUNNABLE.values())
     assert any(w.startswith("docs/launching.md") for w in wheres)
+    for page in PAGES:  # a launch shown in a block of another kind would escape the collector
+        for kind, block in re.findall(r"```(\w*)\n(.*?)```", (ROOT / page).read_text(), re.S):
+            assert kind == "bash" or not re.search(r"(torchrun|python) .*recipes/\w+/train\.py", block), page
 
 
 @pytest.fixture(scope="module")
