@@ -22,6 +22,7 @@ from conftest import ROOT, child_env, free_port
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("recipes/*/README.md")),
          *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*.md"))]
 RECIPE = re.compile(r"^recipes/(\w+)/train\.py$")
+SLURM_SCRIPT = "scripts/slurm_ddp.sbatch"
 MULTI_NODE = ("--nnodes", "--node_rank", "--master_addr", "--rdzv_endpoint", "--dist-url")
 
 
@@ -45,7 +46,7 @@ def shown_blocks():
                 name, value = tokens[0].split("=", 1)
                 variables[name] = value
             elif (tokens[:1] in (["python"], ["torchrun"]) and any(RECIPE.match(t) for t in tokens)
-                  or "sbatch" in tokens and "scripts/slurm_ddp.sbatch" in tokens):
+                  or "sbatch" in tokens and SLURM_SCRIPT in tokens):
                 commands.append(tokens)  # (a recipe's launch: diff, cat, make and the other scripts are not)
         if commands:
             found.append((where, commands))
@@ -117,10 +118,9 @@ def recipe_argv(tokens):
     parse), or after SLURM's script (DATA=... RECIPE=... sbatch [sbatch flags] scripts/slurm_ddp.sbatch ARGS)."""
     from torch.distributed import launch, run
 
-    if "slurm_ddp.sbatch" in " ".join(tokens):
+    if SLURM_SCRIPT in tokens:
         env = dict(t.split("=", 1) for t in tokens if re.match(r"^[A-Z_]+=", t))
-        script = next(i for i, t in enumerate(tokens) if t.endswith("slurm_ddp.sbatch"))
-        return env.get("RECIPE", "ddp"), [env["DATA"], *tokens[script + 1:]]
+        return env.get("RECIPE", "ddp"), [env["DATA"], *tokens[tokens.index(SLURM_SCRIPT) + 1:]]
     if tokens[0] == "torchrun":
         parsed = run.get_args_parser().parse_args(tokens[1:])
     elif tokens[1:3] == ["-m", "torch.distributed.launch"]:
