@@ -119,7 +119,7 @@ gpu-smoke: gpu-check-gpu-smoke
 	$(PY) scripts/gpu_smoke.py
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15  # (the slowest 15: the suite must stay under 30 minutes on 2 cores)
 
 test-mutations: setup
 	$(PY) scripts/mutations.py
