@@ -44,8 +44,7 @@ def main():
     parser.add_argument("--csv", default="figures/data/compile.csv")
     parser.add_argument("--runs", default="runs/figures/compile", help="where the run directories go")
     args = parser.parse_args()
-    if not (Path(args.data) / "train").is_dir():
-        sys.exit(f"error: {args.data} has no train/ folder; run `python scripts/make_demo_data.py` first")
+    measuring.require_digits(args.data)
     if args.epochs < 2:
         sys.exit("error: --epochs must be at least 2: the first epoch compiles, the others are the steady state")
     model = QUICK if args.quick else DEMO

@@ -45,8 +45,7 @@ def main():
     parser.add_argument("--runs", default="runs/figures/compression", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where compression.csv goes")
     args = parser.parse_args()
-    if not (Path(args.data) / "train").is_dir():
-        sys.exit(f"error: {args.data} has no train/ folder; run `python scripts/make_demo_data.py` first")
+    measuring.require_digits(args.data)
     bad = [p for p in args.processes if p < 2 or args.global_batch % p]
     if bad:
         sys.exit(f"error: --processes {bad}: each must be 2 or more and divide --global-batch {args.global_batch}")

@@ -38,8 +38,7 @@ def main():
     parser.add_argument("--runs", default="runs/figures/curves", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where the metrics are copied")
     args = parser.parse_args()
-    if not (Path(args.data) / "train").is_dir():
-        sys.exit(f"error: {args.data} has no train/ folder; run `python scripts/make_demo_data.py` first")
+    measuring.require_digits(args.data)
     copies = Path(args.figures_data) / "curves"
     shutil.rmtree(copies, ignore_errors=True)  # only this run's seeds and recipes are drawn
     copies.mkdir(parents=True)

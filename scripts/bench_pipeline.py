@@ -125,8 +125,7 @@ def main():
     parser.add_argument("--runs", default="runs/figures/pipeline", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where the CSV files go")
     args = parser.parse_args()
-    if not (Path(args.data) / "train").is_dir():
-        sys.exit(f"error: {args.data} has no train/ folder; run `python scripts/make_demo_data.py` first")
+    measuring.require_digits(args.data)
     machine, rows, curves = measuring.hardware(), [], []
     for part, sync, hetero, stages, replicas, schedule, microbatches, seed in plan(args.seeds, args.quick):
         name = f"{part}-{sync}-hetero{hetero:g}-{stages}x{replicas}-{schedule}-m{microbatches}"

@@ -141,8 +141,7 @@ def main():
     parser.add_argument("--runs", default="runs/figures/ps", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where ps.csv goes")
     args = parser.parse_args()
-    if not (Path(args.data) / "train").is_dir():
-        sys.exit(f"error: {args.data} has no train/ folder; run `python scripts/make_demo_data.py` first")
+    measuring.require_digits(args.data)
     machine, rows, runs = measuring.hardware(), [], Path(args.runs)
     for part, mode, aggregate, attack, zeno_eta, seed in plan(args.seeds, args.quick):
         name = f"{part}-{mode}-{aggregate}-{attack}" + (f"-eta{zeno_eta:g}" if zeno_eta is not None else "")

@@ -52,6 +52,12 @@ def bad_input(message):
     sys.exit(2)
 
 
+def require_digits(folder):
+    """Exit with one line unless folder has a train/ folder (data/mnist5k, which make_demo_data.py writes)."""
+    if not (Path(folder) / "train").is_dir():
+        sys.exit(f"error: {folder} has no train/ folder; run `python scripts/make_demo_data.py` first")
+
+
 def cpu_name():
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
