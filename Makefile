@@ -8,8 +8,14 @@
 # make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
 # make figures-gpu            on a machine with CUDA: the GPU sweep into figures/data/gpu/ and RESULTS.md, in
 #                             parts of at most 9 minutes on one H100: ONLY="synthetic jpeg compression" (all)
-# make gpu-smoke              on a machine with CUDA: every recipe's one-GPU path, a few steps each (8 minutes)
-#                             (PY=python3: a Python of your own that has torch, instead of creating .venv)
+# make gpu-smoke              on a machine with CUDA: every recipe's one-GPU path, a few steps each
+# make gpu-check              the device command (docs/gpus.md): preflight, gpu-smoke, then the figures-gpu runs that
+#                             fit in 9 minutes; into figures/data/gpu/ and RESULTS.md. STAND_IN=1: rehearsed on a CPU
+# make gpu-wheels             the wheels a GPU node without a package index lacks (byzfl), into .wheels/ to carry there
+# make test-compat            the compatibility run: under torch 2.11 (.venv-2.11, the GPU nodes' packages, nothing of
+#                             this project installed) the rehearsal of gpu-check, then the documented commands and the
+#                             compression, fsdp, ps and pipeline tests
+#   The GPU targets install nothing: they run PY=..., else .venv's Python where it exists, else python3.
 # A stopped `make figures` started again skips the runs whose summary.json is complete (in runs/figures/);
 # delete that folder to measure everything afresh. Each target creates .venv first when it is missing.
 
@@ -18,6 +24,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # PY=... on the command line: an environment that already has torch (on a GPU node, say); no .venv then
 SETUP := $(if $(filter command line,$(origin PY)),,setup)
+# the GPU targets' Python: a node's own, no install (PY=...; else .venv's, where make setup made it; else python3)
+GPU_PY := $(if $(filter command line,$(origin PY)),$(PY),$(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON)))
+# the compatibility run: the oldest torch supported, with the packages a GPU node's image has (and no mlxtend,
+# no byzfl: byzfl comes from .wheels/, as on a node without a package index)
+COMPAT_VENV := .venv-2.11
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_PACKAGES := torch==2.11.0 torchvision==0.26.0 tensorboard tqdm matplotlib numpy pillow scipy seaborn pandas pytest
+COMPAT_TESTS := tests/test_commands.py tests/test_compression.py tests/test_fsdp.py tests/test_ps.py \
+	tests/test_pipeline.py tests/test_gpu_check.py
+WHEELS := .wheels
+STAND_IN ?=
 # one process per GPU, else 2 CPU processes (evaluated only once the environment exists)
 NPROC = $(shell $(PY) -c "import torch; print(torch.cuda.device_count() or 2)")
 DEMO_DATA := data/mnist5k
@@ -46,14 +63,15 @@ $(error ONLY=$(filter-out $(GPU_PARTS),$(GPU_ONLY)) is not a part of make figure
 endif
 endif
 
-.PHONY: setup demo test test-mutations figures figures-gpu gpu-smoke gpu-check-figures-gpu gpu-check-gpu-smoke clean
+.PHONY: setup demo test test-compat test-mutations figures figures-gpu gpu-smoke gpu-check gpu-wheels \
+	gpu-check-figures-gpu gpu-check-gpu-smoke clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
 $(DEMO_DATA)/.complete: | $(SETUP)
@@ -101,22 +119,44 @@ figures: $(SETUP) $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
 	$(PY) scripts/plot_results.py --data $(FIG_DATA) --figures $(FIG_DIR) --results $(RESULTS)
 
 # GPUs need longer epochs than the CPU folder gives: 100 classes x 250 (20,000 train JPEGs, 78 steps of 256)
-$(GPU_JPEG_DATA)/.complete: | $(SETUP)
-	$(PY) scripts/make_demo_data.py --imagenet-like $(GPU_JPEG_DATA) --classes 100 --images 250
+$(GPU_JPEG_DATA)/.complete:
+	$(GPU_PY) scripts/make_demo_data.py --imagenet-like $(GPU_JPEG_DATA) --classes 100 --images 250 --jobs 0
 	touch $@
 
-# a CUDA GPU, and the packages the target needs in $(PY): else one line (scripts/check_python.py) and exit 2
-gpu-check-figures-gpu gpu-check-gpu-smoke: $(SETUP)
-	$(eval problem := $(shell $(PY) scripts/check_python.py --gpu $(@:gpu-check-%=%) 2>&1))
-	$(if $(problem),$(error $(patsubst error:%,%,$(problem))))
+# a CUDA GPU, and the packages the target needs in $(GPU_PY): else one line (scripts/check_python.py) and exit 2
+# (its exit status decides: a warning torch prints on stderr is no failure)
+gpu-check-figures-gpu gpu-check-gpu-smoke:
+	$(eval problem := $(shell $(GPU_PY) scripts/check_python.py --gpu --stdout $(@:gpu-check-%=%) 2>/dev/null))
+	$(if $(filter-out 0,$(.SHELLSTATUS)),$(error $(or $(patsubst error:%,%,$(problem)),$(GPU_PY) \
+		scripts/check_python.py $(@:gpu-check-%=%) failed)))
 
 figures-gpu: gpu-check-figures-gpu $(if $(filter jpeg,$(GPU_ONLY)),$(GPU_JPEG_DATA)/.complete)
-	$(PY) scripts/bench_gpu.py $(if $(filter jpeg,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) --parts $(GPU_ONLY) \
+	$(GPU_PY) scripts/bench_gpu.py $(if $(filter jpeg,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) --parts $(GPU_ONLY) \
 		--figures-data figures/data/gpu --runs runs/figures-gpu
-	$(PY) scripts/plot_results.py
+	$(GPU_PY) scripts/plot_results.py
 
 gpu-smoke: gpu-check-gpu-smoke
-	$(PY) scripts/gpu_smoke.py
+	$(GPU_PY) scripts/gpu_smoke.py
+
+# the device command: what a lent GPU runs in one call (scripts/gpu_check.py; docs/gpus.md)
+gpu-check:
+	$(GPU_PY) scripts/gpu_check.py $(if $(filter-out 0,$(STAND_IN)),--stand-in) $(if $(ARCHIVE),--archive $(ARCHIVE))
+
+# byzfl's wheel (pure Python; what a GPU node's image lacks) for gpu-check to install from, with no index
+gpu-wheels: $(WHEELS)/.complete
+$(WHEELS)/.complete: constraints.txt
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: -d $(WHEELS) $(shell grep '^byzfl==' constraints.txt)
+	touch $@
+
+$(COMPAT_VENV)/.installed:
+	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet $(COMPAT_PACKAGES)
+	touch $@
+
+# the rehearsal of the device command exactly as a GPU node runs it, then the recipes' tests, under torch 2.11
+test-compat: setup $(DEMO_DATA)/.complete $(COMPAT_VENV)/.installed gpu-wheels
+	$(MAKE) --no-print-directory gpu-check PY=$(COMPAT_PY) STAND_IN=1
+	PYTHONPATH=runs/gpu-check/site $(COMPAT_PY) -m pytest -q -p no:cacheprovider --durations=10 $(COMPAT_TESTS)
 
 test: setup
 	$(PY) -m pytest -q --durations=15  # (the slowest 15: the suite must stay under 30 minutes on 2 cores)
@@ -125,4 +165,4 @@ test-mutations: setup
 	$(PY) scripts/mutations.py
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache $(WHEELS)

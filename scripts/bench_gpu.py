@@ -3,6 +3,7 @@
     make figures-gpu                        # every part: data/imagenet-like-gpu, this script, plot_results.py
     make figures-gpu ONLY=jpeg              # one part: synthetic, jpeg or compression
     python scripts/bench_gpu.py --jpeg DIR [--gpus 1 2 4 8] [--parts synthetic jpeg compression] [--list]
+    python scripts/bench_gpu.py --skip-measured --minutes 5 ...   # a lease's share (scripts/gpu_check.py)
 
 Three parts, each planned to finish within 9 minutes on one H100 (--list prints the
 runs and the estimate), for each number of GPUs (default 1, 2, 4, ... and all of them):
@@ -38,6 +39,12 @@ trained again, nor a batch that ran out of memory; checkpoints are deleted once 
 run has finished; each part's minutes go into timings.csv (gpu-<part>).
 plot_results.py draws them into figures/gpu_*.png and the GPU section of RESULTS.md.
 Without CUDA, or without a package it needs, it says so in one line and exits 2.
+
+A lease of a GPU is short, so the sweep can go run by run: --skip-measured leaves out the
+runs that the CSVs already hold, and --minutes M starts a run only while --list's model
+says it ends within M minutes of the start (the runs left are named at the end; the next
+command goes on with them). --stand-in rehearses the plumbing on a CPU (scripts/gpu_check.py
+--stand-in): the same plan and files, the runs made on the CPU with the flags given.
 """
 
 import argparse
@@ -83,6 +90,10 @@ def parse_args(argv=None):
     parser.add_argument("--figures-data", default="figures/data/gpu", help="where the CSVs go")
     parser.add_argument("--runs", default="runs/figures-gpu", help="where the run directories go")
     parser.add_argument("--list", action="store_true", help="print each part's runs and estimated minutes, and exit")
+    parser.add_argument("--skip-measured", action="store_true", help="leave out the runs the CSVs already hold")
+    parser.add_argument("--minutes", type=float, help="start a run only if the model ends it within these minutes")
+    parser.add_argument("--max-runs", type=int, help="at most this many runs")
+    parser.add_argument("--stand-in", action="store_true", help="rehearse on a CPU: no CUDA needed")
     args = parser.parse_args(argv)
     for flag, value, low in (("--batch-size", args.batch_size, 1), ("--image-size", args.image_size, 8),
                              ("--min-steps", args.min_steps, 1), ("--workers", args.workers, 0)):
@@ -135,7 +146,7 @@ def train(args, name, recipe, gpus, data, flags, cores):
         workers_per_gpu = args.workers if args.workers is not None else max(1, cores // gpus - 1)
     workers = workers_per_gpu * gpus // processes  # dp's one process loads for every GPU
     data_flags = ["--synthetic"] if data == "synthetic" else [args.jpeg]
-    env = {"CUDA_VISIBLE_DEVICES": visible_gpus(gpus)}
+    env = {"CUDA_VISIBLE_DEVICES": "" if args.stand_in else visible_gpus(gpus)}
     while True:
         epochs, steps = epochs_for(train_images(args, data), gpus, batch, args.min_steps)
         per_process = batch * gpus if recipe == "dp" else batch  # dp splits one batch between its GPUs
@@ -164,11 +175,27 @@ def part_of(row):
     return row.get("data", "compression")
 
 
-def kept_rows(path, counts, parts):
-    """The rows of an earlier sweep that this one does not measure again: other GPU counts, other parts."""
+def kept_rows(path, counts, parts, every=False):
+    """The rows of an earlier sweep that this one does not measure again: other GPU counts, other parts (every:
+    all of them, --skip-measured)."""
     if not path.exists():
         return []
-    return [r for r in measuring.read_csv(path) if int(r["gpus"]) not in counts or part_of(r) not in parts]
+    return [r for r in measuring.read_csv(path) if every or int(r["gpus"]) not in counts or part_of(r) not in parts]
+
+
+def key(row):
+    """What a row measured: (the recipe, data, decoder, precision and channels_last; or the method and error
+    feedback), the GPUs."""
+    if "method" in row:
+        return str(row["method"]), str(row["error_feedback"]), str(row["gpus"])
+    return (str(row["recipe"]), str(row["data"]), str(row["decoder"]), str(row["precision"]),
+            str(row["channels_last"]), str(row["gpus"]))
+
+
+def planned_key(part, recipe, gpus, data, decoder, variant, flag):
+    if part == "compression":
+        return str(variant), str(int(flag)), str(gpus)
+    return recipe, data, decoder, variant, str(int(flag)), str(gpus)
 
 
 def main(argv=None):
@@ -186,23 +213,37 @@ def main(argv=None):
             for name, recipe, gpus, data, *_, flags in runs.get(part, []):
                 print(f"  {name:36s} {recipe} on {gpus} GPU(s), {data}: {' '.join(flags)}")
         return
-    check_python.require("figures-gpu", gpu=True)  # (one line and exit 2 without CUDA or a package it needs)
+    # (one line and exit 2 without CUDA or a package it needs)
+    check_python.require("figures-gpu", gpu=not args.stand_in)
     import torch
 
-    counts = gpu_counts(torch.cuda.device_count(), args.gpus)
+    counts = gpu_counts(1 if args.stand_in else torch.cuda.device_count(), args.gpus)
     cores = measuring.usable_cores()
     machine = measuring.hardware()
+    if args.stand_in:
+        machine["gpu"] = "none (a CPU standing in)"
     common = {"arch": args.arch, "image_size": args.image_size, **machine}
     figures_data = Path(args.figures_data)
-    precision_rows = kept_rows(figures_data / "precision.csv", counts, args.parts)
-    compression_rows = kept_rows(figures_data / "compression.csv", counts, args.parts)
+    precision_rows = kept_rows(figures_data / "precision.csv", counts, args.parts, args.skip_measured)
+    compression_rows = kept_rows(figures_data / "compression.csv", counts, args.parts, args.skip_measured)
+    measured_keys = {key(r) for r in precision_rows + compression_rows} if args.skip_measured else set()
     runs, skipped = plan(args, counts)
+    begun, trained, left = time.time(), 0, []
     for part in args.parts:
         started = time.time()
         measuring.counts.update(trained=0, reused=0, reused_s=0.0)
         if part in skipped:
             print(skipped[part], flush=True)
-        for name, recipe, gpus, data, decoder, variant, flag, flags in runs.get(part, []):
+        for planned in runs.get(part, []):
+            name, recipe, gpus, data, decoder, variant, flag, flags = planned
+            if planned_key(part, recipe, gpus, data, decoder, variant, flag) in measured_keys:
+                continue
+            minutes = estimated_minutes(args, [planned], cores)
+            if (args.max_runs is not None and trained >= args.max_runs or args.minutes is not None
+                    and (time.time() - begun) / 60 + minutes > args.minutes):
+                left.append(name)
+                continue
+            trained += 1
             measured = train(args, name, recipe, gpus, data, flags, cores)
             summary = measured.pop("summary")
             if part == "compression":
@@ -217,9 +258,10 @@ def main(argv=None):
                 measuring.write_csv(figures_data / "precision.csv", PRECISION_FIELDS, precision_rows)
             print(f"{name:>36}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
                   f"GPU, data wait {100 * measured['data_wait_share']:.0f} %)", flush=True)
-        if runs.get(part):
+        if runs.get(part) and measuring.counts["trained"] + measuring.counts["reused"]:
             measuring.record_part(figures_data, f"gpu-{part}", started)
-    print(f"wrote {figures_data}/")
+    print(f"wrote {figures_data}/" + (f"; left for the next command ({len(left)}): {' '.join(left)}" if left else
+                                      "; every planned run is measured"), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,16 @@ import argparse
 import importlib.util
 import sys
 
-# what each target imports besides torch: the package (as pip names it) and what needs it
+RECIPES = {"torchvision": "the recipes", "tqdm": "the recipes", "tensorboard": "the recipes",
+           "numpy": "the JPEG folder", "PIL": "the JPEG folder"}
+# what each target imports besides torch: the package (as its module is named) and what needs it
 NEEDS = {
-    "gpu-smoke": {"torchvision": "the recipes", "tqdm": "the recipes", "tensorboard": "the recipes",
-                  "numpy": "the JPEG folder", "PIL": "the JPEG folder", "byzfl": "the parameter-server check"},
-    "figures-gpu": {"torchvision": "the recipes", "tqdm": "the recipes", "tensorboard": "the recipes",
-                    "numpy": "the JPEG folder", "PIL": "the JPEG folder", "matplotlib": "the figures"},
+    "gpu-smoke": {**RECIPES, "byzfl": "the parameter-server check"},
+    "figures-gpu": {**RECIPES, "matplotlib": "the figures"},
+    "gpu-check": {**RECIPES, "byzfl": "the parameter-server check", "matplotlib": "the figures"},
 }
+# the packages that only some groups of checks need: a target run without those groups does without them
+ONLY_FOR = {"byzfl": "ps"}
 PIP_NAMES = {"PIL": "pillow"}
 # the oldest releases the recipes are written for (fully_shard with output_dtype, DCP's reader and planner API,
 # decode_jpeg on CUDA in batches); pyproject.toml pins newer ones, and GPU nodes often have these
@@ -40,25 +43,28 @@ def too_old():
     return found
 
 
-def missing(target):
-    """'name (what needs it)' for each package `target` needs and this Python lacks."""
+def missing(target, groups=None):
+    """'name (what needs it)' for each package `target` needs and this Python lacks (groups: the groups of checks
+    that will run, None for all)."""
     return [f"{PIP_NAMES.get(name, name)} ({why})" for name, why in NEEDS[target].items()
-            if importlib.util.find_spec(name) is None]
+            if (groups is None or name not in ONLY_FOR or ONLY_FOR[name] in groups)
+            and importlib.util.find_spec(name) is None]
 
 
-def require(target, gpu=False):
-    """Exit 2 with one line unless this Python has torch, target's packages and (gpu) a CUDA GPU."""
+def require(target, gpu=False, groups=None):
+    """Exit 2 with one line unless this Python has torch, target's packages (those the groups of checks need)
+    and (gpu) a CUDA GPU."""
     if importlib.util.find_spec("torch") is None:
         fail(f"this Python ({sys.executable}) has no torch: make setup, or PY=a Python that has it")
     old = too_old()
     if old:
         fail(f"this Python ({sys.executable}) has {', '.join(old)}: make {target} needs newer releases; pip install "
              f"a newer one, or use make setup's .venv")
-    lacking = missing(target)
+    lacking = missing(target, groups)
     if lacking:
         fail(f"this Python ({sys.executable}) lacks {', '.join(lacking)}, which make {target} needs: pip install "
-             f"it, or on a node without a package index install its wheel carried there (pip download on a "
-             f"machine with one), or use make setup's .venv")
+             f"it, or on a node without a package index carry the wheels that make gpu-wheels downloads elsewhere "
+             f"(docs/gpus.md), or use make setup's .venv")
     if gpu:
         import torch
 
@@ -67,8 +73,11 @@ def require(target, gpu=False):
                  f"make figures run on the CPU")
 
 
+STREAM = sys.stderr  # --stdout: the Makefile reads the line there, and leaves stderr's warnings aside
+
+
 def fail(message):
-    sys.stderr.write(f"error: {message}\n")
+    STREAM.write(f"error: {message}\n")
     sys.exit(2)
 
 
@@ -76,8 +85,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", choices=sorted(NEEDS))
     parser.add_argument("--gpu", action="store_true", help="a CUDA GPU must be visible too")
+    parser.add_argument("--groups", nargs="+", help="only the packages these groups of checks need")
+    parser.add_argument("--stdout", action="store_true", help="the line on stdout (the Makefile's way to read it)")
     args = parser.parse_args()
-    require(args.target, args.gpu)
+    if args.stdout:
+        global STREAM
+        STREAM = sys.stdout
+    require(args.target, args.gpu, args.groups and set(args.groups))
 
 
 if __name__ == "__main__":

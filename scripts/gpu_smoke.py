@@ -1,7 +1,8 @@
 """The one-GPU check: every recipe's single-GPU path, a few steps each, one line per check.
 
     make gpu-smoke                          # PY=python3 make gpu-smoke: a Python of your own
-    python scripts/gpu_smoke.py [--only ddp apex ...] [--list]
+    python scripts/gpu_smoke.py [--only ddp apex ...] [--timeout S] [--json FILE] [--list]
+    python scripts/gpu_smoke.py --stand-in  # the same checks rehearsed on a CPU
 
 On the first GPU, a small JPEG folder (written once into runs/gpu-smoke/jpeg) and
 ResNet-18 at 64 px, one or two short epochs per check:
@@ -23,15 +24,25 @@ ResNet-18 at 64 px, one or two short epochs per check:
                           torch.cuda.set_sync_debug_mode("warn"): the host synchronisations
                           per training step, by source (scripts/count_syncs.py); the check
                           fails when the recipes' own code makes one
-Each run goes to runs/gpu-smoke/<check>/ (its output in output.log). Prints one line per
-check, then a summary; exits 1 when a check failed. Without CUDA: one line, exit 2. A
-package the checks need and this Python lacks: one line naming it, exit 2.
+Each run goes to <--out>/<check>/ (default runs/gpu-smoke; its output in output.log). A
+check still running after --timeout seconds (default 240) is cut there, its processes and
+theirs killed, and fails; the next one starts. Prints one line per check, then a summary,
+and writes them to --json as they come; exits 1 when a check failed. Without CUDA: one line,
+exit 2. A package the chosen checks need and this Python lacks: one line naming it, exit 2.
+
+--stand-in rehearses the check on a CPU, where no GPU is (CI does, under the GPU nodes'
+torch): every check's plumbing, with lenet at 16 px on a smaller folder, the CPU and gloo
+where the GPU and NCCL would be, and count_syncs.py's stand-in counter. What only a GPU
+runs is replaced and said on the check's line (--sync-bn is left out, --decoder gpu
+becomes tensor); one more check hangs on purpose (SIGSTOP after its 2nd step) and must be
+cut at its limit (--hang-timeout, default 30 s).
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -43,8 +54,11 @@ sys.path.insert(0, str(ROOT))
 from scripts import check_python, measuring  # noqa: E402
 
 OUT = ROOT / "runs" / "gpu-smoke"
-DATA = OUT / "jpeg"
 SMALL = ["-a", "resnet18", "--image-size", "64", "-b", "32", "--lr", "0.01", "-p", "2", "-j", "2"]
+STAND_IN_SMALL = ["-a", "lenet", "--image-size", "16", "-b", "8", "--lr", "0.01", "-p", "2", "-j", "1"]
+# what only a GPU runs, and what the stand-in runs instead: {flag: replacement, None to leave it out}
+STAND_IN_FLAGS = {("--sync-bn",): None, ("--decoder", "gpu"): ("--decoder", "tensor")}
+HUNG = "stand-in-hung-check"
 AMP = ["O0", "O1", "O2", "O3"]
 COMPRESS = ["none", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "powersgd"]
 SHARDS = ["none", "optimizer", "grad-op", "full"]
@@ -56,11 +70,10 @@ def under_nccl_rules(recipe):
     return [str(ROOT / "scripts" / "nccl_rules.py"), str(ROOT / "recipes" / recipe / "train.py")]
 
 
-def checks():
+def checks(data="{data}", small=SMALL, stand_in=False):
     """[(name, group, [(recipe or script, processes, flags, expected exit code), ...])]: the runs of each check,
     in order (a later run of a check may read an earlier one's output: {out} is the check's folder)."""
-    data = str(DATA)
-    one = lambda recipe, *flags, processes=1: (recipe, processes, [data, *SMALL, "--epochs", "1", *flags], 0)
+    one = lambda recipe, *flags, processes=1: (recipe, processes, [data, *small, "--epochs", "1", *flags], 0)
     found = [("nd", "nd", [one("nd")]), ("dp", "dp", [one("dp")]),
              ("ddp-ema-syncbn-accum-mix", "ddp", [one(under_nccl_rules("ddp"), "--ema-decay", "0.99", "--sync-bn",
                                                        "--accum-steps", "2", "--mixup-alpha", "0.2", "--cutmix-alpha",
@@ -82,7 +95,7 @@ def checks():
     found.append(("fsdp-sharded-checkpoint", "fsdp", [
         one("fsdp", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16", "--sharded-checkpoint",
             "--out", "{out}/first"),
-        ("fsdp", 1, [data, *SMALL, "--epochs", "2", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16",
+        ("fsdp", 1, [data, *small, "--epochs", "2", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16",
                      "--resume", "{out}/first/checkpoint_dcp"], 0)]))
     found.append(("pipeline-stages-1", "pipeline", [one(under_nccl_rules("pipeline"), "--stages", "1",
                                                         "--microbatches", "2")]))
@@ -91,14 +104,30 @@ def checks():
     injected = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", "term", "--step", "3", "--",
                 str(ROOT / "recipes" / "ddp" / "train.py")]
     found.append(("faults-sigterm-then-resume", "faults", [
-        (injected, 1, [data, *SMALL, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 75),
-        ("ddp", 1, [data, *SMALL, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 0)]))
+        (injected, 1, [data, *small, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 75),
+        ("ddp", 1, [data, *small, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 0)]))
     for recipe, flags in (("ddp", []), ("apex", ["--opt-level", "O1", "--amp-dtype", "fp16", "--ema-decay", "0.99"])):
-        counted = [str(ROOT / "scripts" / "count_syncs.py"), "--json", "{out}/syncs.json", "--",
-                   str(ROOT / "recipes" / recipe / "train.py")]
+        counted = [str(ROOT / "scripts" / "count_syncs.py"), "--json", "{out}/syncs.json",
+                   *(["--stand-in"] if stand_in else []), "--", str(ROOT / "recipes" / recipe / "train.py")]
         found.append((f"syncs-per-step-{recipe}{'-fp16-ema' if flags else ''}", "syncs",
-                      [(counted, 1, [data, *SMALL, "--epochs", "2", "-p", "1000", *flags], 0)]))
+                      [(counted, 1, [data, *small, "--epochs", "2", "-p", "1000", *flags], 0)]))
+    if stand_in:  # a check that hangs: the limit must cut it, and the next check start
+        stopped = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", "stop", "--step", "2", "--",
+                   str(ROOT / "recipes" / "ddp" / "train.py")]
+        found.append((HUNG, "faults", [(stopped, 1, [data, *small, "--epochs", "1"], "cut")]))
     return found
+
+
+def stand_in_flags(flags):
+    """The flags with what only a GPU runs replaced (STAND_IN_FLAGS), and what was replaced."""
+    flags, said = list(flags), []
+    for old, new in STAND_IN_FLAGS.items():
+        for i in range(len(flags) - len(old) + 1):
+            if tuple(flags[i:i + len(old)]) == old:
+                flags[i:i + len(old)] = new or []
+                said.append(f"{' '.join(old)} -> {' '.join(new)}" if new else f"without {' '.join(old)}")
+                break
+    return flags, said
 
 
 def parse_args(argv=None):
@@ -106,13 +135,23 @@ def parse_args(argv=None):
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=groups, help="these groups of checks (default: all)")
     parser.add_argument("--list", action="store_true", help="print the checks and exit")
-    return parser.parse_args(argv)
+    parser.add_argument("--timeout", type=float, default=240, help="seconds a check may take (default: 240)")
+    parser.add_argument("--hang-timeout", type=float, default=30,
+                        help="--stand-in: the limit of the check that hangs on purpose (default: 30)")
+    parser.add_argument("--json", help="the checks' lines and the summary, written as they come")
+    parser.add_argument("--out", default=str(OUT), help=f"where the runs go (default: {OUT.relative_to(ROOT)})")
+    parser.add_argument("--stand-in", action="store_true", help="rehearse on a CPU: what only a GPU runs replaced")
+    args = parser.parse_args(argv)
+    for flag, value in (("--timeout", args.timeout), ("--hang-timeout", args.hang_timeout)):
+        if value <= 0:
+            parser.error(f"{flag} must be above 0, got {value:g}")
+    return args
 
 
-def command(run, out):
+def command(run, out, data):
     """The command line of one run of a check: a recipe, or a script that wraps one (a list)."""
     target, processes, flags, _ = run
-    flags = [flag.replace("{out}", str(out)) for flag in flags]
+    flags = [flag.replace("{out}", str(out)).replace("{data}", str(data)) for flag in flags]
     if "--out" not in flags:
         flags += ["--out", str(out)]
     script = target if isinstance(target, list) else [str(ROOT / "recipes" / target / "train.py")]
@@ -127,61 +166,98 @@ def last_error(output):
     return (errors or lines or ["(no output)"])[-1][:300]
 
 
-def run_check(name, runs):
+def run_one(line, env, log, timeout):
+    """(exit code, or None when cut at the limit; its output). The run and every process it started go at the
+    limit: it leads a process group of its own."""
+    process = subprocess.Popen(line, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        code = None
+    log.write(output)
+    return code, output
+
+
+def run_check(name, runs, args, data, timeout):
     """Run a check's runs in turn; (ok, what to say)."""
-    out = OUT / name
+    out = Path(args.out) / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="" if args.stand_in else
+               os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    deadline, replaced = time.monotonic() + timeout, []
     with open(out / "output.log", "w") as log:
         for run in runs:
-            line = command(run, out)
+            line = command(run, out, data)
+            if args.stand_in:
+                line, said = stand_in_flags(line)
+                replaced += said
             log.write(f"$ {' '.join(line)}\n")
             log.flush()
-            result = subprocess.run(line, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)
-            log.write(result.stdout)
-            if result.returncode != run[3]:
-                return False, f"exit {result.returncode}, not {run[3]}: {last_error(result.stdout)}"
+            code, output = run_one(line, env, log, max(1.0, deadline - time.monotonic()))
+            stand_in = f" (stand-in: {', '.join(replaced)})" if replaced else ""
+            if code is None:
+                cut = f"cut at its {timeout:g} s limit"
+                return run[3] == "cut", cut + (", as it should be" if run[3] == "cut" else f": {last_error(output)}")
+            if code != run[3]:
+                return False, f"exit {code}, not {run[3]}: {last_error(output)}{stand_in}"
     if name.startswith("syncs"):
         counted = json.loads((out / "syncs.json").read_text())
         ours = {source: n for source, n in counted["sources"].items() if source.startswith("recipes/")}
         said = (f"{counted['per_step']:.2f} per step over {counted['steps']} steps" if counted["steps"] else
                 "no step counted")
         if ours or not counted["steps"]:
-            return False, f"{said}; from the recipes: {ours or 'none'}"
-        return True, f"{said}; none from the recipes{': torch ' + str(counted['sources']) if counted['syncs'] else ''}"
-    return True, ""
+            return False, f"{said}; from the recipes: {ours or 'none'}{stand_in}"
+        torch_syncs = f": torch's {counted['sources']}" if counted["syncs"] else ""
+        return True, f"{said}; none from the recipes{torch_syncs}{stand_in}"
+    return True, stand_in.strip()
 
 
 def main(argv=None):
     args = parse_args(argv)
-    chosen = [(name, group, runs) for name, group, runs in checks() if not args.only or group in args.only]
+    data = Path(args.out) / "jpeg"
+    chosen = [(name, group, runs) for name, group, runs in
+              checks(str(data), STAND_IN_SMALL if args.stand_in else SMALL, args.stand_in)
+              if not args.only or group in args.only]
     if args.list:
         for name, group, runs in chosen:
-            commands = " && ".join(" ".join(command(run, OUT / name)[1:]) for run in runs)
+            commands = " && ".join(" ".join(command(run, Path(args.out) / name, data)[1:]) for run in runs)
             print(f"{name:32s} {commands.replace(str(ROOT) + os.sep, '')}")
         return
-    check_python.require("gpu-smoke", gpu=True)  # (one line and exit 2 without CUDA or a package it needs)
+    # (one line and exit 2 without CUDA or a package the chosen checks need)
+    check_python.require("gpu-smoke", gpu=not args.stand_in, groups={group for _, group, _ in chosen})
     import torch
 
-    if not (DATA / "train").is_dir():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like", str(DATA),
-                        "--classes", "8", "--images", "40"], check=True, stdout=subprocess.DEVNULL)
-    print(f"gpu-smoke: {len(chosen)} checks on {torch.cuda.get_device_name(0)}, torch {torch.__version__}; "
-          f"output in {OUT.relative_to(ROOT)}/<check>/", flush=True)
+    if not (data / "train").is_dir():
+        size = ["--classes", "4", "--images", "16"] if args.stand_in else ["--classes", "8", "--images", "40"]
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like", str(data),
+                        *size], check=True, stdout=subprocess.DEVNULL)
+    device = "a CPU standing in for the GPU" if args.stand_in else torch.cuda.get_device_name(0)
+    print(f"gpu-smoke: {len(chosen)} checks on {device}, torch {torch.__version__}; output in "
+          f"{os.path.relpath(args.out, ROOT)}/<check>/", flush=True)
+    report = {"device": device, "torch": torch.__version__, "stand_in": args.stand_in, "checks": []}
     started, failed = time.perf_counter(), []
+    report["summary"] = f"gpu-smoke: 0 of {len(chosen)} checks run"
     for name, _, runs in chosen:
         begun = time.perf_counter()
-        ok, said = run_check(name, runs)
-        print(f"  {name:32s} {'ok    ' if ok else 'FAILED'} {time.perf_counter() - begun:6.1f} s"
-              f"{'  ' + said if said else ''}", flush=True)
+        ok, said = run_check(name, runs, args, data, args.hang_timeout if name == HUNG else args.timeout)
+        seconds = time.perf_counter() - begun
+        print(f"  {name:32s} {'ok    ' if ok else 'FAILED'} {seconds:6.1f} s{'  ' + said if said else ''}",
+              flush=True)
+        report["checks"].append({"check": name, "ok": ok, "seconds": round(seconds, 1), "said": said})
         if not ok:
             failed.append(name)
-    minutes = (time.perf_counter() - started) / 60
-    print(f"gpu-smoke: {len(chosen) - len(failed)} of {len(chosen)} checks ok in {minutes:.1f} min"
-          f"{'; failed: ' + ' '.join(failed) if failed else ''}", flush=True)
+        report["summary"] = (f"gpu-smoke: {len(report['checks']) - len(failed)} of {len(chosen)} checks ok in "
+                             f"{(time.perf_counter() - started) / 60:.1f} min"
+                             f"{'; failed: ' + ' '.join(failed) if failed else ''}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print(report["summary"], flush=True)
     sys.exit(1 if failed else 0)
 
 

@@ -120,8 +120,10 @@ def watched(name, original):
             return original(*args, **kwargs)
         bound = signature.bind_partial(*args, **kwargs).arguments
         group = bound.get("group")
+        # (an object list travels pickled, as bytes on the device: the tensors in it may be anywhere, meta too,
+        # as torch 2.11's pipelining sends its shapes)
         values = [bound.get(key) for key in ("tensor", "tensor_list", "output_tensor", "input_tensor",
-                                             "output_tensor_list", "input_tensor_list", "object_list")]
+                                             "output_tensor_list", "input_tensor_list")]
         any_source = name in ("recv", "irecv") and bound.get("src") is None and bound.get("group_src") is None
         check(name, group, [t for value in values for t in tensors_of(value)], any_source)
         _inside.call = True

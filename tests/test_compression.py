@@ -12,6 +12,8 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import TINY, free_port, read_summary, run_recipe
+
+from recipes.common import compat
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_recipes import assert_complete_run_dir
 from recipes.compression import hooks
@@ -61,8 +63,8 @@ def hook_worker(rank, port, method, grads_per_step, options, results):
 
 
 def record_payloads():
-    """Note the size of every tensor the hooks hand to dist.all_reduce and dist.all_gather_single."""
-    payloads, all_reduce, all_gather_single = [], dist.all_reduce, dist.all_gather_single
+    """Note the size of every tensor the hooks hand to dist.all_reduce and all_gather_single (compat's name)."""
+    payloads, all_reduce, all_gather_single = [], dist.all_reduce, compat.all_gather_single
 
     def recorded_all_reduce(tensor, *args, **kwargs):
         payloads.append(tensor.nbytes)
@@ -72,7 +74,7 @@ def record_payloads():
         payloads.append(payload.nbytes)
         return all_gather_single(output, payload, *args, **kwargs)
 
-    dist.all_reduce, dist.all_gather_single = recorded_all_reduce, recorded_all_gather_single
+    dist.all_reduce, compat.all_gather_single = recorded_all_reduce, recorded_all_gather_single
     return payloads
 
 

@@ -9,6 +9,10 @@ O0-O3, apex.amp itself and --channels-last: recipes/common/amp.py.
 """
 
 import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
 
 import torch
 from torch import nn

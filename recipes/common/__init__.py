@@ -14,6 +14,7 @@
     faults       SIGTERM and divergence checks
     sharding     sharded training's state dicts in the one schema, and bytes per rank
     pushpull     push and pull over point-to-point messages (the parameter server, hetpipe's servers)
+    compat       what moved between the torch releases the recipes run on
 """
 
 

@@ -208,10 +208,10 @@ class StopCheck:
         return self._read(flags) or stop
 
     def _note(self, loss, epoch, step):
-        nonfinite = (~torch.isfinite(loss.detach())).any()
+        # to the host without waiting (on CUDA, into pinned memory; an event says when it is there)
+        nonfinite = (~torch.isfinite(loss.detach())).any().to("cpu", non_blocking=True)
         arrived = None
-        if nonfinite.device.type == "cuda":  # copy to pinned memory without waiting; an event says when it is there
-            nonfinite = nonfinite.to("cpu", non_blocking=True)
+        if loss.device.type == "cuda":
             arrived = torch.cuda.Event()
             arrived.record()
         self.losses.append((epoch, step, nonfinite, arrived))

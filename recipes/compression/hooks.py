@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from recipes.common import RecipeError, cli
+from recipes.common import RecipeError, cli, compat
 
 METHODS = ["none", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "powersgd"]
 PYTORCH_HOOKS = {"none": (default_hooks.allreduce_hook, torch.float32),  # hook, the type it sends
@@ -101,7 +101,7 @@ def fp8_hook(dtype):
         # fp8, but any tensor travels as bytes)
         message = torch.cat([payload.view(torch.uint8), scale.reshape(1).view(torch.uint8)])
         gathered = torch.empty(group.size() * message.numel(), dtype=torch.uint8, device=grad.device)
-        work = dist.all_gather_single(gathered, message, group=group, async_op=True)
+        work = compat.all_gather_single(gathered, message, group=group, async_op=True)
 
         def average(fut):
             rows = gathered.view(group.size(), -1)  # one row per rank

@@ -8,6 +8,10 @@ hooks.py: compress, communicate, decompress, average), and what it sent per step
 """
 
 import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
 
 import torch
 from torch import nn

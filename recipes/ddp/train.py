@@ -7,6 +7,10 @@ its own shard, the DDP wrapper, output from rank 0 only, and no_sync for --accum
 """
 
 import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
 
 import torch
 from torch import nn

@@ -9,6 +9,11 @@ all the coordination, so it scales worse than DDP (recipes/ddp). Without CUDA
 it runs the model on one device.
 """
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
+
 import torch
 from torch import nn
 

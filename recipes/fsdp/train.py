@@ -21,6 +21,10 @@ each rank saves its own shard into, and --resume DIRECTORY reads it back (reshar
 """
 
 import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
 
 import torch
 import torch.distributed as dist

@@ -5,6 +5,11 @@
 Runs on the first GPU when there is one, else on the CPU.
 """
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
+
 import torch
 from torch import nn
 

@@ -32,7 +32,11 @@ Stragglers (SD-PIPE's model): --hetero X makes a process sleep X seconds with pr
 """
 
 import copy
+import sys
 import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
 
 import torch
 import torch.distributed as dist

@@ -33,6 +33,10 @@ others train its share); sync ends with the lost-peer line, as does every rank w
 """
 
 import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
 
 import torch
 import torch.distributed as dist

@@ -1,9 +1,12 @@
 """gpu: the GPU sweep (scripts/bench_gpu.py, make figures-gpu; not a part of make figures).
 
-    reads    figures/data/gpu/precision.csv, compression.csv, timings.csv
+    reads    figures/data/gpu/precision.csv, compression.csv, timings.csv; preflight.json and smoke.json
+             (scripts/gpu_check.py, make gpu-check)
     draws    figures/gpu_throughput.png, gpu_scaling.png
-    writes   RESULTS.md's gpu-hardware, gpu-precision, gpu-compression
+    writes   RESULTS.md's gpu-hardware, gpu-check, gpu-precision, gpu-compression
 """
+
+import json
 
 from scripts.results.common import plt, read_csv, save, table
 from scripts.results.compression import method_label
@@ -98,13 +101,31 @@ def plot_gpu(rows, figures):
     save(fig, figures / "gpu_scaling.png")
 
 
+def gpu_check_section(gpu_data):
+    """The one-GPU check's lines (make gpu-check): the node it ran on, then one row per check."""
+    if not (gpu_data / "smoke.json").exists() or not (gpu_data / "preflight.json").exists():
+        return ("The one-GPU check has not run on a GPU yet: `make gpu-check PY=python3` on a machine with CUDA "
+                "runs it (docs/gpus.md).")
+    node = json.loads((gpu_data / "preflight.json").read_text())
+    smoke = json.loads((gpu_data / "smoke.json").read_text())
+    where = (f"{node['gpu']}" + (f" (compute capability {node['capability']}, driver {node.get('driver')})"
+                                 if node.get("capability") else "")
+             + f", CUDA {node['cuda']}, torch {node['torch']}, torchvision {node['torchvision']}, Python "
+               f"{node['python']}; CPU {node['cpu']} ({node['cores']} cores)")
+    rows = [[c["check"], "ok" if c["ok"] else "FAILED", f"{c['seconds']:.1f}", c["said"]] for c in smoke["checks"]]
+    return (f"`make gpu-check` on {where}" + (" (a rehearsal: a CPU stood in for the GPU)" if smoke.get("stand_in")
+                                              else "") + f": {smoke['summary'].removeprefix('gpu-smoke: ')}.\n\n"
+            + table(["check", "result", "seconds", "what it said"], rows))
+
+
 def gpu_sections(gpu_data, figures):
-    """The GPU section of RESULTS.md from gpu/*.csv; a line saying so when the GPU sweep has not run."""
+    """The GPU section of RESULTS.md from gpu/*.csv and *.json; a line saying so where nothing has run."""
     measured = [name for name in ("precision.csv", "compression.csv") if (gpu_data / name).exists()]
     if not measured:
-        return {"gpu-hardware": "Not measured yet: no GPU was available. `make figures-gpu` on a machine with CUDA "
-                                "fills this section.", "gpu-precision": "", "gpu-compression": ""}
-    sections = {"gpu-precision": "", "gpu-compression": ""}
+        return {"gpu-hardware": "Not measured yet: no GPU was available. `make gpu-check` on a machine with CUDA "
+                                "fills this section, lease by lease (docs/gpus.md).",
+                "gpu-check": gpu_check_section(gpu_data), "gpu-precision": "", "gpu-compression": ""}
+    sections = {"gpu-check": gpu_check_section(gpu_data), "gpu-precision": "", "gpu-compression": ""}
     if (gpu_data / "precision.csv").exists():
         rows = read_csv(gpu_data / "precision.csv")
         plot_gpu(rows, figures)
