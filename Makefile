@@ -17,7 +17,7 @@
 #                             compression, fsdp, ps and pipeline tests
 #   The GPU targets install nothing: they run PY=..., else .venv's Python where it exists, else python3.
 # A stopped `make figures` started again skips the runs whose summary.json is complete (in runs/figures/);
-# delete that folder to measure everything afresh. Each target creates .venv first when it is missing.
+# delete that folder to measure everything afresh. Each target but the GPU ones creates .venv first when it is missing.
 
 PYTHON ?= python3
 VENV := .venv
@@ -156,7 +156,7 @@ $(COMPAT_VENV)/.installed:
 # the rehearsal of the device command exactly as a GPU node runs it, then the recipes' tests, under torch 2.11
 test-compat: setup $(DEMO_DATA)/.complete $(COMPAT_VENV)/.installed gpu-wheels
 	$(MAKE) --no-print-directory gpu-check PY=$(COMPAT_PY) STAND_IN=1
-	PYTHONPATH=runs/gpu-check/site $(COMPAT_PY) -m pytest -q -p no:cacheprovider --durations=10 $(COMPAT_TESTS)
+	PYTHONPATH=$(CURDIR)/runs/gpu-check/site $(COMPAT_PY) -m pytest -q -p no:cacheprovider --durations=10 $(COMPAT_TESTS)
 
 test: setup
 	$(PY) -m pytest -q --durations=15  # (the slowest 15: the suite must stay under 30 minutes on 2 cores)

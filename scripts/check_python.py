@@ -8,6 +8,7 @@ minutes into the run. --gpu: a CUDA GPU must be visible too.
 """
 
 import argparse
+import importlib
 import importlib.util
 import sys
 
@@ -21,6 +22,8 @@ NEEDS = {
 }
 # the packages that only some groups of checks need: a target run without those groups does without them
 ONLY_FOR = {"byzfl": "ps"}
+# imported, not only found: a wheel installed without its dependencies (byzfl needs scipy and seaborn) is found
+IMPORTED = {"byzfl"}
 PIP_NAMES = {"PIL": "pillow"}
 # the oldest releases the recipes are written for (fully_shard with output_dtype, DCP's reader and planner API,
 # decode_jpeg on CUDA in batches); pyproject.toml pins newer ones, and GPU nodes often have these
@@ -46,9 +49,18 @@ def too_old():
 def missing(target, groups=None):
     """'name (what needs it)' for each package `target` needs and this Python lacks (groups: the groups of checks
     that will run, None for all)."""
-    return [f"{PIP_NAMES.get(name, name)} ({why})" for name, why in NEEDS[target].items()
-            if (groups is None or name not in ONLY_FOR or ONLY_FOR[name] in groups)
-            and importlib.util.find_spec(name) is None]
+    lacking = []
+    for name, why in NEEDS[target].items():
+        if groups is not None and name in ONLY_FOR and ONLY_FOR[name] not in groups:
+            continue
+        if importlib.util.find_spec(name) is None:
+            lacking.append(f"{PIP_NAMES.get(name, name)} ({why})")
+        elif name in IMPORTED:
+            try:
+                importlib.import_module(name)
+            except ImportError as error:  # (a package it needs is missing)
+                lacking.append(f"{error.name or 'a package'} ({why}: {name} imports it)")
+    return lacking
 
 
 def require(target, gpu=False, groups=None):

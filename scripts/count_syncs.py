@@ -47,6 +47,7 @@ from torch.utils import _pytree as pytree  # noqa: E402
 from recipes.common import bookkeeping  # noqa: E402
 
 SYNC_WARNING = "synchronizing CUDA operation"
+TREE = ROOT  # the tree whose recipes/ the recipe run imports: its lines are the recipes' own (set in main)
 # frames that are no line of anyone's: this wrapper, the warnings machinery, torch's dispatch to the stand-in
 PLUMBING = ("count_syncs.py", "warnings.py", "torch/overrides.py", "torch/_tensor.py", "torch/utils/_device.py")
 
@@ -55,7 +56,7 @@ def source_of(stack):
     """The line that asked: a line of recipes/ when it is the innermost frame, else the innermost other frame,
     followed by the innermost line of recipes/ that led to it."""
     frames = [frame for frame in stack if not frame.filename.endswith(PLUMBING)] or stack
-    ours = [frame for frame in frames if "recipes" in Path(frame.filename).parts]
+    ours = [frame for frame in frames if Path(frame.filename).resolve().is_relative_to(TREE / "recipes")]
     line = named(frames[-1])
     if ours and ours[-1] is not frames[-1]:
         line += f" via {named(ours[-1])}"
@@ -63,8 +64,8 @@ def source_of(stack):
 
 
 def named(frame):
-    parts = Path(frame.filename).parts  # recipes/...: from the tree's recipes/ (this one, or a copy of it)
-    name = "/".join(parts[len(parts) - 1 - parts[::-1].index("recipes"):] if "recipes" in parts else parts[-2:])
+    path = Path(frame.filename).resolve()  # recipes/...: in the recipe's tree (this one, or a copy of it)
+    name = str(path.relative_to(TREE)) if path.is_relative_to(TREE) else "/".join(path.parts[-2:])
     return f"{name}:{frame.lineno} ({frame.line or frame.name})"
 
 
@@ -117,6 +118,8 @@ def main():
     parser.add_argument("script", help="the recipe, e.g. recipes/ddp/train.py")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's arguments")
     args = parser.parse_args()
+    global TREE
+    TREE = Path(args.script).resolve().parents[2]  # (recipes/<name>/train.py)
     if not args.stand_in and not torch.cuda.is_available():
         sys.exit("error: count_syncs.py counts CUDA synchronisations, and no CUDA GPU is visible here "
                  "(--stand-in rehearses it on a CPU)")

@@ -11,8 +11,8 @@
    when figures/data/gpu/smoke.json already holds a pass on this GPU and torch (--smoke
    runs it again).
 3. The figures-gpu runs not yet in figures/data/gpu/ that fit in the minutes left, by the
-   model of bench_gpu.py --list (the JPEG folder written on every core first, when a jpeg
-   run is among them), the sweep cut at the deadline whatever the model said.
+   model of bench_gpu.py --list (data/imagenet-like-gpu written first on every core, once),
+   the sweep cut at the deadline whatever the model said.
 Everything goes under runs/gpu-check/ (preflight.json, smoke.json, the runs), then into
 figures/data/gpu/ and RESULTS.md's GPU section (plot_results.py). --archive FILE packs
 those into one .tar.gz, for a machine whose results come back as files. --plan prints,
@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -53,7 +52,8 @@ SMOKE_CHECK_S = 12
 
 def parse_args(argv=None):
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=9, help="the command's wall time in all (default: 9)")
+    parser.add_argument("--minutes", type=float, help="the command's wall time in all (default: 9; --stand-in: 30, "
+                                                      "a CPU being slower)")
     parser.add_argument("--check-timeout", type=float, default=240, help="seconds a smoke check may take "
                                                                           "(default: 240)")
     parser.add_argument("--smoke", action="store_true", help="run gpu-smoke even where it passed already")
@@ -61,6 +61,7 @@ def parse_args(argv=None):
     parser.add_argument("--archive", help="pack what was measured into this .tar.gz")
     parser.add_argument("--plan", action="store_true", help="print what each lease measures, by the model")
     args = parser.parse_args(argv)
+    args.minutes = args.minutes or (30 if args.stand_in else 9)
     if args.minutes <= 0 or args.check_timeout <= 0:
         parser.error("--minutes and --check-timeout must be above 0")
     return args
@@ -104,8 +105,9 @@ def smoke_passed(gpu_data, found):
         smoke = json.loads((gpu_data / "smoke.json").read_text())
     except (OSError, ValueError):
         return False
+    checks = smoke.get("checks", [])
     return (smoke.get("device") == found["gpu"] and smoke.get("torch") == found["torch"]
-            and all(check["ok"] for check in smoke.get("checks", [])) and bool(smoke.get("checks")))
+            and len(checks) == smoke.get("total") and all(check["ok"] for check in checks))
 
 
 def run_limited(command, seconds):
@@ -114,8 +116,7 @@ def run_limited(command, seconds):
     try:
         return process.wait(timeout=max(1, seconds))
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        measuring.kill_tree(process)  # (with the check or run under way, each in a session of its own)
         return None
 
 
@@ -152,6 +153,8 @@ def main(argv=None):
     deadline = started + 60 * args.minutes
     shutil.rmtree(OUT / "smoke", ignore_errors=True)
     OUT.mkdir(parents=True, exist_ok=True)
+    for stale in ("smoke.json", "preflight.json"):  # (an earlier command's)
+        (OUT / stale).unlink(missing_ok=True)
     gpu_data = OUT / "figures" / "data" / "gpu" if args.stand_in else GPU_DATA
     results = OUT / "RESULTS.md" if args.stand_in else ROOT / "RESULTS.md"
     if args.stand_in:  # a copy of the committed data and RESULTS.md, drawn on afresh
@@ -160,6 +163,7 @@ def main(argv=None):
         shutil.rmtree(gpu_data, ignore_errors=True)
         gpu_data.mkdir(parents=True)
         shutil.copy(ROOT / "RESULTS.md", results)
+    gpu_data.mkdir(parents=True, exist_ok=True)
     found = preflight(args, install_wheels(OUT / "site"))
     (OUT / "preflight.json").write_text(json.dumps(found, indent=2) + "\n")
     print("gpu-check: " + ", ".join(f"{k} {v}" for k, v in found.items() if k not in ("wheels", "stand_in")),
@@ -180,19 +184,26 @@ def main(argv=None):
     shutil.copy(OUT / "preflight.json", gpu_data / "preflight.json")
     left = (deadline - time.monotonic()) / 60
     if left > 1:
-        if not (JPEG / "train").is_dir() and not args.stand_in:
+        if not (JPEG / ".complete").exists() and not args.stand_in:  # (seconds on the node's cores)
+            shutil.rmtree(JPEG, ignore_errors=True)
             subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like",
                             str(JPEG), "--classes", "100", "--images", "250", "--jobs", "0"], check=True)
+            (JPEG / ".complete").touch()
         jpeg = OUT / "smoke" / "jpeg" if args.stand_in else JPEG
         sweep = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--jpeg", str(jpeg), "--gpus", "1",
                  "--skip-measured", "--minutes", f"{(deadline - time.monotonic()) / 60 - 0.5:.2f}",
                  "--figures-data", str(gpu_data), "--runs", str(OUT / "runs"),
                  *(["--stand-in", *STAND_IN_RUNS] if args.stand_in else [])]
-        if run_limited(sweep, deadline - time.monotonic() - 20) is None:
+        code = run_limited(sweep, deadline - time.monotonic() - 20)
+        if code is None:
             print("gpu-check: the sweep was cut at the deadline; what it measured before is kept", flush=True)
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_results.py"), "--data", str(gpu_data.parent),
-                    "--figures", str(OUT / "figures" if args.stand_in else ROOT / "figures"), "--results",
-                    str(results)], check=True)
+        elif code:
+            print(f"gpu-check: the sweep failed (exit {code}); what it measured before is kept", flush=True)
+            failed = True
+    drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_results.py"), "--data", str(gpu_data.parent),
+                            "--figures", str(OUT / "figures" if args.stand_in else ROOT / "figures"), "--results",
+                            str(results)], stdout=subprocess.DEVNULL, timeout=300)
+    failed |= drawn.returncode != 0
     if args.archive:
         with tarfile.open(args.archive, "w:gz") as archive:
             for path in (OUT / "preflight.json", OUT / "smoke.json", gpu_data, results):

@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -112,8 +111,8 @@ def checks(data="{data}", small=SMALL, stand_in=False):
         found.append((f"syncs-per-step-{recipe}{'-fp16-ema' if flags else ''}", "syncs",
                       [(counted, 1, [data, *small, "--epochs", "2", "-p", "1000", *flags], 0)]))
     if stand_in:  # a check that hangs: the limit must cut it, and the next check start
-        stopped = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", "stop", "--step", "2", "--",
-                   str(ROOT / "recipes" / "ddp" / "train.py")]
+        stopped = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", "stop", "--step", "2", "--times",
+                   "{out}/times.jsonl", "--", str(ROOT / "recipes" / "ddp" / "train.py")]
         found.append((HUNG, "faults", [(stopped, 1, [data, *small, "--epochs", "1"], "cut")]))
     return found
 
@@ -167,16 +166,16 @@ def last_error(output):
 
 
 def run_one(line, env, log, timeout):
-    """(exit code, or None when cut at the limit; its output). The run and every process it started go at the
-    limit: it leads a process group of its own."""
+    """(exit code, or None when cut at the limit; its output). At the limit the run goes, with every process it
+    started (torchrun's workers, loader workers)."""
     process = subprocess.Popen(line, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout)
         code = process.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
+        measuring.kill_tree(process)
+        output, _ = process.communicate(timeout=30)
         code = None
     log.write(output)
     return code, output
@@ -203,7 +202,10 @@ def run_check(name, runs, args, data, timeout):
             stand_in = f" (stand-in: {', '.join(replaced)})" if replaced else ""
             if code is None:
                 cut = f"cut at its {timeout:g} s limit"
-                return run[3] == "cut", cut + (", as it should be" if run[3] == "cut" else f": {last_error(output)}")
+                if run[3] != "cut":
+                    return False, f"{cut}: {last_error(output)}"
+                hung = (out / "times.jsonl").exists() and '"fault"' in (out / "times.jsonl").read_text()
+                return hung, cut + (", as it should be" if hung else ", but it never reached the step that hangs")
             if code != run[3]:
                 return False, f"exit {code}, not {run[3]}: {last_error(output)}{stand_in}"
     if name.startswith("syncs"):
@@ -240,7 +242,8 @@ def main(argv=None):
     device = "a CPU standing in for the GPU" if args.stand_in else torch.cuda.get_device_name(0)
     print(f"gpu-smoke: {len(chosen)} checks on {device}, torch {torch.__version__}; output in "
           f"{os.path.relpath(args.out, ROOT)}/<check>/", flush=True)
-    report = {"device": device, "torch": torch.__version__, "stand_in": args.stand_in, "checks": []}
+    report = {"device": device, "torch": torch.__version__, "stand_in": args.stand_in, "total": len(chosen),
+              "checks": []}
     started, failed = time.perf_counter(), []
     report["summary"] = f"gpu-smoke: 0 of {len(chosen)} checks run"
     for name, _, runs in chosen:

@@ -13,6 +13,7 @@ import argparse
 import gzip
 import importlib.util
 import multiprocessing
+import os
 import sys
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def write_imagenet_like(out, classes, images, val_fraction=0.2, min_size=256, ma
     if jobs == 1:
         list(map(write_class, tasks))
     else:
-        with multiprocessing.Pool(jobs or None) as pool:
+        with multiprocessing.Pool(jobs or len(os.sched_getaffinity(0))) as pool:  # (0: the cores it may use)
             pool.map(write_class, tasks)
     print(f"wrote {classes} classes x {images} JPEGs ({n_val} per class in val/) to {out}")
 

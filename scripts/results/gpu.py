@@ -112,7 +112,8 @@ def gpu_check_section(gpu_data):
                                  if node.get("capability") else "")
              + f", CUDA {node['cuda']}, torch {node['torch']}, torchvision {node['torchvision']}, Python "
                f"{node['python']}; CPU {node['cpu']} ({node['cores']} cores)")
-    rows = [[c["check"], "ok" if c["ok"] else "FAILED", f"{c['seconds']:.1f}", c["said"]] for c in smoke["checks"]]
+    rows = [[c["check"], "ok" if c["ok"] else "FAILED", f"{c['seconds']:.1f}", c["said"].replace("|", "\\|")]
+            for c in smoke["checks"]]
     return (f"`make gpu-check` on {where}" + (" (a rehearsal: a CPU stood in for the GPU)" if smoke.get("stand_in")
                                               else "") + f": {smoke['summary'].removeprefix('gpu-smoke: ')}.\n\n"
             + table(["check", "result", "seconds", "what it said"], rows))
