@@ -85,11 +85,11 @@ def require(target, gpu=False, groups=None):
                  f"make figures run on the CPU")
 
 
-STREAM = sys.stderr  # --stdout: the Makefile reads the line there, and leaves stderr's warnings aside
+TO_STDOUT = False  # --stdout: the Makefile reads the line there, and leaves stderr's warnings aside
 
 
 def fail(message):
-    STREAM.write(f"error: {message}\n")
+    (sys.stdout if TO_STDOUT else sys.stderr).write(f"error: {message}\n")
     sys.exit(2)
 
 
@@ -101,8 +101,8 @@ def main():
     parser.add_argument("--stdout", action="store_true", help="the line on stdout (the Makefile's way to read it)")
     args = parser.parse_args()
     if args.stdout:
-        global STREAM
-        STREAM = sys.stdout
+        global TO_STDOUT
+        TO_STDOUT = True
     require(args.target, args.gpu, args.groups and set(args.groups))
 
 
