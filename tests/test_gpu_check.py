@@ -125,3 +125,21 @@ def test_installing_the_recipes_keeps_the_torch_that_is_there():
     assert result.returncode == 0, result.stderr[-2000:]
     installing = {item["metadata"]["name"].lower() for item in json.loads(result.stdout)["install"]}
     assert not installing & {"torch", "torchvision"}, installing
+
+
+def test_the_gpu_section_shows_the_check_s_node_and_each_check_or_says_it_has_not_run(tmp_path):
+    """RESULTS.md's gpu-check section, from preflight.json and smoke.json as gpu_check.py writes them."""
+    from scripts.results import gpu
+
+    assert "has not run on a GPU yet" in gpu.gpu_check_section(tmp_path)
+    (tmp_path / "preflight.json").write_text(json.dumps({
+        "python": "3.12.3", "torch": "2.11.0+cu130", "torchvision": "0.26.0+cu130", "cuda": "13.0", "cpu": "Xeon",
+        "cores": 16, "gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0", "driver": "580.159.04"}))
+    (tmp_path / "smoke.json").write_text(json.dumps({
+        "stand_in": False, "total": 2, "summary": "gpu-smoke: 1 of 2 checks ok in 1.0 min; failed: dp",
+        "checks": [{"check": "nd", "ok": True, "seconds": 9.5, "said": ""},
+                   {"check": "dp", "ok": False, "seconds": 3.0, "said": "exit 1, not 0: a | b"}]}))
+    section = gpu.gpu_check_section(tmp_path)
+    assert "NVIDIA H100 80GB HBM3 (compute capability 9.0, driver 580.159.04, CUDA 13.0)" in section
+    assert ": 1 of 2 checks ok in 1.0 min; failed: dp." in section
+    assert "| dp | FAILED | 3.0 | exit 1, not 0: a \\| b |" in section

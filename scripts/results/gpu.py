@@ -108,14 +108,14 @@ def gpu_check_section(gpu_data):
                 "runs it (docs/gpus.md).")
     node = json.loads((gpu_data / "preflight.json").read_text())
     smoke = json.loads((gpu_data / "smoke.json").read_text())
-    where = (f"{node['gpu']}" + (f" (compute capability {node['capability']}, driver {node.get('driver')})"
-                                 if node.get("capability") else "")
-             + f", CUDA {node['cuda']}, torch {node['torch']}, torchvision {node['torchvision']}, Python "
-               f"{node['python']}; CPU {node['cpu']} ({node['cores']} cores)")
+    device = ("a CPU standing in for the GPU (a rehearsal)" if smoke.get("stand_in") else
+              f"{node['gpu']} (compute capability {node.get('capability')}, driver {node.get('driver')}, CUDA "
+              f"{node['cuda']})")
+    where = (f"{device}, torch {node['torch']}, torchvision {node['torchvision']}, Python {node['python']}; CPU "
+             f"{node['cpu']} ({node['cores']} cores)")
     rows = [[c["check"], "ok" if c["ok"] else "FAILED", f"{c['seconds']:.1f}", c["said"].replace("|", "\\|")]
             for c in smoke["checks"]]
-    return (f"`make gpu-check` on {where}" + (" (a rehearsal: a CPU stood in for the GPU)" if smoke.get("stand_in")
-                                              else "") + f": {smoke['summary'].removeprefix('gpu-smoke: ')}.\n\n"
+    return (f"`make gpu-check` on {where}: {smoke['summary'].removeprefix('gpu-smoke: ')}.\n\n"
             + table(["check", "result", "seconds", "what it said"], rows))
 
 
