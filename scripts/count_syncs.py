@@ -23,7 +23,9 @@ computed from the model's parameters or from a batch the recipe moved to its dev
 .cpu()) is counted as a synchronisation, as it would be on CUDA; a non-blocking copy to the
 host is not (it becomes a host tensor). It counts the same lines a GPU would, as far as a
 recipe takes the same code path on both: where it branches on the device (the fused SGD,
-GradScaler's reads), torch's lines differ.
+GradScaler's reads), torch's lines differ. What it cannot tell on a CPU: a tensor made
+on the device by a factory (torch.zeros(..., device=device)) counts as a host tensor, and
+a blocking .to(device) of a device tensor is no copy there, so only its later read counts.
 """
 
 import argparse
