@@ -1,5 +1,5 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
-# make test   the test suite (CPU, gloo; about 25 minutes on 2 cores)
+# make test   the test suite (CPU, gloo; about 29 minutes on 2 cores)
 # make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/mutations.py)
 # make figures                measure every part (io, scaling, curves, recovery, compile, compression, ps, pipeline,
 #                             sharding), then
@@ -158,8 +158,10 @@ test-compat: setup $(DEMO_DATA)/.complete $(COMPAT_VENV)/.installed gpu-wheels
 	$(MAKE) --no-print-directory gpu-check PY=$(COMPAT_PY) STAND_IN=1
 	PYTHONPATH=$(CURDIR)/runs/gpu-check/site $(COMPAT_PY) -m pytest -q -p no:cacheprovider --durations=10 $(COMPAT_TESTS)
 
+# (test_gpu_check.py runs in make test-compat, under torch 2.11: the suite must stay under 30 minutes on 2 cores;
+# the slowest 15 tests are printed, to say where the time goes)
 test: setup
-	$(PY) -m pytest -q --durations=15  # (the slowest 15: the suite must stay under 30 minutes on 2 cores)
+	$(PY) -m pytest -q --durations=15 --ignore=tests/test_gpu_check.py
 
 test-mutations: setup
 	$(PY) scripts/mutations.py
