@@ -7,13 +7,14 @@
 1. Preflight: the wheels in .wheels/ installed into runs/gpu-check/site (pip, no index, no
    dependencies) for this run's processes; then Python, torch, torchvision, CUDA, the driver
    and the GPU, and each package the checks need and this Python lacks, one line each.
-2. gpu-smoke (scripts/gpu_smoke.py), each check cut at --check-timeout seconds; left out
-   when figures/data/gpu/smoke.json already holds a pass on this GPU and torch (--smoke
-   runs it again).
+2. gpu-smoke (scripts/gpu_smoke.py), each check cut at --check-timeout seconds; the checks
+   figures/data/gpu/smoke.json already holds as passed on this GPU and torch are left out
+   (--smoke runs them all again), so that a smoke cut at the deadline goes on in the next
+   lease.
 3. The figures-gpu runs not yet in figures/data/gpu/ that fit in the minutes left, by the
    model of bench_gpu.py --list (data/imagenet-like-gpu written first on every core, once),
    the sweep cut at the deadline whatever the model said.
-Everything goes under runs/gpu-check/ (preflight.json, smoke.json, the runs), then into
+Everything goes under runs/gpu-check/ (preflight.json, the runs), then into
 figures/data/gpu/ and RESULTS.md's GPU section (plot_results.py). --archive FILE packs
 those into one .tar.gz, for a machine whose results come back as files. --plan prints,
 without running anything, what each lease measures by the model.
@@ -45,18 +46,18 @@ WHEELS = ROOT / ".wheels"
 GPU_DATA = ROOT / "figures" / "data" / "gpu"
 JPEG = ROOT / "data" / "imagenet-like-gpu"
 STAND_IN_RUNS = ["-a", "lenet", "--image-size", "16", "-b", "64", "--min-steps", "2", "--max-runs", "2"]
-# gpu-smoke's minutes on one H100 by a model, not a measurement: each check's start-up (a CUDA context, imports,
-# cuDNN's autotuning) and a few steps, two runs for the resumed ones
-SMOKE_CHECK_S = 12
+# a gpu-smoke check's seconds on one GPU where smoke.json holds none measured: each check's start-up (a CUDA
+# context, imports, cuDNN's autotuning) and a few steps, two runs for the resumed ones
+SMOKE_CHECK_S = 15
 
 
 def parse_args(argv=None):
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, help="the command's wall time in all (default: 9; --stand-in: 30, "
                                                       "a CPU being slower)")
-    parser.add_argument("--check-timeout", type=float, default=240, help="seconds a smoke check may take "
-                                                                          "(default: 240)")
-    parser.add_argument("--smoke", action="store_true", help="run gpu-smoke even where it passed already")
+    parser.add_argument("--check-timeout", type=float, default=90, help="seconds a smoke check may take "
+                                                                         "(default: 90)")
+    parser.add_argument("--smoke", action="store_true", help="run every gpu-smoke check, passed already or not")
     parser.add_argument("--stand-in", action="store_true", help="rehearse on a CPU, into runs/gpu-check/ only")
     parser.add_argument("--archive", help="pack what was measured into this .tar.gz")
     parser.add_argument("--plan", action="store_true", help="print what each lease measures, by the model")
@@ -99,17 +100,6 @@ def preflight(args, wheels):
     return found
 
 
-def smoke_passed(gpu_data, found):
-    """Whether gpu_data/smoke.json holds a pass on this GPU and torch."""
-    try:
-        smoke = json.loads((gpu_data / "smoke.json").read_text())
-    except (OSError, ValueError):
-        return False
-    checks = smoke.get("checks", [])
-    return (smoke.get("device") == found["gpu"] and smoke.get("torch") == found["torch"]
-            and len(checks) == smoke.get("total") and all(check["ok"] for check in checks))
-
-
 def run_limited(command, seconds):
     """Run command (its own process group) for at most `seconds`; its exit code, None when cut."""
     process = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
@@ -132,8 +122,15 @@ def lease_plan():
     runs, _ = gpu_plan.plan(args, [1])
     from scripts.gpu_smoke import checks
 
-    smoke = len(checks()) * SMOKE_CHECK_S / 60
-    leases = [(smoke, [f"preflight and gpu-smoke ({len(checks())} checks, {smoke:.1f} min)"])]
+    try:  # the checks passed already are left out; the others take as long as those did on average
+        passed = [c for c in json.loads((GPU_DATA / "smoke.json").read_text())["checks"] if c["ok"]]
+    except (OSError, ValueError, KeyError):
+        passed = []
+    check_s = sum(c["seconds"] for c in passed) / len(passed) if passed else SMOKE_CHECK_S
+    to_run = len(checks()) - len(passed)
+    smoke = to_run * check_s / 60
+    leases = [(smoke, [f"preflight and gpu-smoke ({to_run} checks of {len(checks())} to run, {check_s:.0f} s "
+                       f"each, {smoke:.1f} min)"])]
     for part in gpu_plan.PARTS:
         for planned in runs.get(part, []):
             needed = gpu_plan.estimated_minutes(args, [planned], cores=16)  # (the lent machine's)
@@ -153,8 +150,7 @@ def main(argv=None):
     deadline = started + 60 * args.minutes
     shutil.rmtree(OUT / "smoke", ignore_errors=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    for stale in ("smoke.json", "preflight.json"):  # (an earlier command's)
-        (OUT / stale).unlink(missing_ok=True)
+    (OUT / "preflight.json").unlink(missing_ok=True)  # (an earlier command's)
     gpu_data = OUT / "figures" / "data" / "gpu" if args.stand_in else GPU_DATA
     results = OUT / "RESULTS.md" if args.stand_in else ROOT / "RESULTS.md"
     if args.stand_in:  # a copy of the committed data and RESULTS.md, drawn on afresh
@@ -168,19 +164,13 @@ def main(argv=None):
     (OUT / "preflight.json").write_text(json.dumps(found, indent=2) + "\n")
     print("gpu-check: " + ", ".join(f"{k} {v}" for k, v in found.items() if k not in ("wheels", "stand_in")),
           flush=True)
-    failed = False
-    if args.smoke or not smoke_passed(gpu_data, found):
-        smoke = [sys.executable, str(ROOT / "scripts" / "gpu_smoke.py"), "--json", str(OUT / "smoke.json"),
-                 "--out", str(OUT / "smoke"), "--timeout", str(args.check_timeout),
-                 *(["--stand-in"] if args.stand_in else [])]
-        code = run_limited(smoke, deadline - time.monotonic())
-        failed = code != 0
-        if (OUT / "smoke.json").exists():
-            shutil.copy(OUT / "smoke.json", gpu_data / "smoke.json")
-        if code is None:
-            print(f"gpu-check: gpu-smoke cut at the command's {args.minutes:g} minutes", flush=True)
-    else:
-        print("gpu-check: gpu-smoke passed already on this GPU and torch (figures/data/gpu/smoke.json)", flush=True)
+    smoke = [sys.executable, str(ROOT / "scripts" / "gpu_smoke.py"), "--json", str(gpu_data / "smoke.json"),
+             "--out", str(OUT / "smoke"), "--timeout", str(args.check_timeout),
+             *([] if args.smoke else ["--keep-passed"]), *(["--stand-in"] if args.stand_in else [])]
+    code = run_limited(smoke, deadline - time.monotonic())
+    failed = code != 0
+    if code is None:
+        print(f"gpu-check: gpu-smoke cut at the command's {args.minutes:g} minutes", flush=True)
     shutil.copy(OUT / "preflight.json", gpu_data / "preflight.json")
     left = (deadline - time.monotonic()) / 60
     if left > 1:
@@ -206,7 +196,7 @@ def main(argv=None):
     failed |= drawn.returncode != 0
     if args.archive:
         with tarfile.open(args.archive, "w:gz") as archive:
-            for path in (OUT / "preflight.json", OUT / "smoke.json", gpu_data, results):
+            for path in (OUT / "preflight.json", gpu_data, results):
                 if path.exists():
                     archive.add(path, arcname=str(path.relative_to(ROOT)))
     print(f"gpu-check: done in {(time.monotonic() - started) / 60:.1f} min; {gpu_data.relative_to(ROOT)}/, "

@@ -25,10 +25,13 @@ ResNet-18 at 64 px, one or two short epochs per check:
                           per training step, by source (scripts/count_syncs.py); the check
                           fails when the recipes' own code makes one
 Each run goes to <--out>/<check>/ (default runs/gpu-smoke; its output in output.log). A
-check still running after --timeout seconds (default 240) is cut there, its processes and
-theirs killed, and fails; the next one starts. Prints one line per check, then a summary,
-and writes them to --json as they come; exits 1 when a check failed. Without CUDA: one line,
-exit 2. A package the chosen checks need and this Python lacks: one line naming it, exit 2.
+check still running after --timeout seconds (default 90; the longest passing check took 35 s
+on an H100) is cut there, its processes and theirs killed, and fails; the next one starts.
+Prints one line per check, then a summary, and writes them to --json as they come; exits 1
+when a check failed. --keep-passed leaves out the checks that the --json file already holds
+as passed on this GPU and torch, and keeps their lines there: a check cut short by a lease
+goes on in the next. Without CUDA: one line, exit 2. A package the chosen checks need and
+this Python lacks: one line naming it, exit 2.
 
 --stand-in rehearses the check on a CPU, where no GPU is (CI does, under the GPU nodes'
 torch): every check's plumbing, with lenet at 16 px on a smaller folder, the CPU and gloo
@@ -134,17 +137,32 @@ def parse_args(argv=None):
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=groups, help="these groups of checks (default: all)")
     parser.add_argument("--list", action="store_true", help="print the checks and exit")
-    parser.add_argument("--timeout", type=float, default=240, help="seconds a check may take (default: 240)")
+    parser.add_argument("--timeout", type=float, default=90, help="seconds a check may take (default: 90)")
     parser.add_argument("--hang-timeout", type=float, default=30,
                         help="--stand-in: the limit of the check that hangs on purpose (default: 30)")
     parser.add_argument("--json", help="the checks' lines and the summary, written as they come")
+    parser.add_argument("--keep-passed", action="store_true",
+                        help="leave out the checks --json already holds as passed on this GPU and torch")
     parser.add_argument("--out", default=str(OUT), help=f"where the runs go (default: {OUT.relative_to(ROOT)})")
     parser.add_argument("--stand-in", action="store_true", help="rehearse on a CPU: what only a GPU runs replaced")
     args = parser.parse_args(argv)
     for flag, value in (("--timeout", args.timeout), ("--hang-timeout", args.hang_timeout)):
         if value <= 0:
             parser.error(f"{flag} must be above 0, got {value:g}")
+    if args.keep_passed and not args.json:
+        parser.error("--keep-passed needs --json: the file that holds the checks passed already")
     return args
+
+
+def passed_before(path, device, torch_version, names):
+    """The lines of the checks among `names` that the report at `path` holds as passed on this device and torch."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    if (report.get("device"), report.get("torch")) != (device, torch_version):
+        return []
+    return [check for check in report.get("checks", []) if check["ok"] and check["check"] in names]
 
 
 def command(run, out, data):
@@ -242,21 +260,33 @@ def main(argv=None):
     device = "a CPU standing in for the GPU" if args.stand_in else torch.cuda.get_device_name(0)
     print(f"gpu-smoke: {len(chosen)} checks on {device}, torch {torch.__version__}; output in "
           f"{os.path.relpath(args.out, ROOT)}/<check>/", flush=True)
+    kept = (passed_before(args.json, device, torch.__version__, {name for name, _, _ in chosen})
+            if args.keep_passed else [])
+    order = [name for name, _, _ in chosen]
     report = {"device": device, "torch": torch.__version__, "stand_in": args.stand_in, "total": len(chosen),
-              "checks": []}
+              "checks": [dict(check, earlier=True) for check in kept],
+              "not_run": [name for name in order if name not in {c["check"] for c in kept}]}
+    earlier = f" ({len(kept)} of them passed in an earlier command)" if kept else ""
+    if kept:
+        print(f"  {len(kept)} checks passed on this GPU and torch already (--keep-passed): "
+              f"{' '.join(check['check'] for check in kept)}", flush=True)
     started, failed = time.perf_counter(), []
-    report["summary"] = f"gpu-smoke: 0 of {len(chosen)} checks run"
-    for name, _, runs in chosen:
+    report["summary"] = f"gpu-smoke: {len(kept)} of {len(chosen)} checks ok{earlier}"
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    for name, _, runs in (check for check in chosen if check[0] not in {c["check"] for c in kept}):
         begun = time.perf_counter()
         ok, said = run_check(name, runs, args, data, args.hang_timeout if name == HUNG else args.timeout)
         seconds = time.perf_counter() - begun
         print(f"  {name:32s} {'ok    ' if ok else 'FAILED'} {seconds:6.1f} s{'  ' + said if said else ''}",
               flush=True)
         report["checks"].append({"check": name, "ok": ok, "seconds": round(seconds, 1), "said": said})
+        report["checks"].sort(key=lambda check: order.index(check["check"]))
+        report["not_run"].remove(name)
         if not ok:
             failed.append(name)
         report["summary"] = (f"gpu-smoke: {len(report['checks']) - len(failed)} of {len(chosen)} checks ok in "
-                             f"{(time.perf_counter() - started) / 60:.1f} min"
+                             f"{(time.perf_counter() - started) / 60:.1f} min{earlier}"
                              f"{'; failed: ' + ' '.join(failed) if failed else ''}")
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

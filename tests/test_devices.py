@@ -113,6 +113,8 @@ def test_nccl_errors_raise_unless_the_user_chose_otherwise(before, after):
 def test_batches_leave_the_workers_as_uint8_and_are_normalised_on_the_device(tiny_data):
     args = cli.parse_args(cli.build_parser("nd", ""), [str(tiny_data), *TINY])
     train_set, _, num_classes = data.build_datasets(args)
+    from multiprocessing.reduction import ForkingPickler
+    ForkingPickler.dumps(train_set[0][0])  # what a worker does to send it (else the loader below never ends)
     loader = data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0))
     images, target = next(iter(loader))
     assert images.dtype == torch.uint8  # 4x fewer bytes than float through shared memory and the copy
@@ -177,6 +179,32 @@ def test_the_gpu_decoders_batches_are_decoded_cropped_and_normalised_where_the_m
             torch.testing.assert_close(image.mean(dim=(1, 2)), colour, atol=0.05, rtol=0)
     empty, _ = data.device_transform(args, torch.device("cpu"), 2, False)([], torch.zeros(0, dtype=torch.long))
     assert empty.shape == (0, 3, 16, 16)  # (evaluation in lockstep runs empty batches)
+
+
+def test_the_gpu_decoders_bytes_come_through_loader_workers(tmp_path):
+    """--decoder gpu with loader workers: each file's bytes reach the training process (read_file maps the file,
+    and a mapped tensor failed in the workers with EBADF, the loader waiting for ever), and decode there."""
+    import numpy as np
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for label in range(2):
+            (tmp_path / split / str(label)).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(np.full((20 + i, 24, 3), 60 + 100 * label, np.uint8)).save(
+                    tmp_path / split / str(label) / f"{i}.jpg", quality=95)
+    args = argparse.Namespace(data=str(tmp_path), synthetic=False, decoder="gpu", image_size=16, scale=[0.5, 1.0],
+                              hflip=0.5, batch_size=4, accum_steps=1, workers=2, seed=0, channels_last=False,
+                              mixup_alpha=0.0, cutmix_alpha=0.0)
+    train_set, _, num_classes = data.build_datasets(args)
+    from multiprocessing.reduction import ForkingPickler
+    ForkingPickler.dumps(train_set[0][0])  # what a worker does to send it (else the loader below never ends)
+    loader = data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0))
+    batches = [data.device_transform(args, torch.device("cpu"), num_classes)(images, target)
+               for images, target in loader]
+    assert [batch.shape for batch, _ in batches] == [(4, 3, 16, 16)] * 2
+    for batch, target in batches:  # (flat images, class 0 darker than the mean colour, class 1 lighter)
+        assert ((batch.mean(dim=(1, 2, 3)) > 0) == (target == 1)).all(), (batch.mean(dim=(1, 2, 3)), target)
 
 
 def test_a_sharded_model_at_fp16_answers_in_fp32(monkeypatch):

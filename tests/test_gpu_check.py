@@ -80,6 +80,19 @@ def test_the_smoke_cuts_a_hung_check_at_its_limit_and_goes_on(tmp_path):
     assert "gpu-smoke: 2 of 2 checks ok" in result.stdout.splitlines()[-1]
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "smoke")], capture_output=True, text=True)
     assert leftover.stdout == "", leftover.stdout
+    # the next lease: the fault check's pass is kept, a failure (the hung check's, made one here) runs again
+    kept = json.loads(report.read_text())
+    kept["checks"][[c["check"] for c in kept["checks"]].index("stand-in-hung-check")]["ok"] = False
+    report.write_text(json.dumps(kept))
+    again = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--stand-in", "--only", "faults",
+                            "--hang-timeout", "10", "--json", str(report), "--out", str(tmp_path / "smoke"),
+                            "--keep-passed"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr[-2000:]
+    assert "faults-sigterm-then-resume" not in again.stdout.split("(--keep-passed):")[1].split("\n", 1)[1]
+    merged = json.loads(report.read_text())
+    assert [(c["check"], c.get("earlier", False)) for c in merged["checks"]] == [
+        ("faults-sigterm-then-resume", True), ("stand-in-hung-check", False)] and merged["not_run"] == []
+    assert "2 of 2 checks ok" in merged["summary"] and "(1 of them passed in an earlier command)" in merged["summary"]
 
 
 @pytest.mark.parametrize("groups, lacking", [({"ps", "ddp"}, ["byzfl"]), ({"ddp", "apex"}, []), (None, ["byzfl"])])
@@ -109,7 +122,7 @@ def test_the_device_command_plans_its_leases_within_nine_minutes_each():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     leases = result.stdout.splitlines()
-    assert leases[0].startswith("lease 1: preflight and gpu-smoke") and len(leases) >= 3
+    assert leases[0].startswith("lease 1: preflight and gpu-smoke") and len(leases) >= 2
     planned = " ".join(leases)
     assert "apex-fp16-cl-jpeg-gpu-decoder-1" in planned and "ddp-fp32-synthetic-1" in planned
 
@@ -142,4 +155,7 @@ def test_the_gpu_section_shows_the_check_s_node_and_each_check_or_says_it_has_no
     section = gpu.gpu_check_section(tmp_path)
     assert "NVIDIA H100 80GB HBM3 (compute capability 9.0, driver 580.159.04, CUDA 13.0)" in section
     assert ": 1 of 2 checks ok in 1.0 min; failed: dp." in section
+    report = json.loads((tmp_path / "smoke.json").read_text())
+    (tmp_path / "smoke.json").write_text(json.dumps(dict(report, total=4, not_run=["ps", "faults"])))
+    assert "failed: dp; not run yet (the command's limit came first): ps, faults." in gpu.gpu_check_section(tmp_path)
     assert "| dp | FAILED | 3.0 | exit 1, not 0: a \\| b |" in section

@@ -125,7 +125,7 @@ def test_each_part_keeps_one_name_from_the_makefile_to_its_figures(tmp_path):
         assert sections and not missing, part
         assert all(name == part or name.startswith(f"{part}-") for name in set(sections) - {"hardware"}), part
         assert all(png.name.startswith(part) for png in figures.glob("*.png")), part
-    others = {"examples.json", "timings.csv"}  # (examples, timings: rendered outside make figures)
+    others = {"examples.json", "timings.csv", "gpu"}  # (examples, timings, gpu/: rendered outside make figures)
     assert all(any(f.name.startswith(part) for part in results.PARTS) for f in data.iterdir() if f.name not in others)
 
 
@@ -153,7 +153,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "beyond the spread (ranges that do not overlap): nd and apex (-5.00); ddp and apex (-4.50)." in text
     assert "so not told apart from noise: nd and ddp (-0.50)." in text
     assert "CPU Test CPU (2 cores), GPU none: these results are CPU-only" in text
-    assert "Not measured yet: no GPU was available." in text  # the GPU section, without gpu/*.csv
+    assert "Not measured yet: the figures-gpu runs have not run on a GPU." in text  # the GPU section, without gpu/*.csv
     assert "| resnet18 | 2 | 89.5 | 0.3 | 1.00 % | 14.0 | 20 | 150 | 0.15 % |" in text
     assert "| serial | 1 | 3 | 61.0 | 95.50 (95.00\u201396.00) |  |  |  |  |" in text
     assert "| none | 2 | 3 | 41.0 | 94.50 (94.00\u201395.00) |  |  | 4,000 | 1.00 |" in text

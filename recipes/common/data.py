@@ -56,7 +56,9 @@ def read_jpeg_bytes(path):
     if data[:3].tolist() != [0xFF, 0xD8, 0xFF]:
         raise RecipeError(f"--decoder gpu decodes JPEG files on the GPU, and {path} is not one: use --decoder "
                           f"tensor for other formats")
-    return data
+    # read_file maps the file into memory, and a mapped tensor cannot go to the training process through shared
+    # memory (the loader worker fails with EBADF, and the loader waits for ever): a copy of its bytes can
+    return data.clone()
 
 
 def build_transforms(args):

@@ -115,7 +115,9 @@ def gpu_check_section(gpu_data):
              f"{node['cpu']} ({node['cores']} cores)")
     rows = [[c["check"], "ok" if c["ok"] else "FAILED", f"{c['seconds']:.1f}", c["said"].replace("|", "\\|")]
             for c in smoke["checks"]]
-    return (f"`make gpu-check` on {where}: {smoke['summary'].removeprefix('gpu-smoke: ')}.\n\n"
+    not_run = (f"; not run yet (the command's limit came first): {', '.join(smoke['not_run'])}"
+               if smoke.get("not_run") else "")
+    return (f"`make gpu-check` on {where}: {smoke['summary'].removeprefix('gpu-smoke: ')}{not_run}.\n\n"
             + table(["check", "result", "seconds", "what it said"], rows))
 
 
@@ -123,8 +125,8 @@ def gpu_sections(gpu_data, figures):
     """The GPU section of RESULTS.md from gpu/*.csv and *.json; a line saying so where nothing has run."""
     measured = [name for name in ("precision.csv", "compression.csv") if (gpu_data / name).exists()]
     if not measured:
-        return {"gpu-hardware": "Not measured yet: no GPU was available. `make gpu-check` on a machine with CUDA "
-                                "fills this section, lease by lease (docs/gpus.md).",
+        return {"gpu-hardware": "Not measured yet: the figures-gpu runs have not run on a GPU. `make gpu-check` on "
+                                "a machine with CUDA fills this section, lease by lease (docs/gpus.md).",
                 "gpu-check": gpu_check_section(gpu_data), "gpu-precision": "", "gpu-compression": ""}
     sections = {"gpu-check": gpu_check_section(gpu_data), "gpu-precision": "", "gpu-compression": ""}
     if (gpu_data / "precision.csv").exists():
