@@ -40,15 +40,31 @@ def assert_complete_run_dir(out, recipe, world_size, epochs=1):
 @pytest.mark.parametrize("recipe, nproc, arch, world_size", [  # world_size: as the summary counts it
     ("nd", None, "lenet", 1), ("dp", None, "resnet18", 1), ("ddp", 2, "lenet", 2), ("apex", 2, "lenet", 2),
     ("compression", 2, "lenet", 2), ("fsdp", 2, "lenet", 2),
-    ("ps", 3, "lenet", 1),  # 1 server and 2 workers: ps counts its servers' group
+    ("ps", 3, "lenet", 3),  # 1 server and 2 workers
     ("pipeline", 2, "lenet", 2)])  # 2 stages of 1 replica
 def test_recipe_writes_complete_run_directory(tiny_data, tmp_path, recipe, nproc, arch, world_size):
+    """The run directory is whole and true: summary.json's world size (every process, whatever its role) and
+    global batch as the run's first line says, each epoch's data wait within the epoch; and its best.pt,
+    evaluated by nd as the READMEs write it (no other flag), scores the run's best top-1."""
     out = tmp_path / recipe
     result = run_recipe(recipe, [tiny_data, *TINY, "-a", arch, "--epochs", "1", "--out", out], nproc=nproc)
-    assert_complete_run_dir(out, recipe, world_size)
+    summary = assert_complete_run_dir(out, recipe, world_size)
     assert "done: top1" in result.stdout
     # only rank 0 prints: one start line, not one per rank
-    assert [line.startswith(f"{recipe}: ") for line in result.stdout.splitlines()].count(True) == 1, result.stdout
+    starts = [line for line in result.stdout.splitlines() if line.startswith(f"{recipe}: ")]
+    assert len(starts) == 1, result.stdout
+    assert f"global batch {summary['global_batch']}," in starts[0], (summary["global_batch"], starts[0])
+    with open(out / "metrics.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            assert 0 <= float(row["data_s"]) <= float(row["epoch_s"]), row
+    best = torch.load(out / "best.pt", weights_only=True)
+    # (-b 8: a step of the tiny train/, which -e loads too)
+    run_recipe("nd", [tiny_data, "-e", "--resume", out / "best.pt", "-b", "8", "-j", "0", "--out", tmp_path / "e"])
+    top1 = read_summary(tmp_path / "e")["top1"]
+    if best["opt_level"] == "O0":  # the same arithmetic: the same images right
+        assert top1 == pytest.approx(best["best_top1"]), (top1, best["best_top1"])
+    else:  # trained (and scored) in bf16 autocast, scored by nd in fp32: at most one image of 23 apart
+        assert abs(top1 - best["best_top1"]) <= 100 / 23 + 1e-6, (top1, best["best_top1"], best["opt_level"])
 
 
 def test_dp_says_it_runs_on_one_device_without_cuda(tiny_data, tmp_path):

@@ -100,6 +100,7 @@ class Run:
         for batch in self.log.progress(batches, f"epoch {self.epoch + 1}/{self.args.epochs}"):
             self.meter.data_ready()
             yield batch
+            self.meter.waiting()  # the next batch is asked for
             self.step += 1
 
     def step_done(self, loss, check_stop=True):
@@ -171,5 +172,6 @@ class Run:
         extra: a recipe's own results."""
         if self.val_stats is None:
             self.evaluate(val_loader)
-        self.log.finish(self.args, self.val_stats, self.checkpoint.epoch, self.world_size, self.device,
-                        self.checkpoint.best_top1, self.ema_stats, **extra)
+        processes = dist.get_world_size() if dist.is_initialized() else 1  # (all of them: servers, stages too)
+        self.log.finish(self.args, self.val_stats, self.checkpoint.epoch, processes, self.checkpoint.global_batch,
+                        self.device, self.checkpoint.best_top1, self.ema_stats, **extra)

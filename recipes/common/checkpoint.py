@@ -3,6 +3,10 @@
 One schema for every recipe, a dict of tensors and plain values:
 
     recipe, arch, num_classes   who wrote it, and the model it holds
+    image_size, normalize,      what evaluating it must repeat: the training crop (validation resizes
+    opt_level, amp_dtype        to image_size / 0.875), the per-channel mean and std of the inputs,
+                                the precision it trained in (O0 and None: fp32);
+                                -e --resume takes them from it (settings_from)
     model                       the unwrapped model's state dict (no "module." prefixes), so any
                                 recipe resumes or evaluates any other recipe's checkpoint
     optimizer, scaler, ema      their state dicts (scaler: GradScaler or apex.amp, else None;
@@ -38,7 +42,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from recipes.common import RecipeError, distributed, faults, safe_dcp, sharding
+from recipes.common import RecipeError, data, distributed, faults, safe_dcp, sharding
 
 
 class Checkpoint:
@@ -58,6 +62,9 @@ class Checkpoint:
     def state_dict(self):
         """The schema above. A collective: every rank gathers the random states."""
         return {"recipe": self.args.recipe, "arch": self.args.arch, "num_classes": self.num_classes,
+                "image_size": self.args.image_size, "normalize": data.normalization(),
+                "opt_level": getattr(self.args, "opt_level", None) or "O0",
+                "amp_dtype": getattr(self.args, "amp_dtype", None),
                 "epoch": self.epoch, "step": self.step, "global_batch": self.global_batch,
                 "best_top1": self.best_top1, "model": sharding.model_state(self.model),
                 "optimizer": sharding.optimizer_state(self.model, self.optimizer),
@@ -217,15 +224,16 @@ def _barrier():
         dist.barrier(group=distributed.control_group())
 
 
-def load(path, device):
-    """torch.load with weights_only=True: tensors and plain containers, never code."""
+def load(path, device, mmap=False):
+    """torch.load with weights_only=True: tensors and plain containers, never code (mmap: read from the file
+    as needed, for a look at its small entries)."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"checkpoint {path} does not exist")
     try:
         with warnings.catch_warnings():  # torch's warnings about odd files: our one line says it
             warnings.simplefilter("ignore")
-            state = torch.load(path, map_location=device, weights_only=True)
+            state = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
         if "Weights only load failed" in str(error):
             raise RecipeError(f"refusing to load {path}: it holds Python objects other than tensors and "
@@ -236,6 +244,24 @@ def load(path, device):
     if not isinstance(state, dict) or "model" not in state or "arch" not in state:
         raise RecipeError(f"{path} is not a checkpoint of these recipes (no 'model' and 'arch' entries)")
     return state
+
+
+# what -e --resume takes from the checkpoint: its entry -> the flag that sets it
+SETTINGS = {"arch": "--arch", "image_size": "--image-size", "opt_level": "--opt-level", "amp_dtype": "--amp-dtype"}
+
+
+def settings_from(path):
+    """The settings a checkpoint (a file, or a --sharded-checkpoint directory) was trained with, as far as it
+    records them (earlier checkpoints record only arch): {entry: value}, plus normalize."""
+    path = Path(path)
+    if path.is_dir():
+        try:
+            state = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            return {}  # (resume says what is wrong with it)
+    else:
+        state = load(path, "cpu", mmap=True)
+    return {key: state[key] for key in (*SETTINGS, "normalize") if state.get(key) is not None}
 
 
 def resume_path(args, group=None):

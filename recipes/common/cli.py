@@ -1,6 +1,7 @@
 """The command line shared by every recipe (flags follow pytorch/examples imagenet), and its checks."""
 
 import argparse
+import copy
 import os
 
 import torch
@@ -178,11 +179,44 @@ def parse_args(parser, argv=None):
                                                                 or args.rank < 0):
         raise RecipeError("--multiprocessing-distributed needs --dist-url, --world-size "
                           "(number of nodes) and --rank (this node's rank)")
+    if args.resume:
+        repeat_training_settings(parser, args, argv)
     if args.out is None:
         args.out = f"runs/{args.recipe}-evaluate" if args.evaluate else f"runs/{args.recipe}"
     if args.workers is None:
         args.workers = default_workers(getattr(args, "multiprocessing_distributed", False))
     return args
+
+
+def repeat_training_settings(parser, args, argv):
+    """--resume FILE: the settings the checkpoint was trained with (arch, image size, precision; checkpoint.
+    SETTINGS) for each such flag this recipe has and the command line leaves out, so that `-e --resume FILE`
+    scores the model as its run did. With -e, a flag given that contradicts the checkpoint is an error;
+    resuming training, the flag given wins (a larger image size to finish with, say)."""
+    from recipes.common import checkpoint, data
+
+    recorded = checkpoint.settings_from(args.resume)
+    if recorded.get("normalize", data.normalization()) != data.normalization():
+        raise RecipeError(f"checkpoint {args.resume} was trained on inputs normalised with {recorded['normalize']}, "
+                          f"and these recipes normalise with {data.normalization()}")
+    given = given_flags(parser, argv)
+    for key, flag in checkpoint.SETTINGS.items():
+        dest = flag[2:].replace("-", "_")
+        if key not in recorded or not hasattr(args, dest):
+            continue
+        if dest not in given:
+            setattr(args, dest, recorded[key])
+        elif args.evaluate and getattr(args, dest) != recorded[key]:
+            raise RecipeError(f"checkpoint {args.resume} was trained with {flag} {recorded[key]}, and {flag} "
+                              f"{getattr(args, dest)} was given: leave {flag} out to evaluate it as it trained")
+
+
+def given_flags(parser, argv):
+    """The dests of the flags the command line gives (a default left alone is not given)."""
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(quiet.parse_args(argv)))
 
 
 def default_workers(spawns_per_device):

@@ -85,6 +85,11 @@ def image_transforms(args):
                         v2.CenterCrop(args.image_size)]))
 
 
+def normalization():
+    """The per-channel mean and std the inputs are normalised with (of 0-1 pixels; checkpoints record them)."""
+    return {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+
+
 def device_transform(args, device, num_classes, train=True):
     """What the training process does to each batch: (images, target) -> on the device, ready for the model.
 

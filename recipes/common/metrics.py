@@ -44,6 +44,11 @@ class EpochMeter:
         self.start = self.last = time.perf_counter()
         self.timed_start = None
 
+    def waiting(self):
+        """A batch is asked for: data_ready() counts the wait from here (a rank that updates no statistics, such
+        as a pipeline's first stages, calls it too)."""
+        self.last = time.perf_counter()
+
     def data_ready(self):
         self.data_s += time.perf_counter() - self.last
 

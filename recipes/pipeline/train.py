@@ -195,7 +195,7 @@ def main(args):
 
     run.finish(val_loader, stages=args.stages, replicas=replicas, microbatches=args.microbatches,
                schedule=args.schedule, sync=args.sync, hetero=args.hetero, hetero_prob=args.hetero_prob,
-               slow_rank=args.slow_rank, slow_factor=args.slow_factor, global_batch=global_batch,
+               slow_rank=args.slow_rank, slow_factor=args.slow_factor,
                **sync.counts_of_every_rank(tally, layout, ctx.rank))
     distributed.cleanup()
 
