@@ -25,6 +25,20 @@ def assert_one_clear_line(result, *phrases):
         assert phrase in lines[0], lines[0]
 
 
+def test_bad_input_under_torchrun_is_as_the_faq_says(tmp_path):
+    """docs/faq.md: each rank's one line (rank 0's first, bare), then torchrun's report naming exitcode 2, and
+    torchrun's own exit code 1."""
+    faq = " ".join((ROOT / "docs" / "faq.md").read_text().split())
+    assert "torchrun itself exits 1 when any worker exits with anything but 0" in faq
+    result = run_recipe("ddp", [tmp_path / "missing", *TINY, "--out", tmp_path / "o"], nproc=2, expect_ok=False)
+    assert result.returncode == 1, result.returncode
+    errors = [line for line in result.stderr.splitlines() if "error: " in line and "data directory" in line]
+    assert sorted(errors) == sorted([f"error: data directory {tmp_path / 'missing'} does not exist",
+                                     f"[rank 1] error: data directory {tmp_path / 'missing'} does not exist"]), errors
+    assert "ChildFailedError" in result.stderr and "exitcode  : 2" in result.stderr
+    assert max(result.stderr.index(line) for line in errors) < result.stderr.index("Traceback")  # (lines first)
+
+
 def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

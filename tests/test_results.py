@@ -361,3 +361,20 @@ def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
     assert "| `optimizer` (ZeRO-1) | 2 | 3.3 | 3.3 | 3.3 | 10.0 | 10.0 | 700 | 150.0 | 0.83 | 6 |" in text
     assert "resnet50 (1.0 M parameters) at 32 px, -b 16 per process" in text
     assert "Measured sum over the model: `none` 1.00-1.00; `optimizer` 1.00-1.00" in text
+
+
+def test_the_hardware_section_names_each_parts_machine_from_its_data(tmp_path):
+    """RESULTS.md's hardware: one line when every part ran on one machine, else a row per part, each from the
+    part's own files (timings.csv's row for a part whose files record none)."""
+    from scripts.results.common import hardware_line
+
+    header = "kind,cpu,cores,gpu,torch\n"
+    (tmp_path / "scaling.csv").write_text(header + "recipe,AMD EPYC,2,,2.14.1\n")
+    (tmp_path / "timings.csv").write_text("part,seconds,cpu,cores,gpu,torch\ncurves,1,AMD EPYC,2,,2.14.1\n")
+    assert hardware_line(tmp_path) == "CPU AMD EPYC (2 cores), GPU none: these results are CPU-only, torch 2.14.1."
+    (tmp_path / "recovery.json").write_text(json.dumps({"hardware": {"cpu": "Xeon", "cores": 2, "gpu": None,
+                                                                      "torch": "2.14.1"}}))
+    text = hardware_line(tmp_path)
+    assert text.startswith("The parts ran on 2 machines")
+    assert "| scaling | AMD EPYC (2 cores) |" in text and "| curves | AMD EPYC (2 cores) |" in text
+    assert "| recovery | Xeon (2 cores) |" in text

@@ -78,6 +78,65 @@ def test_help_keeps_the_docstrings_layout(recipe, capsys):
     assert f"\n{example}\n" in shown
 
 
+@pytest.mark.parametrize("recipe", [*RECIPES, "ps", "pipeline"])
+def test_help_shows_every_flags_default(recipe, capsys, monkeypatch):
+    """Each flag's line in --help says its default (a switch's is off), read from the parser itself."""
+    import argparse
+
+    train = importlib.import_module(f"recipes.{recipe}.train")
+    parsers = []
+    monkeypatch.setattr(argparse.ArgumentParser, "format_help",
+                        lambda self, real=argparse.ArgumentParser.format_help: parsers.append(self) or real(self))
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    [parser] = parsers
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or action.nargs == 0:
+            continue  # (positional DIR, hidden flags, switches and --help)
+        shown = formatter._expand_help(action)
+        assert "default" in shown, (action.option_strings, shown)
+        if action.default is not None:
+            value = action.default[0] if isinstance(action.default, (list, tuple)) else action.default
+            assert str(value) in shown or (isinstance(value, float) and f"{value:g}" in shown), (
+                action.option_strings, shown)
+
+
+def recipe_flags(recipe, monkeypatch):
+    """The option strings of a recipe's parser."""
+    import argparse
+
+    parsers = []
+    monkeypatch.setattr(argparse.ArgumentParser, "format_help",
+                        lambda self, real=argparse.ArgumentParser.format_help: parsers.append(self) or real(self))
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"recipes.{recipe}.train").parse_args(["--help"])
+    return {flag for action in parsers[0]._actions for flag in action.option_strings}
+
+
+def test_the_flags_page_says_which_recipe_takes_which_flag(monkeypatch, capsys):
+    """docs/flags.md against the parsers: each flag it names exists, the distributed and mixed-precision flags
+    belong to the recipes it lists, and ps and the pipeline refuse, in one line, the flags it says they do."""
+    page = (ROOT / "docs" / "flags.md").read_text()
+    flags = {recipe: recipe_flags(recipe, monkeypatch) for recipe in [*RECIPES, "ps", "pipeline"]}
+    assert set(re.findall(r"`(--[a-z0-9-]+)", page)) <= set().union(*flags.values())
+    listed = re.search(r"Every recipe but\s+nd and dp \(([^)]*)\) adds", page).group(1).split(", ")
+    assert {recipe for recipe, taken in flags.items() if "--dist-url" in taken} == set(listed)
+    assert "apex and fsdp add `--opt-level`" in page
+    assert {recipe for recipe, taken in flags.items() if "--opt-level" in taken} == {"apex", "fsdp"}
+    text = " ".join(page.split())
+    for recipe, pattern in (("ps", r"parameter server refuses (.*?), and the pipeline"),
+                            ("pipeline", r"and the pipeline (`.*?) \(it cuts")):
+        refused = re.findall(r"`(--[a-z-]+)`", re.search(pattern, text).group(1))
+        assert len(refused) >= 5, (recipe, refused)
+        train = importlib.import_module(f"recipes.{recipe}.train")
+        for flag in refused:
+            value = {"--ema-decay": ["0.9"], "--accum-steps": ["2"], "--save-every": ["2"], "--profile": ["2"],
+                     "--mixup-alpha": ["0.2"], "--cutmix-alpha": ["1"]}.get(flag, [])
+            with pytest.raises(RecipeError, match=re.escape(flag)):
+                train.parse_args(["--synthetic", flag, *value])
+
+
 def test_range_checks_name_the_flag_and_the_value():
     from recipes.compression.train import parse_args
 

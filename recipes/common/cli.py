@@ -32,6 +32,18 @@ RANGES = {
 }
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help: the recipe's docstring as written (the example command on its own line, the paragraphs), and
+    every flag's default, where its help does not say it already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.default is False or action.nargs == 0 \
+                or action.default == argparse.SUPPRESS:
+            return text
+        return f"{text} (default: {'none' if action.default is None else '%(default)s'})".lstrip()
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line (no usage block) and exit code 2."""
 
@@ -40,9 +52,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(recipe, description):
-    # --help prints the recipe's docstring as written: the example command on its own line, the paragraphs
-    parser = Parser(prog=f"recipes/{recipe}/train.py", description=description,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog=f"recipes/{recipe}/train.py", description=description, formatter_class=HelpFormatter)
     parser.set_defaults(recipe=recipe)
     parser.add_argument("data", metavar="DIR", nargs="?",
                         help="ImageNet-style folder with train/ and val/ (one sub-folder per class)")
@@ -53,9 +63,12 @@ def build_parser(recipe, description):
     parser.add_argument("--lr", type=float, default=0.1,
                         help="learning rate for a global batch of 256, scaled linearly "
                              "to the real global batch (default: 0.1)")
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
-    parser.add_argument("--epochs", type=int, default=90)
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    parser.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4,
+                        help="weight decay (an L2 penalty, in SGD's step)")
+    parser.add_argument("--epochs", type=int, default=90,
+                        help="epochs to train (default: 90, the classic ImageNet recipe's, whose milestones "
+                             "--lr-steps takes by default)")
     parser.add_argument("-j", "--workers", type=int,
                         help="data loader processes per training process (default: the cores this process may use "
                              "shared out among this node's training processes, one left to each of them on CUDA; "
@@ -101,8 +114,8 @@ def add_training_args(parser):
                        help=f"epochs at which the step schedule multiplies the learning rate by 0.1 (default: "
                             f"{' '.join(map(str, CLASSIC_LR_STEPS))}, the 90-epoch ImageNet classic)")
     group.add_argument("--warmup-epochs", type=float, default=0,
-                       help="raise the learning rate linearly from lr/W to lr over the first W steps of these "
-                            "epochs (default: 0)")
+                       help="W: before the schedule, the rate rises linearly over the steps of W epochs, from "
+                            "lr / steps at the first step to lr at the last (default: 0, none)")
     group.add_argument("--label-smoothing", type=float, default=0.0,
                        help="train against (1 - e) x target + e / classes (default: 0)")
     group.add_argument("--mixup-alpha", type=float, default=0.0,

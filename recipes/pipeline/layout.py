@@ -53,7 +53,8 @@ def add_args(parser):
     group.add_argument("--stages", type=int, default=2, metavar="S", help="processes per replica (default: 2)")
     group.add_argument("--microbatches", type=int, default=4, metavar="M",
                        help="pieces of each batch in flight in the pipeline; must divide -b (default: 4)")
-    group.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    group.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b",
+                       help="torch.distributed.pipelining's ScheduleGPipe or Schedule1F1B")
     group.add_argument("--sync", choices=SYNCS, default="allreduce",
                        help="how the replicas of a stage agree (default: allreduce)")
     group.add_argument("--preduce-size", type=int, metavar="P",
@@ -65,9 +66,10 @@ def add_args(parser):
     group.add_argument("--hetero", type=float, default=0.0, metavar="X",
                        help="a process sleeps X seconds with probability --hetero-prob before each forward "
                             "and each backward of a microbatch (default: 0)")
-    group.add_argument("--hetero-prob", type=float, default=0.1)
+    group.add_argument("--hetero-prob", type=float, default=0.1, help="the probability of each --hetero sleep")
     group.add_argument("--slow-rank", type=int, metavar="R", help="this rank is --slow-factor times slower")
-    group.add_argument("--slow-factor", type=float, default=2.0, metavar="F")
+    group.add_argument("--slow-factor", type=float, default=2.0, metavar="F",
+                       help="--slow-rank's steps take F times as long")
 
 
 def check_args(args, world_size=None):

@@ -61,7 +61,9 @@ def add_args(parser):
     group = parser.add_argument_group("parameter server")
     group.add_argument("--servers", type=int, default=1, help="ranks 0..S-1 hold the model (default: 1)")
     group.add_argument("--validators", type=int, default=0, help="the next V ranks validate pushes (default: 0)")
-    group.add_argument("--mode", choices=["sync", "async"], default="sync")
+    group.add_argument("--mode", choices=["sync", "async"], default="sync",
+                       help="sync: the servers apply the aggregate of every worker's push each round; async: "
+                            "each push as it arrives")
     group.add_argument("--local-steps", type=int, default=1, metavar="H",
                        help="SGD steps of a worker per push; above 1 it pushes the change of its weights "
                             "(default: 1, a gradient)")
@@ -70,12 +72,15 @@ def add_args(parser):
     group.add_argument("--partition-bytes", type=int, default=4_096_000,
                        help="chunk size of the parameters on the servers (default: 4096000, BytePS's)")
     group = parser.add_argument_group("Byzantine workers and Zeno validators")
-    group.add_argument("--aggregate", choices=ROBUST + VALIDATED, default="mean")
+    group.add_argument("--aggregate", choices=ROBUST + VALIDATED, default="mean",
+                       help="how the servers combine the pushes: a rule on the servers, or Zeno validators")
     group.add_argument("--byzantine", type=int, default=0, metavar="K", help="workers 0..K-1 lie at every push")
     group.add_argument("--attack-prob", type=float, default=0.0, metavar="Q",
                        help="every worker lies at each push with probability Q (default: 0)")
-    group.add_argument("--attack", choices=ATTACKS, default="none")
-    group.add_argument("--attack-scale", type=float, default=1.0, metavar="S")
+    group.add_argument("--attack", choices=ATTACKS, default="none",
+                       help="what a lying worker pushes in place of its update u (attacks.py)")
+    group.add_argument("--attack-scale", type=float, default=1.0, metavar="S",
+                       help="signflip: -S u; gaussian: N(0, S^2); random: a random direction at S ||u||")
     group.add_argument("--zeno-b", type=int, help="pushes zeno and the trimming rules drop (default: K)")
     group.add_argument("--validation-split", type=float, default=0.1,
                        help="share of train/ held out for the validators (default: 0.1)")

@@ -1,6 +1,7 @@
 """What every part's renderer shares: reading the data, markdown tables, spreads over seeds, saving figures."""
 
 import csv
+import json
 import statistics
 
 import matplotlib
@@ -44,10 +45,32 @@ def beyond_spread(a, b):
     return a["n"] > 1 and b["n"] > 1 and (a["low"] > b["high"] or b["low"] > a["high"])
 
 
-def hardware_line(rows):
-    r = rows[0]
-    return (f"CPU {r['cpu']} ({r['cores']} cores), GPU {r['gpu'] or 'none: these results are CPU-only'}, "
-            f"torch {r['torch']}.")
+def hardware_line(data):
+    """Where the CPU parts ran, from what each part's files in the data folder record (timings.csv's row where
+    they record nothing): one line when every part ran on one machine, else one row per part."""
+    from scripts.results import PARTS
+
+    timings = {r["part"]: r for r in read_csv(data / "timings.csv")} if (data / "timings.csv").exists() else {}
+    machines, torches, gpus = {}, set(), set()
+    for part in PARTS:
+        records = [r for path in sorted(data.glob(f"{part}*.csv")) for r in read_csv(path) if r.get("cpu")]
+        for path in sorted(data.glob(f"{part}*.json")):
+            record = json.loads(path.read_text())
+            record = record.get("hardware", record) if isinstance(record, dict) else {}
+            records += [record] if record.get("cpu") else []
+        if not records and part in timings:
+            records = [timings[part]]
+        if records:
+            machines[part] = sorted({f"{r['cpu']} ({r['cores']} cores)" for r in records})
+            torches |= {r["torch"] for r in records if r.get("torch")}
+            gpus |= {r["gpu"] for r in records if r.get("gpu")}
+    every = sorted({machine for found in machines.values() for machine in found})
+    gpu = ", ".join(sorted(gpus)) or "none: these results are CPU-only"
+    if len(every) == 1:
+        return f"CPU {every[0]}, GPU {gpu}, torch {', '.join(sorted(torches))}."
+    return (f"The parts ran on {len(every)} machines (GPU {gpu}; torch {', '.join(sorted(torches))}), each "
+            f"part's as its data records it:\n\n" + table(["part", "CPU"], [[part, "; ".join(found)]
+                                                                             for part, found in machines.items()]))
 
 
 def mean_of(runs, field):

@@ -70,7 +70,7 @@ def render(data, figures, missing):
     plot_io(io_rows, figures)
     loader = data / "io_loader.json"
     return {"io": io_tables(io_rows, json.loads(loader.read_text()) if loader.exists() else None),
-            "hardware": hardware_line(io_rows)}  # (scaling's line, where it ran, comes after and wins)
+            "hardware": hardware_line(data)}  # (scaling writes the same)
 
 
 def headline(data):

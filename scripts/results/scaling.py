@@ -101,7 +101,7 @@ def render(data, figures, missing):
     scaling = read_csv(data / "scaling.csv")
     plot_scaling(scaling, figures)
     sections = dict(zip(("scaling", "scaling-overhead"), scaling_tables(scaling)))
-    sections["hardware"] = hardware_line(scaling)
+    sections["hardware"] = hardware_line(data)
     return sections
 
 
