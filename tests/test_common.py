@@ -274,8 +274,8 @@ def test_a_checkpoint_saves_and_resumes_every_training_object_in_one_call_each(t
     saved.best_top1 = 42.0
     saved.save(1, 2, is_best=True)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    assert set(state) == {"recipe", "arch", "num_classes", "model", "optimizer", "scaler", "ema", "epoch", "step",
-                          "global_batch", "best_top1", "rng"}
+    assert set(state) == {"recipe", "arch", "num_classes", "image_size", "normalize", "opt_level", "amp_dtype",
+                          "model", "optimizer", "scaler", "ema", "epoch", "step", "global_batch", "best_top1", "rng"}
     assert (state["recipe"], state["epoch"], state["step"], state["best_top1"]) == ("nd", 1, 2, 42.0)
     random_after_save = torch.rand(3)
 

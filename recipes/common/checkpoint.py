@@ -62,7 +62,7 @@ class Checkpoint:
     def state_dict(self):
         """The schema above. A collective: every rank gathers the random states."""
         return {"recipe": self.args.recipe, "arch": self.args.arch, "num_classes": self.num_classes,
-                "image_size": self.args.image_size, "normalize": data.normalization(),
+                "image_size": getattr(self.args, "image_size", None), "normalize": data.normalization(),
                 "opt_level": getattr(self.args, "opt_level", None) or "O0",
                 "amp_dtype": getattr(self.args, "amp_dtype", None),
                 "epoch": self.epoch, "step": self.step, "global_batch": self.global_batch,

@@ -192,7 +192,7 @@ def parse_args(parser, argv=None):
                                                                 or args.rank < 0):
         raise RecipeError("--multiprocessing-distributed needs --dist-url, --world-size "
                           "(number of nodes) and --rank (this node's rank)")
-    if args.resume:
+    if args.resume and (args.evaluate or not args.auto_resume):  # (a relaunch repeats its first command's flags)
         repeat_training_settings(parser, args, argv)
     if args.out is None:
         args.out = f"runs/{args.recipe}-evaluate" if args.evaluate else f"runs/{args.recipe}"
