@@ -262,10 +262,10 @@ def main(argv=None):
           f"{os.path.relpath(args.out, ROOT)}/<check>/", flush=True)
     kept = (passed_before(args.json, device, torch.__version__, {name for name, _, _ in chosen})
             if args.keep_passed else [])
-    order = [name for name, _, _ in chosen]
+    order, passed = [name for name, _, _ in chosen], {check["check"] for check in kept}
     report = {"device": device, "torch": torch.__version__, "stand_in": args.stand_in, "total": len(chosen),
               "checks": [dict(check, earlier=True) for check in kept],
-              "not_run": [name for name in order if name not in {c["check"] for c in kept}]}
+              "not_run": [name for name in order if name not in passed]}
     earlier = f" ({len(kept)} of them passed in an earlier command)" if kept else ""
     if kept:
         print(f"  {len(kept)} checks passed on this GPU and torch already (--keep-passed): "
@@ -274,7 +274,7 @@ def main(argv=None):
     report["summary"] = f"gpu-smoke: {len(kept)} of {len(chosen)} checks ok{earlier}"
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    for name, _, runs in (check for check in chosen if check[0] not in {c["check"] for c in kept}):
+    for name, _, runs in (check for check in chosen if check[0] not in passed):
         begun = time.perf_counter()
         ok, said = run_check(name, runs, args, data, args.hang_timeout if name == HUNG else args.timeout)
         seconds = time.perf_counter() - begun

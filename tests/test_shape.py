@@ -78,18 +78,25 @@ def test_help_keeps_the_docstrings_layout(recipe, capsys):
     assert f"\n{example}\n" in shown
 
 
+def recipe_parser(recipe, monkeypatch):
+    """The parser a recipe's --help formats (caught as it prints its help)."""
+    import argparse
+
+    parsers = []
+    monkeypatch.setattr(argparse.ArgumentParser, "format_help",
+                        lambda self, real=argparse.ArgumentParser.format_help: parsers.append(self) or real(self))
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"recipes.{recipe}.train").parse_args(["--help"])
+    [parser] = parsers
+    return parser
+
+
 @pytest.mark.parametrize("recipe", [*RECIPES, "ps", "pipeline"])
 def test_help_shows_every_flags_default(recipe, capsys, monkeypatch):
     """Each flag's line in --help says its default (a switch's is off), read from the parser itself."""
     import argparse
 
-    train = importlib.import_module(f"recipes.{recipe}.train")
-    parsers = []
-    monkeypatch.setattr(argparse.ArgumentParser, "format_help",
-                        lambda self, real=argparse.ArgumentParser.format_help: parsers.append(self) or real(self))
-    with pytest.raises(SystemExit):
-        train.parse_args(["--help"])
-    [parser] = parsers
+    parser = recipe_parser(recipe, monkeypatch)
     formatter = parser._get_formatter()
     for action in parser._actions:
         if not action.option_strings or action.help == argparse.SUPPRESS or action.nargs == 0:
@@ -102,23 +109,12 @@ def test_help_shows_every_flags_default(recipe, capsys, monkeypatch):
                 action.option_strings, shown)
 
 
-def recipe_flags(recipe, monkeypatch):
-    """The option strings of a recipe's parser."""
-    import argparse
-
-    parsers = []
-    monkeypatch.setattr(argparse.ArgumentParser, "format_help",
-                        lambda self, real=argparse.ArgumentParser.format_help: parsers.append(self) or real(self))
-    with pytest.raises(SystemExit):
-        importlib.import_module(f"recipes.{recipe}.train").parse_args(["--help"])
-    return {flag for action in parsers[0]._actions for flag in action.option_strings}
-
-
 def test_the_flags_page_says_which_recipe_takes_which_flag(monkeypatch, capsys):
     """docs/flags.md against the parsers: each flag it names exists, the distributed and mixed-precision flags
     belong to the recipes it lists, and ps and the pipeline refuse, in one line, the flags it says they do."""
     page = (ROOT / "docs" / "flags.md").read_text()
-    flags = {recipe: recipe_flags(recipe, monkeypatch) for recipe in [*RECIPES, "ps", "pipeline"]}
+    flags = {recipe: {flag for action in recipe_parser(recipe, monkeypatch)._actions for flag in action.option_strings}
+             for recipe in [*RECIPES, "ps", "pipeline"]}
     assert set(re.findall(r"`(--[a-z0-9-]+)", page)) <= set().union(*flags.values())
     listed = re.search(r"Every recipe but\s+nd and dp \(([^)]*)\) adds", page).group(1).split(", ")
     assert {recipe for recipe, taken in flags.items() if "--dist-url" in taken} == set(listed)
