@@ -1,8 +1,8 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
 # make test   the test suite (CPU, gloo; about 29 minutes on 2 cores)
 # make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/mutations.py)
-# make figures                measure every part (io, scaling, curves, recovery, compile, compression, ps, pipeline,
-#                             sharding), then
+# make figures                measure every part (io, scaling, curves, recovery, compile, precision, compression, ps,
+#                             pipeline, sharding), then
 #                             redraw figures/ and RESULTS.md from figures/data/
 # make figures ONLY="curves compression"   measure only these parts, then redraw everything
 # make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
@@ -40,7 +40,7 @@ NPROC = $(shell $(PY) -c "import torch; print(torch.cuda.device_count() or 2)")
 DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
-PARTS := io scaling curves recovery compile compression ps pipeline sharding
+PARTS := io scaling curves recovery compile precision compression ps pipeline sharding
 GPU_PARTS := synthetic jpeg compression
 GPU_ONLY := $(if $(filter command line,$(origin ONLY)),$(ONLY),$(GPU_PARTS))
 ONLY ?= $(PARTS)
@@ -99,6 +99,8 @@ figure-part-recovery = $(PY) scripts/bench_recovery.py --json $(FIG_DATA)/recove
 	$(if $(quick),--quick $(DEMO_DATA))
 figure-part-compile = $(PY) scripts/bench_compile.py $(if $(quick),--quick $(DEMO_DATA) --epochs 2) \
 	--csv $(FIG_DATA)/compile.csv --runs $(RUNS)/compile
+figure-part-precision = $(PY) scripts/bench_precision.py --csv $(FIG_DATA)/precision.csv --runs $(RUNS)/precision \
+	$(if $(quick),--quick)
 figure-part-compression = $(PY) scripts/bench_compression.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/compression $(if $(quick),--quick --epochs 2 --processes 2 --methods none fp8-e4m3)
 figure-part-ps = $(PY) scripts/bench_ps.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \

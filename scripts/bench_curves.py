@@ -4,16 +4,21 @@
     python scripts/bench_curves.py --data DIR --quick --figures-data OUT   # lenet at 16 px, for tests
 
 nd trains with batch 64 in one process; ddp and apex with 2 processes of 32 (on a
-machine with one GPU, one process), so the three see the same global batch and
-learning rate; each process gets cores / processes threads. (On a CPU the apex
-recipe runs in fp32, as it does by default where there is no fast low precision;
-on a GPU it is fp16.) The set-up is scripts/measuring.py's ACCURACY. Each run
-directory is runs/figures/curves/<recipe>-seed<S>; its metrics.csv and
-summary.json are copied to <figures-data>/curves/<recipe>-seed<S>.csv and .json.
-A run whose summary.json is complete is not trained again.
+machine with one GPU, one process), so they all see the same global batch and
+learning rate; each process gets cores / processes threads. apex runs twice: at
+--opt-level O0 (fp32: the recipe's plumbing, with ddp's arithmetic) and at O1 in
+low precision (apex-low: bf16 on a CPU, fp16 on a GPU), the second only where
+the machine runs it natively (a CPU with AVX512-BF16 or AMX-BF16; any CUDA GPU);
+where it does not, curves/left_out.json says why. The set-up is
+scripts/measuring.py's ACCURACY. Each run directory is
+runs/figures/curves/<name>-seed<S>; its metrics.csv and summary.json are copied to
+<figures-data>/curves/<name>-seed<S>.csv and .json, and the machine (its CPU's
+precision flags too) to curves/hardware.json. A run whose summary.json is complete
+is not trained again.
 """
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -24,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from scripts import measuring  # noqa: E402
 
-RECIPES = {"nd": 1, "ddp": 2, "apex": 2}  # processes
+RUNS = [("nd", "nd", 1, []), ("ddp", "ddp", 2, []), ("apex", "apex", 2, ["--opt-level", "O0"]),
+        ("apex-low", "apex", 2, ["--opt-level", "O1"])]  # (name, recipe, processes, flags)
 
 
 def main():
@@ -44,18 +50,28 @@ def main():
     copies.mkdir(parents=True)
     import torch
     gpus = torch.cuda.device_count()
-    for recipe, processes in RECIPES.items():
+    flags_found = measuring.cpu_flags()
+    machine = {**measuring.hardware(), "cpu_flags": flags_found}
+    (copies / "hardware.json").write_text(json.dumps(machine, indent=2) + "\n")
+    low = gpus or any(flag in flags_found.split() for flag in ("avx512_bf16", "amx_bf16"))
+    if not low:  # (autocast in bf16 runs 9x to 16x slower than fp32 there: recipes/common/amp.py)
+        (copies / "left_out.json").write_text(json.dumps(
+            {"apex-low": f"this CPU has no native bf16 (/proc/cpuinfo lists {flags_found or 'none'} of "
+                         f"{' '.join(measuring.PRECISION_FLAGS)})"}, indent=2) + "\n")
+    for name, recipe, processes, recipe_flags in RUNS:
+        if name == "apex-low" and not low:
+            continue
         processes = min(processes, gpus) if gpus else processes  # one process per GPU
         for seed in args.seeds:
-            out = Path(args.runs) / f"{recipe}-seed{seed}"
-            flags = [args.data, *(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY),
+            out = Path(args.runs) / f"{name}-seed{seed}"
+            flags = [args.data, *(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY), *recipe_flags,
                      "-b", str(args.global_batch // processes), "--epochs", str(args.epochs), "--seed", str(seed)]
             threads = max(1, measuring.usable_cores() // processes)
             summary = measuring.train(recipe, processes, flags, out, threads)
-            print(f"{recipe} seed {seed}: {processes} process(es), {args.epochs} epochs, top-1 "
+            print(f"{name} seed {seed}: {processes} process(es), {args.epochs} epochs, top-1 "
                   f"{summary['top1']:.2f} %", flush=True)
-            shutil.copy(out / "metrics.csv", copies / f"{recipe}-seed{seed}.csv")
-            shutil.copy(out / "summary.json", copies / f"{recipe}-seed{seed}.json")
+            shutil.copy(out / "metrics.csv", copies / f"{name}-seed{seed}.csv")
+            shutil.copy(out / "summary.json", copies / f"{name}-seed{seed}.json")
     measuring.record_part(args.figures_data, "curves", started)
 
 

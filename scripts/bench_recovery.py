@@ -178,25 +178,26 @@ def steps_redone(output):
 
 
 def victim_steps(case, train_images, batch):
-    """The steps per epoch of the rank a case kills, as it counts them (a parameter-server worker its pushes, an
-    async server its updates)."""
+    """The steps per epoch of the rank a case kills, as it counts them (a sync parameter-server worker its pushes;
+    async, the server's updates, which a worker sees in its pulls: faster workers may take more than their share
+    of the pushes, so that the victim's own count might never reach a third into epoch 2)."""
     _, recipe, processes, extra, victim, _ = case
     if recipe == "ps":
         servers = int(extra[extra.index("--servers") + 1])
         workers = processes - servers
         steps = -(-train_images // workers) // batch
-        return steps * workers if victim < servers and "async" in extra else steps
+        return steps * workers if "async" in extra else steps
     shards = processes // 2 - ("hetpipe" in extra) if recipe == "pipeline" else processes  # replicas
     return -(-train_images // shards) // batch
 
 
 def killed_recipe(data, flags, case, out, victim_steps_per_epoch):
     """One row's recipe under torchrun --max-restarts=1 --auto-resume, rank `victim` SIGKILLed a third into epoch 2
-    (counted in its own steps): the row's measurements."""
+    (counted as victim_steps counts them): the row's measurements."""
     row, recipe, processes, extra, victim, _ = case
     times = out / "times.jsonl"
     fault = ["--fault", "kill", "--step", str(victim_steps_per_epoch + victim_steps_per_epoch // 3), "--rank",
-             str(victim), "--times", str(times)]
+             str(victim), "--times", str(times), *(["--by-version"] if recipe == "ps" and "async" in extra else [])]
     command = [*measuring.python_command(processes)[1:], "--max-restarts=1", str(ROOT / "scripts" / "inject_fault.py"),
                *fault, "--", str(ROOT / "recipes" / recipe / "train.py"), str(data), *flags, *extra, "--auto-resume",
                "--out", str(out / "run")]

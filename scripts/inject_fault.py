@@ -18,6 +18,9 @@ so the restarted workers run clean). --times FILE appends one JSON line with the
 time of the fault and, in later attempts, of the first completed step; a rank
 whose fault is already in that file does not fire it again (torchrun agents on
 different nodes count attempts separately, so --attempt alone can fire twice).
+--by-version makes a parameter server's worker count the servers' updates as its
+pulls see them instead of its own steps: async, faster workers can take so many of
+the pushes that a slow worker's own count never reaches --step before training ends.
 """
 
 import argparse
@@ -58,6 +61,8 @@ def main():
     parser.add_argument("--others", choices=[*SIGNALS, "nan"], help="with --rank: this fault on the other ranks")
     parser.add_argument("--attempt", type=int, default=0, help="only this torchrun attempt (default: 0)")
     parser.add_argument("--times", help="append JSON lines with event times to this file")
+    parser.add_argument("--by-version", action="store_true",
+                        help="a parameter server's worker: --step counts the servers' updates its pulls see")
     parser.add_argument("script", help="the recipe, e.g. recipes/ddp/train.py")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's arguments")
     args = parser.parse_args()
@@ -70,18 +75,19 @@ def main():
         sys.exit("error: --fault term-parent signals torchrun's agent: run it under torchrun")
     steps, counted_by = 0, None
 
-    def stepped(by, loss, epoch=None, step=None):
+    def stepped(by, loss, epoch=None, step=None, version=None):
         """After each step of this process: the fault, when it is due. Two hooks call it; the steps are counted
         by the one that fires first, which stays the one: Run.step_done in a rank that trains with a Run (a
         hetpipe replica pulls too, but its first step ends before its second pull), pushpull.pull in one without."""
-        nonlocal steps, counted_by
+        nonlocal steps, counted_by, armed
         counted_by = counted_by or by
         if by != counted_by:
             return loss
         steps += 1
         if attempt != args.attempt and steps == 1:
             record(args.times, "first_step", attempt=attempt, rank=rank)
-        if armed and steps == args.step:
+        if armed and (version if args.by_version and version is not None else steps) >= args.step:
+            armed = False
             record(args.times, "fault", fault=fault, rank=rank, epoch=epoch, step=step)
             if fault == "nan":
                 loss = loss * float("nan")
@@ -101,12 +107,12 @@ def main():
     # ... or, in a rank without one (a parameter server's worker or validator), its pull before the next step
     pull, pulls = pushpull.pull, 0
 
-    def pull_after_a_step(*a, **k):
+    def pull_after_a_step(vector, chunks, versions, *a, **k):
         nonlocal pulls
         pulls += 1
         if pulls > 1:
-            stepped("pull", None)
-        return pull(*a, **k)
+            stepped("pull", None, version=max(versions))  # (the versions of the pull before this step)
+        return pull(vector, chunks, versions, *a, **k)
     pushpull.pull = pull_after_a_step
     if armed and fault == "hang-init":
         distributed.init_distributed_mode = lambda _: time.sleep(3600)

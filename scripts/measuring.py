@@ -68,6 +68,20 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
+PRECISION_FLAGS = ["avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16"]
+
+
+def cpu_flags():
+    """Which of the flags that decide low precision's speed on a CPU /proc/cpuinfo lists, space-separated:
+    AVX512-BF16 or AMX-BF16 run bf16 natively (recipes/common/amp.py), AVX512-FP16 or AMX-FP16 fp16."""
+    try:
+        listed = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")).split(":", 1)[1].split()
+    except (OSError, StopIteration):
+        return ""
+    return " ".join(flag for flag in PRECISION_FLAGS if flag in listed)
+
+
 def hardware():
     """CPU model and the cores this process may use, GPUs ("2 x NVIDIA H100", or None), torch version."""
     gpus = torch.cuda.device_count()
@@ -200,19 +214,20 @@ def finished_summary(out, launch):
     return None
 
 
-def launch_of(recipe, processes, flags, env=None, threads=None):
+def launch_of(recipe, processes, flags, env=None, threads=None, launcher=None):
     """What makes two runs the same run, as train() keeps it in launch.json."""
     return {"recipe": recipe, "processes": processes, "threads": threads, "flags": [str(flag) for flag in flags],
-            "env": env or {}}
+            "env": env or {}, **({"launcher": [str(part) for part in launcher]} if launcher else {})}
 
 
-def train(recipe, processes, flags, out, threads, env=None, check=True, forked=False, echo=None):
+def train(recipe, processes, flags, out, threads, env=None, check=True, forked=False, echo=None, launcher=None):
     """recipes/<recipe>/train.py FLAGS --out OUT on `processes` processes, unless OUT already holds a finished
     run of the same recipe, processes, threads, flags and environment: a stopped `make figures` started again skips
     what it has. A run that did not finish starts afresh. Returns its summary (None when it failed and check
     is False: its output is then in OUT/failed.log). forked: the processes start as run_forked() starts them;
-    echo: their output is printed as it comes (run())."""
-    out, launch = Path(out), launch_of(recipe, processes, flags, env, threads)
+    echo: their output is printed as it comes (run()); launcher: a script and its flags that run the recipe
+    (scripts/inject_fault.py's way: it takes the recipe's path and flags after them)."""
+    out, launch = Path(out), launch_of(recipe, processes, flags, env, threads, launcher)
     summary = finished_summary(out, launch)
     if summary is not None:
         note_reused(out)
@@ -221,7 +236,8 @@ def train(recipe, processes, flags, out, threads, env=None, check=True, forked=F
     out.mkdir(parents=True)
     (out / "launch.json").write_text(json.dumps(launch, indent=2) + "\n")
     started = time.perf_counter()
-    script_and_flags = [str(ROOT / "recipes" / recipe / "train.py"), *launch["flags"], "--out", str(out)]
+    script_and_flags = [*launch.get("launcher", []), str(ROOT / "recipes" / recipe / "train.py"), *launch["flags"],
+                        "--out", str(out)]
     if forked:
         result = run_forked(processes, script_and_flags, threads, env)
         if check and result.returncode != 0:

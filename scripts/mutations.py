@@ -28,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+PRECISION_TEST = ("tests/test_benchmarks.py::test_bench_precision_runs_each_precision_it_names_and_says_what_the_"
+                  "cpu_has")
 HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives"
 
 # name, the file, the text switched off, what replaces it, the tests that must catch it
@@ -149,6 +151,15 @@ BREAKS = [
     dict(name="stragglers-ignore-the-seed", file="recipes/pipeline/stragglers.py",
          old="random.Random(f\"{args.seed}/{rank}/{epoch}/{step}\")", new="random.Random(f\"{rank}/{epoch}/{step}\")",
          tests=["tests/test_pipeline.py::test_stragglers_are_drawn_per_slot_from_the_seed"]),
+    # the precision part of make figures: what each row ran in, and what the CPU has (caught on a CPU with native
+    # bf16, where the low-precision rows run; elsewhere they are left out and the first has nothing to break)
+    dict(name="precision-rows-silently-fp32", file="scripts/bench_precision.py",
+         old='*(["--opt-level", level] if level else [])', new='*(["--opt-level", "O0"] if level else [])',
+         tests=[PRECISION_TEST]),
+    dict(name="precision-cpu-flags-not-recorded", file="scripts/bench_precision.py",
+         old='"cpu_flags": flags_found}', new='"cpu_flags": ""}', tests=[PRECISION_TEST]),
+    dict(name="precision-text-ignores-the-cpu", file="scripts/results/precision.py",
+         old='if info["native_bf16"] else', new='if True else', tests=[PRECISION_TEST]),
 ]
 
 

@@ -2,9 +2,12 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -69,14 +72,59 @@ def recipe_command(recipe, args, nproc=None):
             *script, *args]
 
 
-def run_recipe(recipe, args, nproc=None, expect_ok=True, env=None, timeout=300):
-    """Run recipes/<recipe>/train.py (under torchrun when nproc is given)."""
-    result = subprocess.run(recipe_command(recipe, [str(a) for a in args], nproc), cwd=ROOT,
-                            env=child_env(env), capture_output=True, text=True, timeout=timeout)
+def run_recipe(recipe, args, nproc=None, expect_ok=True, env=None, timeout=300, torchrun=False):
+    """Run recipes/<recipe>/train.py: one process, or nproc of them as torchrun's workers (torchrun: under
+    torchrun itself)."""
+    args = [str(a) for a in args]
+    if nproc is not None and not torchrun:
+        result = launch_ranks(recipe_command(recipe, args), nproc, child_env(env), timeout)
+    else:
+        result = subprocess.run(recipe_command(recipe, args, nproc), cwd=ROOT, env=child_env(env),
+                                capture_output=True, text=True, timeout=timeout)
     if expect_ok and result.returncode != 0:
         raise AssertionError(f"{recipe} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-5000:]}")
     return result
+
+
+def launch_ranks(command, nproc, env, timeout, grace=10):
+    """nproc processes of command, each with the environment torchrun --standalone gives its workers (RANK,
+    LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the recipes then meet at rank 0's
+    store, env://, as under torch.distributed.launch or SLURM), without torchrun's agent, whose start-up costs
+    about a second a run, minutes over the suite; the tests of torchrun's own behaviour launch torchrun. As its
+    agent does, the first rank to fail has the others sent SIGTERM, then SIGKILL after `grace` seconds, and the
+    exit code is 1 when any rank failed. The output: every rank's stdout (then stderr), rank by rank."""
+    port, files = free_port(), [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(nproc)]
+    ranks = [subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env={
+        **env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        for rank, (out, err) in enumerate(files)]
+    deadline, stop_at = time.monotonic() + timeout, None
+    try:
+        while any(rank.poll() is None for rank in ranks):
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(command, timeout)
+            if stop_at is None and any(rank.returncode for rank in ranks):
+                stop_at = time.monotonic() + grace
+                for rank in ranks:
+                    if rank.poll() is None:
+                        rank.send_signal(signal.SIGTERM)
+            if stop_at is not None and time.monotonic() > stop_at:
+                for rank in ranks:
+                    rank.kill()
+            time.sleep(0.02)
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+                rank.wait()
+    outputs = []
+    for out, err in files:
+        out.seek(0), err.seek(0)
+        outputs.append((out.read(), err.read()))
+        out.close(), err.close()
+    return subprocess.CompletedProcess(command, int(any(rank.returncode for rank in ranks)),
+                                       "".join(out for out, _ in outputs), "".join(err for _, err in outputs))
 
 
 def read_summary(out):

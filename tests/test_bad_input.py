@@ -30,7 +30,8 @@ def test_bad_input_under_torchrun_is_as_the_faq_says(tmp_path):
     torchrun's own exit code 1."""
     faq = " ".join((ROOT / "docs" / "faq.md").read_text().split())
     assert "torchrun itself exits 1 when any worker exits with anything but 0" in faq
-    result = run_recipe("ddp", [tmp_path / "missing", *TINY, "--out", tmp_path / "o"], nproc=2, expect_ok=False)
+    result = run_recipe("ddp", [tmp_path / "missing", *TINY, "--out", tmp_path / "o"], nproc=2, expect_ok=False,
+                        torchrun=True)
     assert result.returncode == 1, result.returncode
     errors = [line for line in result.stderr.splitlines() if "error: " in line and "data directory" in line]
     assert sorted(errors) == sorted([f"error: data directory {tmp_path / 'missing'} does not exist",
@@ -132,6 +133,12 @@ def test_ema_with_pure_low_precision_weights_is_refused():
 def test_step_batch_larger_than_the_shard(tiny_data, tmp_path, flags):
     result = run_recipe("nd", [tiny_data, *TINY, *flags, "--out", tmp_path / "out"], expect_ok=False)
     assert_one_clear_line(result, "fewer than one step of --batch-size", "48 images per process")
+
+
+def test_evaluation_with_a_batch_larger_than_train_says_to_lower_it(tiny_data, tmp_path, good_checkpoint):
+    result = run_recipe("nd", [tiny_data, "-e", "--resume", good_checkpoint, "-j", "0", "--out", tmp_path / "e"],
+                        expect_ok=False)  # (-b 256, the default: more than the tiny train/)
+    assert_one_clear_line(result, "fewer than one step of --batch-size 256", "-e builds the training loader too")
 
 
 def test_truncated_checkpoint_is_refused_and_left_alone(tiny_data, tmp_path, good_checkpoint):

@@ -57,7 +57,15 @@ def test_recipe_writes_complete_run_directory(tiny_data, tmp_path, recipe, nproc
     with open(out / "metrics.csv", newline="") as f:
         for row in csv.DictReader(f):
             assert 0 <= float(row["data_s"]) <= float(row["epoch_s"]), row
+            # the loader's wait where images are decoded (-j 0: in the training process, 1 ms or more for the
+            # 24 or 48 images of a process): on every stage, and on a parameter server's workers, not its servers
+            assert row["split"] != "train" or float(row["data_s"]) >= 5e-4, row
     best = torch.load(out / "best.pt", weights_only=True)
+    if recipe in ("apex", "fsdp"):  # the precision the run computed in, as its checkpoint records it
+        assert (summary["opt_level"], summary["precision"]) == (
+            best["opt_level"], "fp32" if best["opt_level"] == "O0" else best["amp_dtype"]), summary
+    else:
+        assert "opt_level" not in summary and "precision" not in summary, summary
     # (-b 8: a step of the tiny train/, which -e loads too)
     run_recipe("nd", [tiny_data, "-e", "--resume", out / "best.pt", "-b", "8", "-j", "0", "--out", tmp_path / "e"])
     top1 = read_summary(tmp_path / "e")["top1"]

@@ -163,7 +163,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert ("Beyond the spread: fp8-e4m3 at 2 (-1.25). Within it (not told apart from noise): fp8-e4m3 + error "
             "feedback at 2 (-0.17).") in text
     assert "| `make figures ONLY=compression` | 50.0 | 57 | 0 | 2026-11-24 |" in text
-    assert "| `make figures` (the parts summed), without scaling, recovery, compile, ps, pipeline, sharding | 61.0 |" in text
+    assert "| `make figures` (the parts summed), without scaling, recovery, compile, precision, ps, pipeline, sharding | 61.0 |" in text
     assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
     assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
     assert "| --compile, warm Inductor cache | 20.0 | 5.0 | 200.0 | 2.00x | +13.0 |" in text

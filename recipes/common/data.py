@@ -231,8 +231,9 @@ def train_loader(dataset, args, sampler):
     loader = _train_dataloader(dataset, step_batch, sampler, args.workers, collate(args),
                                persistent=args.seed is None)
     if len(loader) == 0:
+        evaluating = " (-e builds the training loader too: lower -b)" if getattr(args, "evaluate", False) else ""
         raise RecipeError(f"train/ gives {len(sampler)} images per process, fewer than one step of "
-                          f"--batch-size {args.batch_size} x --accum-steps {args.accum_steps}")
+                          f"--batch-size {args.batch_size} x --accum-steps {args.accum_steps}{evaluating}")
     return loader
 
 

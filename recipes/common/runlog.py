@@ -147,7 +147,8 @@ class RunLog:
             "best_top1": best_top1, "images_per_s": statistics.median(rates) if rates else None,
             "global_batch": global_batch, "wall_s": time.perf_counter() - self.start,
             "torch": torch.__version__,
-            "ema": {key: ema_stats[key] for key in ("top1", "top5", "loss")} if ema_stats else None, **extra}
+            "ema": {key: ema_stats[key] for key in ("top1", "top5", "loss")} if ema_stats else None,
+            **precision(args), **extra}
         self.write_json("summary.json", summary)
         throughput = f"{summary['images_per_s']:.1f} images/s" if rates else "evaluation only"
         ema = f"  (EMA: top1 {ema_stats['top1']:.2f} %  top5 {ema_stats['top5']:.2f} %)" if ema_stats else ""
@@ -166,3 +167,11 @@ class RunLog:
             self.profiler = None
         if self.writer is not None:
             self.writer.close()
+
+
+def precision(args):
+    """What the run computed in, where it takes --opt-level (apex, fsdp): opt_level, and precision ("fp32" at O0,
+    else the autocast dtype)."""
+    if getattr(args, "opt_level", None) is None:
+        return {}
+    return {"opt_level": args.opt_level, "precision": "fp32" if args.opt_level == "O0" else args.amp_dtype}

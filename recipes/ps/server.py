@@ -13,10 +13,14 @@ from recipes.common import pushpull
 def record(run, message, sender, senders, tally):
     """Each sender's training statistics and update counts are kept by one server (sender i by server i mod S),
     so that the servers' sums count each once. Returns the batch loss, or None when another server keeps it."""
-    if senders.index(sender) % dist.get_world_size(run.group) != dist.get_rank(run.group):
+    servers = dist.get_world_size(run.group)
+    if senders.index(sender) % servers != dist.get_rank(run.group):
         return None
     stats = message[pushpull.STATS]
     run.meter.add(stats[:3], int(stats[3]))
+    # the workers' wait for data (a server's own is none): the summary divides by the servers, so that it
+    # reports the mean per worker
+    run.meter.data_s += float(stats[4]) * servers / tally["workers"]
     tally["counts"] += message[pushpull.COUNTS]
     return float(stats[0] / stats[3])
 

@@ -1,6 +1,7 @@
 """What workers and validators both compute: an update from some batches, and its statistics."""
 
 import itertools
+import time
 
 import torch
 from torch.nn.utils import parameters_to_vector
@@ -12,13 +13,15 @@ def local_update(model, optimizer, criterion, vector, batches, steps, lr, to_dev
     """The update u of `steps` batches from the weights `vector`, as a flat vector on the CPU (what a push
     sends): one step, the gradient; more, the change of the weights over that many local SGD steps (ZenoPS),
     x - x_local, with the momentum of this process's own optimizer kept from round to round. Also returns the
-    batches' (loss x n, top-1 hits, top-5 hits, n): the loss it trained on (relabel: the labels it trains on,
-    a label-flipping liar's), the hits on the true labels."""
+    batches' (loss x n, top-1 hits, top-5 hits, n, seconds waited for them): the loss it trained on (relabel:
+    the labels it trains on, a label-flipping liar's), the hits on the true labels."""
     pushpull.copy_into(model.parameters(), vector)  # (to the GPU, if there)
-    sums, seen = 0, 0  # (added up on the device: one copy to the CPU after the steps, not one a step)
+    sums, seen, waited = 0, 0, 0.0  # (added up on the device: one copy to the CPU after the steps, not one a step)
     for group in optimizer.param_groups:
         group["lr"] = lr  # the servers' current learning rate
+    asked = time.perf_counter()
     for images, target in itertools.islice(batches, steps):
+        waited += time.perf_counter() - asked
         images, target = to_device(images, target)
         model.zero_grad(set_to_none=False)
         output = model(images)
@@ -27,14 +30,15 @@ def local_update(model, optimizer, criterion, vector, batches, steps, lr, to_dev
         batch_sums, n = metrics.batch_sums(loss, output, target)
         sums, seen = sums + batch_sums, seen + n
         if steps == 1:
-            return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu(), stats_of(sums, seen)
+            return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).cpu(), stats_of(sums, seen, waited)
         optimizer.step()
-    return vector - parameters_to_vector(model.parameters()).detach().cpu(), stats_of(sums, seen)
+        asked = time.perf_counter()
+    return vector - parameters_to_vector(model.parameters()).detach().cpu(), stats_of(sums, seen, waited)
 
 
-def stats_of(sums, seen):
-    """(loss x n, top-1 hits, top-5 hits, n) on the CPU, for a push's header."""
-    return torch.cat([sums.detach().cpu().double(), torch.tensor([seen], dtype=torch.float64)])
+def stats_of(sums, seen, waited):
+    """(loss x n, top-1 hits, top-5 hits, n, seconds waited for data) on the CPU, for a push's header."""
+    return torch.cat([sums.detach().cpu().double(), torch.tensor([seen, waited], dtype=torch.float64)])
 
 
 def local_optimizer(args, model):

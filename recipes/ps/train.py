@@ -154,7 +154,7 @@ def run_server(args, layout, run, shard, optimizer, val_loader, sizes, server_ch
     pulls until the next push arrives, apply it unless it is too stale. At each epoch's end, evaluate and
     save. Then tell every client to stop, and write the counts into summary.json."""
     tally = {"version": 0, "stale": 0, "oldest": 0, "left": set(), "counts": torch.zeros(4, dtype=torch.float64),
-             "clipping": None, "sizes": sizes,
+             "workers": layout.workers, "clipping": None, "sizes": sizes,
              "tensor_of": validators.tensor_of(sizes, server_chunks) if args.validators else None}
     if args.aggregate == "centered-clipping":
         import byzfl

@@ -11,6 +11,7 @@ text between the markers. Each module's docstring says what it reads, draws and 
     curves       scripts/bench_curves.py                      curves.py
     recovery     scripts/bench_recovery.py                    recovery.py
     compile      scripts/bench_compile.py                     compile.py
+    precision    scripts/bench_precision.py                   precision.py
     compression  scripts/bench_compression.py                 compression.py
     ps           scripts/bench_ps.py, bench_ps_byzfl.py        ps.py (and ps_targets.py)
     pipeline     scripts/bench_pipeline.py                    pipeline.py
@@ -20,6 +21,6 @@ and, outside make figures: examples.py (scripts/bench_examples.py, run by hand),
 part found, first in RESULTS.md).
 """
 
-PARTS = ["io", "scaling", "curves", "recovery", "compile", "compression", "ps", "pipeline", "sharding"]  # make
-# figures' order: the Makefile's PARTS is this list (tests/test_results.py checks it)
+PARTS = ["io", "scaling", "curves", "recovery", "compile", "precision", "compression", "ps", "pipeline",
+         "sharding"]  # make figures' order: the Makefile's PARTS is this list (tests/test_results.py checks it)
 OTHERS = ["examples", "timings", "gpu", "headline"]  # rendered after the parts (headline: a line of each)

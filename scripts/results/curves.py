@@ -16,7 +16,7 @@ CURVES = [("top1", "train"), ("top1", "val"), ("top5", "train"), ("top5", "val")
 
 def by_recipe(curve_files):
     """{recipe: {seed: metrics rows}} from curves/<recipe>-seed<S>.csv (or one seed's curves/<recipe>.csv)."""
-    order = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3}
+    order = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4}
     curves = {}
     for path in sorted(curve_files):
         recipe, _, seed = path.stem.partition("-seed")
@@ -53,7 +53,30 @@ def plot_curves(curves, figures):
         save(fig, figures / f"curves_{metric}_{split}.png")
 
 
-def curves_tables(curves, summaries):
+def label(name, summaries):
+    """A row's name, with the precision its runs computed in where they record it (apex: "apex O1 bf16")."""
+    summary = next((s for (n, _), s in summaries.items() if n == name), {})
+    if not summary.get("opt_level"):
+        return name
+    precision = " (fp32)" if summary["opt_level"] == "O0" else f" {summary['precision']}"
+    return f"{summary['recipe']} {summary['opt_level']}{precision}"
+
+
+def precision_sentences(curves, summaries, left_out):
+    """What the apex rows computed in, from their summaries: O0 against ddp seed by seed, and a row left out."""
+    text = ""
+    same = [seed for seed in curves.get("apex", {})
+            if summaries.get(("ddp", seed), {}).get("top1", "") == summaries.get(("apex", seed), {}).get("top1")]
+    if "apex" in curves and "ddp" in curves and summaries.get(("apex", next(iter(curves["apex"]))), {}).get(
+            "opt_level") == "O0":
+        text += (f" {label('apex', summaries)} does ddp's arithmetic through the apex recipe's plumbing: with "
+                 f"the same seed it ends at ddp's top-1 in {len(same)} of {len(curves['apex'])} seeds.")
+    for name, why in left_out.items():
+        text += f" No {name} row: {why}."
+    return text
+
+
+def curves_tables(curves, summaries, left_out=None):
     """The final and best validation accuracy of each recipe over its seeds, and what differs beyond the
     spread."""
     rows, finals = [], {}
@@ -66,18 +89,20 @@ def curves_tables(curves, summaries):
         rate = [s["images_per_s"] for s in runs_summaries if s.get("images_per_s")]
         wall = [s["wall_s"] for s in runs_summaries if s.get("wall_s")]
         epochs = len([r for r in next(iter(runs.values())) if r["split"] == "val"])
-        rows.append([recipe, runs_summaries[0]["world_size"] if runs_summaries else "", len(runs), epochs,
-                     with_range(final["top1"]), with_range(final["top5"]), with_range(best),
+        rows.append([label(recipe, summaries), runs_summaries[0]["world_size"] if runs_summaries else "", len(runs),
+                     epochs, with_range(final["top1"]), with_range(final["top5"]), with_range(best),
                      f"{statistics.mean(rate):.1f}" if rate else "", f"{statistics.mean(wall):.0f}" if wall else ""])
     text = table(["recipe", "processes", "seeds", "epochs", "final val top-1 (%)", "final val top-5 (%)",
                   "best val top-1 (%)", "train images/s", "wall time (s)"], rows)
     first = next(iter(summaries.values()), {})
     text += (f"\n\n{first.get('arch', '?')}, global batch {first.get('global_batch', '?')}; top-1 and top-5: mean "
              f"over the seeds, and in brackets the lowest and highest (the min-max range).")
-    spreads = [f"{recipe} {result['high'] - result['low']:.2f}" for recipe, result in finals.items()
-               if result["n"] > 1]
+    spreads = [f"{label(recipe, summaries)} {result['high'] - result['low']:.2f}"
+               for recipe, result in finals.items() if result["n"] > 1]
     if spreads:
         text += " Seed-to-seed spread of the final top-1 (points): " + ", ".join(spreads) + "."
+    text += precision_sentences(curves, summaries, left_out or {})
+    finals = {label(name, summaries): result for name, result in finals.items()}
     names = list(finals)
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     beyond = [f"{a} and {b} ({finals[a]['mean'] - finals[b]['mean']:+.2f})" for a, b in pairs
@@ -104,17 +129,21 @@ def render(data, figures, missing):
             recipe, _, seed = path.stem.partition("-seed")
             summaries[recipe, seed or "0"] = json.loads(path.with_suffix(".json").read_text())
     plot_curves(curves, figures)
-    return {"curves": curves_tables(curves, summaries)}
+    left_out = data / "curves" / "left_out.json"
+    return {"curves": curves_tables(curves, summaries, json.loads(left_out.read_text()) if left_out.exists() else {})}
 
 
 def headline(data):
-    finals = {}
+    finals, summaries = {}, {}
     for path in sorted((data / "curves").glob("*.csv")):
         val = [r for r in read_csv(path) if r["split"] == "val"]
+        name, _, seed = path.stem.partition("-seed")
         if val:
-            finals.setdefault(path.stem.partition("-seed")[0], []).append(float(val[-1]["top1"]))
+            finals.setdefault(name, []).append(float(val[-1]["top1"]))
+        if path.with_suffix(".json").exists():
+            summaries[name, seed or "0"] = json.loads(path.with_suffix(".json").read_text())
     if not finals:
         return None
-    order = ["nd", "dp", "ddp", "apex"]
-    return "final top-1 over seeds: " + ", ".join(f"{recipe} {statistics.mean(finals[recipe]):.2f}"
-                                                   for recipe in sorted(finals, key=order.index))
+    order = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4}
+    return "final top-1 over seeds: " + ", ".join(f"{label(name, summaries)} {statistics.mean(finals[name]):.2f}"
+                                                   for name in sorted(finals, key=lambda n: order.get(n, 9)))

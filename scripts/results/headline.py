@@ -11,7 +11,8 @@ from scripts.results import PARTS
 from scripts.results.common import table
 
 ANCHORS = {"io": "input-pipeline", "scaling": "scaling", "curves": "learning-curves", "recovery": "recovery",
-           "compile": "torchcompile", "compression": "gradient-compression",
+           "compile": "torchcompile", "precision": "mixed-precision",
+           "compression": "gradient-compression",
            "ps": "parameter-server-against-byzantine-workers",
            "pipeline": "pipelined-replicas-allreduce-partial-reduce-ad-psgd-hetpipe",
            "sharding": "sharded-data-parallel-bytes-per-rank-zero-1-to-zero-3"}

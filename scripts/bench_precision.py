@@ -1,0 +1,136 @@
+"""What mixed precision buys here: the apex recipe's training images/s at each --opt-level, beside ddp.
+
+    python scripts/bench_precision.py          # ResNet-18 at 112 px: writes figures/data/precision.csv, .json
+    python scripts/bench_precision.py --quick  # lenet at 16 px, fewer set-ups, one round (for tests)
+
+Set-ups, at 1 process (all the cores' threads) and at 2 (the cores shared):
+  ddp             the ddp recipe: fp32, no GradScaler, no autocast (the recipe apex adds to)
+  O0              apex in fp32 (autocast off): what the apex recipe itself costs over ddp
+  O1/O2/O3 bf16   autocast in bf16 (O3: the weights too), on a CPU with native bf16 (AVX512-BF16 or AMX-BF16)
+  O1 fp16         on a CPU with native fp16 (AVX512-FP16 or AMX-FP16)
+each as it is and with --channels-last, and at 1 process O0 and O1 also with --compile (and with both; at 2
+processes each compiled run would compile once more, and the part would outgrow its 15 minutes). A CPU without
+native bf16 (or fp16) runs the low-precision set-ups 9 to 16 times slower than fp32 (recipes/common/amp.py):
+they are left out, and precision.json says why. Each run trains one epoch of --steps steps on --synthetic
+images (this script launches the recipe with the synthetic epoch cut to that many batches, and the
+validation set to one batch per process) and reads the steady-state images/s (every step after the first,
+which warms up and compiles) from its metrics.csv. The set-ups run in turn, --repeats rounds of all of them,
+so that a slow spell on a shared machine falls on every set-up alike; the results take the median per
+set-up and its ratio to O0 at the same number of processes. --compile runs share one TorchInductor cache
+(the first round compiles cold). The runs go to runs/figures/precision/<set-up>/round<R>; a run whose
+summary.json is complete is not trained again.
+"""
+
+import argparse
+import json
+import runpy
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts import measuring  # noqa: E402
+
+FIELDS = ["setup", "recipe", "opt_level", "precision", "channels_last", "compile", "processes", "threads", "round",
+          "images_per_s", "epoch_s", "arch", "image_size", "batch_size", "steps", "cpu", "cores", "cpu_flags", "gpu",
+          "torch"]
+FULL = {"arch": "resnet18", "image_size": 112, "batch_size": 32, "steps": 12}
+QUICK = {"arch": "lenet", "image_size": 16, "batch_size": 8, "steps": 4}
+
+
+def launch(argv):
+    """--launch TRAIN VAL SCRIPT FLAGS...: run the recipe SCRIPT with --synthetic's train and val sets cut to
+    TRAIN and VAL images."""
+    from recipes.common import data
+
+    data.SYNTHETIC_TRAIN_IMAGES, data.SYNTHETIC_VAL_IMAGES = int(argv[0]), int(argv[1])
+    sys.argv = argv[2:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+def native(dtype, flags, cuda):
+    """Does this machine run dtype at its own speed: a CUDA GPU (bf16 where torch says it can), or a CPU whose
+    flags name it."""
+    if cuda:
+        import torch
+        return dtype == "fp16" or torch.cuda.is_bf16_supported()
+    return any(f"{kind}_{dtype}" in flags.split() for kind in ("avx512", "amx"))
+
+
+def setups(quick, native_bf16, native_fp16, processes):
+    """(name, recipe, opt_level, dtype, channels_last, compile) of every set-up, in the order they run."""
+    levels = [("O0", None)] + [(level, "bf16") for level in (["O1"] if quick else ["O1", "O2", "O3"])
+                               if native_bf16] + ([("O1", "fp16")] if native_fp16 and not quick else [])
+    found = [("ddp", "ddp", None, None, False, False)]
+    for level, dtype in levels:
+        for channels_last in (False, True):
+            for compiled in (False, True) if level in ("O0", "O1") and processes == 1 and not quick else (False,):
+                name = " ".join(filter(None, [level, dtype, "+ channels_last" if channels_last else "",
+                                              "+ compile" if compiled else ""]))
+                found.append((name, "apex", level, dtype, channels_last, compiled))
+    return found
+
+
+def main():
+    if sys.argv[1:2] == ["--launch"]:
+        return launch(sys.argv[2:])
+    started = time.time()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="lenet at 16 px: O0, O1 bf16 and ddp, one round")
+    parser.add_argument("--steps", type=int, help=f"steps per run (default: {FULL['steps']}, quick "
+                                                  f"{QUICK['steps']})")
+    parser.add_argument("--repeats", type=int, help="rounds of every set-up (default: 3, quick 1)")
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--csv", default="figures/data/precision.csv")
+    parser.add_argument("--runs", default="runs/figures/precision", help="where the run directories go")
+    args = parser.parse_args()
+    import torch
+
+    cuda = torch.cuda.is_available()
+    model = dict(QUICK if args.quick else FULL)
+    model["steps"] = args.steps or model["steps"]
+    repeats = args.repeats or (1 if args.quick else 3)
+    flags_found = measuring.cpu_flags()
+    native_bf16, native_fp16 = native("bf16", flags_found, cuda), native("fp16", flags_found, cuda)
+    machine = {**measuring.hardware(), "cpu_flags": flags_found}
+    why = "torch.cuda.is_bf16_supported() is False" if cuda else f"/proc/cpuinfo lists {flags_found or 'none'}"
+    left_out = [f"{dtype}: no native {dtype} ({why})" for dtype, ok in (("bf16", native_bf16), ("fp16", native_fp16))
+                if not ok]
+    runs, rows = Path(args.runs), []
+    cache = (runs / "inductor-cache").resolve()
+    for round_ in range(1, repeats + 1):
+        for processes in args.processes:
+            threads = max(1, measuring.usable_cores() // processes)
+            batch = model["batch_size"]
+            launcher = [__file__, "--launch", model["steps"] * batch * processes, batch * processes]
+            for name, recipe, level, dtype, channels_last, compiled in setups(args.quick, native_bf16, native_fp16,
+                                                                                 processes):
+                flags = ["--synthetic", "-a", model["arch"], "--image-size", model["image_size"], "-b", batch,
+                         "--epochs", 1, "-j", 0, "-p", 1000,
+                         *(["--opt-level", level] if level else []), *(["--amp-dtype", dtype] if dtype else []),
+                         *(["--channels-last"] if channels_last else []), *(["--compile"] if compiled else [])]
+                out = runs / f"{name.replace(' + ', '-').replace(' ', '-')}-{processes}p" / f"round{round_}"
+                summary = measuring.train(recipe, processes, flags, out, threads,
+                                          env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}, launcher=launcher)
+                train = [r for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train"][0]
+                rows.append({"setup": name, "recipe": recipe, "opt_level": summary.get("opt_level", ""),
+                             "precision": summary.get("precision", "fp32"), "channels_last": channels_last,
+                             "compile": compiled, "processes": processes, "threads": threads, "round": round_,
+                             "images_per_s": round(float(train["images_per_s"]), 2),
+                             "epoch_s": round(float(train["epoch_s"]), 2), **model, **machine})
+                print(f"round {round_}, {processes} process(es): {name:32s} {rows[-1]['images_per_s']:8.1f} "
+                      f"images/s", flush=True)
+    measuring.write_csv(args.csv, FIELDS, rows)
+    Path(args.csv).with_suffix(".json").write_text(json.dumps(
+        {"native_bf16": native_bf16, "native_fp16": native_fp16, "left_out": left_out, "repeats": repeats, **model,
+         "hardware": machine}, indent=2) + "\n")
+    for line in left_out:
+        print(f"left out: {line}")
+    print(f"wrote {args.csv}")
+    measuring.record_part(Path(args.csv).parent, "precision", started)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""precision: the apex recipe's images/s at each --opt-level, beside ddp (scripts/bench_precision.py).
+
+    reads    figures/data/precision.csv and precision.json
+    draws    none
+    writes   RESULTS.md's precision
+"""
+
+import json
+import statistics
+
+from scripts.results.common import read_csv, table
+
+
+def medians(rows):
+    """{(set-up, processes): (median, lowest, highest) images/s over the rounds}, in the order they ran."""
+    found = {}
+    for r in rows:
+        found.setdefault((r["setup"], int(r["processes"])), []).append(float(r["images_per_s"]))
+    return {key: (statistics.median(v), min(v), max(v)) for key, v in found.items()}
+
+
+def precision_table(rows, info):
+    rates = medians(rows)
+    processes = sorted({p for _, p in rates})
+    setups = list(dict.fromkeys(name for name, _ in rates))
+    body = []
+    for name in setups:
+        cells = [name]
+        for p in processes:
+            if (name, p) not in rates:
+                cells += ["", ""]
+                continue
+            median, low, high = rates[(name, p)]
+            cells += [f"{median:.1f} ({low:.1f}–{high:.1f})", f"{median / rates[('O0', p)][0]:.2f}x"]
+        body.append(cells)
+    header = ["set-up"] + [h for p in processes for h in (f"{p} process{'es' if p > 1 else ''}: images/s",
+                                                          "vs O0")]
+    machine = info["hardware"]
+    text = (table(header, body) +
+            f"\n\n{info['arch']} at {info['image_size']} px, -b {info['batch_size']} per process, one epoch of "
+            f"{info['steps']} steps on --synthetic images, images/s of every step after the first; the median of "
+            f"{info['repeats']} round(s) of every set-up taken in turn, in brackets the lowest and highest; "
+            f"\"vs O0\": over apex at O0 (fp32) with the same processes. {cpu_sentence(machine, info)}")
+    return text + "".join(f"\n\nLeft out: {line}." for line in info["left_out"]) + "\n\n" + findings(rates, info)
+
+
+def cpu_sentence(machine, info):
+    if machine.get("gpu"):
+        return f"On {machine['gpu']}, torch {machine['torch']}."
+    flags = machine["cpu_flags"] or "none of them"
+    bf16 = ("runs bf16 natively (AVX512-BF16 or AMX-BF16)" if info["native_bf16"] else
+            "has no native bf16 (neither AVX512-BF16 nor AMX-BF16), so low precision runs slower than fp32 there")
+    return (f"On {machine['cpu']} ({machine['cores']} cores; of the flags that decide low precision's speed "
+            f"/proc/cpuinfo lists: {flags}), torch {machine['torch']}: this CPU {bf16}.")
+
+
+def findings(rates, info):
+    """What the table shows, in words: O0's cost over ddp, and what each dtype at O1 buys, per world size."""
+    lines = []
+    for p in sorted({p for _, p in rates}):
+        o0 = rates[("O0", p)][0]
+        said = [f"apex at O0 runs at {o0 / rates[('ddp', p)][0]:.2f}x ddp's images/s (the recipe's own cost)"]
+        said += [f"{name} at {rates[(name, p)][0] / o0:.2f}x O0" for name in ("O1 bf16", "O1 fp16",
+                                                                             "O1 bf16 + channels_last")
+                 if (name, p) in rates]
+        best = max((name for name, q in rates if q == p), key=lambda name: rates[(name, p)][0])
+        said.append(f"the fastest, {best}, at {rates[(best, p)][0] / o0:.2f}x" +
+                    (" (O3 keeps no fp32 weights: apex's speed baseline, which may not converge)"
+                     if best.startswith("O3") else ""))
+        lines.append(f"At {p} process{'es' if p > 1 else ''}: " + "; ".join(said) + ".")
+    return " ".join(lines)
+
+
+def render(data, figures, missing):
+    if not (data / "precision.csv").exists():
+        missing.append("precision.csv (scripts/bench_precision.py)")
+        return {}
+    info = json.loads((data / "precision.json").read_text())
+    return {"precision": precision_table(read_csv(data / "precision.csv"), info)}
+
+
+def headline(data):
+    if not (data / "precision.csv").exists():
+        return None
+    info = json.loads((data / "precision.json").read_text())
+    rates = medians(read_csv(data / "precision.csv"))
+    if ("O1 bf16", 1) not in rates:
+        return f"no native bf16 on this CPU: apex at O0 (fp32) at {rates[('O0', 1)][0] / rates[('ddp', 1)][0]:.2f}x " \
+               f"ddp's images/s, low precision left out"
+    best = max((name for name, p in rates if p == 1), key=lambda name: rates[(name, 1)][0])
+    return (f"mixed precision at 1 process, {info['arch']} {info['image_size']} px: O1 bf16 at "
+            f"{rates[('O1 bf16', 1)][0] / rates[('O0', 1)][0]:.2f}x O0's images/s, {best} at "
+            f"{rates[(best, 1)][0] / rates[('O0', 1)][0]:.2f}x")
