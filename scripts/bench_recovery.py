@@ -171,7 +171,8 @@ def steps_redone(output):
     """Rank 0's steps between its last progress line before the restart and the checkpoint resumed from."""
     lines = output.splitlines()
     resumed = next(i for i, line in enumerate(lines) if line.startswith("resuming ") and "done" in line)
-    last = [position(line) for line in lines[:resumed] if line.startswith("epoch ")][-1]
+    last = [found for found in (position(line) for line in lines[:resumed] if line.startswith("epoch "))
+            if found[0] is not None][-1]  # (the last progress line: not an epoch's train or val line)
     (epoch, step), steps = last
     (resumed_epoch, resumed_step), _ = position(lines[resumed])
     return (epoch - resumed_epoch) * steps + step - resumed_step, steps

@@ -39,9 +39,12 @@ def recovery_recipes_table(rows):
                    row["top1"], compared(row)] for row in rows])
     first = rows[0]
     unfinished = [row["row"] for row in rows if row["finished"] != "True"]
+    late = [row["row"] for row in rows if row["finished"] == "True" and not row["kill_to_first_step_s"]]
     return body + (f"\n\n{len(rows) - len(unfinished)} of {len(rows)} killed runs finished after their restart"
                    f"{': not ' + ', '.join(unfinished) if unfinished else ''}; on {first['cpu']} ({first['cores']} "
-                   f"cores), torch {first['torch']}.")
+                   f"cores), torch {first['torch']}." +
+                   (f" Killed only once training had ended, so that the restart had no step to take: "
+                    f"{', '.join(late)}." if late else ""))
 
 
 def render(data, figures, missing):
@@ -61,6 +64,6 @@ def headline(data):
     if not (data / "recovery_recipes.csv").exists():
         return None
     rows = read_csv(data / "recovery_recipes.csv")
-    seconds = [float(r["kill_to_first_step_s"]) for r in rows if r["finished"] == "True"]
+    seconds = [float(r["kill_to_first_step_s"]) for r in rows if r["finished"] == "True" and r["kill_to_first_step_s"]]
     return (f"{len(seconds)} of {len(rows)} killed runs finished, training again {min(seconds):.1f} to "
             f"{max(seconds):.1f} s after the kill" if seconds else f"0 of {len(rows)} killed runs finished")
