@@ -1,5 +1,5 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
-# make test   the test suite (CPU, gloo; about 29 minutes on 2 cores)
+# make test   the test suite (CPU, gloo; about 28 minutes on 2 cores)
 # make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/mutations.py)
 # make figures                measure every part (io, scaling, curves, recovery, compile, precision, compression, ps,
 #                             pipeline, sharding), then

@@ -180,8 +180,7 @@ def steps_redone(output):
 
 def victim_steps(case, train_images, batch):
     """The steps per epoch of the rank a case kills, as it counts them (a sync parameter-server worker its pushes;
-    async, the server's updates, which a worker sees in its pulls: faster workers may take more than their share
-    of the pushes, so that the victim's own count might never reach a third into epoch 2)."""
+    async, the server's updates, as a worker's pulls see them: faster workers may take a slow one's share)."""
     _, recipe, processes, extra, victim, _ = case
     if recipe == "ps":
         servers = int(extra[extra.index("--servers") + 1])
