@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from recipes.common import amp  # noqa: E402
 from scripts import measuring  # noqa: E402
 
 RUNS = [("nd", "nd", 1, []), ("ddp", "ddp", 2, []), ("apex", "apex", 2, ["--opt-level", "O0"]),
@@ -53,7 +54,7 @@ def main():
     flags_found = measuring.cpu_flags()
     machine = {**measuring.hardware(), "cpu_flags": flags_found}
     (copies / "hardware.json").write_text(json.dumps(machine, indent=2) + "\n")
-    low = gpus or any(flag in flags_found.split() for flag in ("avx512_bf16", "amx_bf16"))
+    low = gpus or amp.cpu_has_native_bf16()  # (where the recipe's own default is O1 too)
     if not low:  # (autocast in bf16 runs 9x to 16x slower than fp32 there: recipes/common/amp.py)
         (copies / "left_out.json").write_text(json.dumps(
             {"apex-low": f"this CPU has no native bf16 (/proc/cpuinfo lists {flags_found or 'none'} of "

@@ -12,16 +12,16 @@ from scripts.results.common import beyond_spread, plt, read_csv, save, spread, t
 
 
 CURVES = [("top1", "train"), ("top1", "val"), ("top5", "train"), ("top5", "val")]
+ORDER = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4}  # the rows' order (others after them)
 
 
 def by_recipe(curve_files):
     """{recipe: {seed: metrics rows}} from curves/<recipe>-seed<S>.csv (or one seed's curves/<recipe>.csv)."""
-    order = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4}
     curves = {}
     for path in sorted(curve_files):
         recipe, _, seed = path.stem.partition("-seed")
         curves.setdefault(recipe, {})[seed or "0"] = read_csv(path)
-    return dict(sorted(curves.items(), key=lambda item: order.get(item[0], 9)))
+    return dict(sorted(curves.items(), key=lambda item: ORDER.get(item[0], 9)))
 
 
 def per_epoch(runs, split, metric):
@@ -53,9 +53,20 @@ def plot_curves(curves, figures):
         save(fig, figures / f"curves_{metric}_{split}.png")
 
 
+def summaries_of(curve_files):
+    """{(name, seed): summary.json} beside curves/<name>-seed<S>.csv, where there is one."""
+    return {(path.stem.partition("-seed")[0], path.stem.partition("-seed")[2] or "0"):
+            json.loads(path.with_suffix(".json").read_text())
+            for path in curve_files if path.with_suffix(".json").exists()}
+
+
+def first_summary(name, summaries):
+    return next((s for (n, _), s in summaries.items() if n == name), {})
+
+
 def label(name, summaries):
     """A row's name, with the precision its runs computed in where they record it (apex: "apex O1 bf16")."""
-    summary = next((s for (n, _), s in summaries.items() if n == name), {})
+    summary = first_summary(name, summaries)
     if not summary.get("opt_level"):
         return name
     precision = " (fp32)" if summary["opt_level"] == "O0" else f" {summary['precision']}"
@@ -67,8 +78,7 @@ def precision_sentences(curves, summaries, left_out):
     text = ""
     same = [seed for seed in curves.get("apex", {})
             if summaries.get(("ddp", seed), {}).get("top1", "") == summaries.get(("apex", seed), {}).get("top1")]
-    if "apex" in curves and "ddp" in curves and summaries.get(("apex", next(iter(curves["apex"]))), {}).get(
-            "opt_level") == "O0":
+    if "apex" in curves and "ddp" in curves and first_summary("apex", summaries).get("opt_level") == "O0":
         text += (f" {label('apex', summaries)} does ddp's arithmetic through the apex recipe's plumbing: with "
                  f"the same seed it ends at ddp's top-1 in {len(same)} of {len(curves['apex'])} seeds.")
     for name, why in left_out.items():
@@ -122,28 +132,20 @@ def render(data, figures, missing):
     if not curve_files:
         missing.append("curves/*.csv (scripts/bench_curves.py)")
         return {}
-    curves = by_recipe(curve_files)
-    summaries = {}
-    for path in curve_files:
-        if path.with_suffix(".json").exists():
-            recipe, _, seed = path.stem.partition("-seed")
-            summaries[recipe, seed or "0"] = json.loads(path.with_suffix(".json").read_text())
+    curves, summaries = by_recipe(curve_files), summaries_of(curve_files)
     plot_curves(curves, figures)
     left_out = data / "curves" / "left_out.json"
     return {"curves": curves_tables(curves, summaries, json.loads(left_out.read_text()) if left_out.exists() else {})}
 
 
 def headline(data):
-    finals, summaries = {}, {}
-    for path in sorted((data / "curves").glob("*.csv")):
+    finals, curve_files = {}, sorted((data / "curves").glob("*.csv"))
+    for path in curve_files:
         val = [r for r in read_csv(path) if r["split"] == "val"]
-        name, _, seed = path.stem.partition("-seed")
         if val:
-            finals.setdefault(name, []).append(float(val[-1]["top1"]))
-        if path.with_suffix(".json").exists():
-            summaries[name, seed or "0"] = json.loads(path.with_suffix(".json").read_text())
+            finals.setdefault(path.stem.partition("-seed")[0], []).append(float(val[-1]["top1"]))
     if not finals:
         return None
-    order = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4}
+    summaries = summaries_of(curve_files)
     return "final top-1 over seeds: " + ", ".join(f"{label(name, summaries)} {statistics.mean(finals[name]):.2f}"
-                                                   for name in sorted(finals, key=lambda n: order.get(n, 9)))
+                                                   for name in sorted(finals, key=lambda n: ORDER.get(n, 9)))
