@@ -7,7 +7,7 @@
 # make figures ONLY="curves compression"   measure only these parts, then redraw everything
 # make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
 # make figures-gpu            on a machine with CUDA: the GPU sweep into figures/data/gpu/ and RESULTS.md, in
-#                             parts of at most 9 minutes on one H100: ONLY="synthetic jpeg compression" (all)
+#                             parts: ONLY="synthetic jpeg compression precision" (all; precision: bench_precision.py)
 # make gpu-smoke              on a machine with CUDA: every recipe's one-GPU path, a few steps each
 # make gpu-check              the device command (docs/gpus.md): preflight, gpu-smoke, then the figures-gpu runs that
 #                             fit in 9 minutes; into figures/data/gpu/ and RESULTS.md. STAND_IN=1: rehearsed on a CPU
@@ -41,7 +41,7 @@ DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
 PARTS := io scaling curves recovery compile precision compression ps pipeline sharding
-GPU_PARTS := synthetic jpeg compression
+GPU_PARTS := synthetic jpeg compression precision
 GPU_ONLY := $(if $(filter command line,$(origin ONLY)),$(ONLY),$(GPU_PARTS))
 ONLY ?= $(PARTS)
 QUICK ?=
@@ -133,8 +133,11 @@ gpu-check-figures-gpu gpu-check-gpu-smoke:
 		scripts/check_python.py $(@:gpu-check-%=%) failed)))
 
 figures-gpu: gpu-check-figures-gpu $(if $(filter jpeg,$(GPU_ONLY)),$(GPU_JPEG_DATA)/.complete)
-	$(GPU_PY) scripts/bench_gpu.py $(if $(filter jpeg,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) --parts $(GPU_ONLY) \
-		--figures-data figures/data/gpu --runs runs/figures-gpu
+	$(if $(filter-out precision,$(GPU_ONLY)),$(GPU_PY) scripts/bench_gpu.py $(if $(filter jpeg,$(GPU_ONLY)),--jpeg \
+		$(GPU_JPEG_DATA)) --parts $(filter-out precision,$(GPU_ONLY)) --figures-data figures/data/gpu \
+		--runs runs/figures-gpu)
+	$(if $(filter precision,$(GPU_ONLY)),$(GPU_PY) scripts/bench_precision.py --csv figures/data/gpu/precision.csv \
+		--runs runs/figures-gpu/precision)
 	$(GPU_PY) scripts/plot_results.py
 
 gpu-smoke: gpu-check-gpu-smoke

@@ -1,12 +1,15 @@
 """The GPU sweep: ResNet-50 at 224 px through every recipe, precision and layout, on 1 to all GPUs.
 
-    make figures-gpu                        # every part: data/imagenet-like-gpu, this script, plot_results.py
-    make figures-gpu ONLY=jpeg              # one part: synthetic, jpeg or compression
+    make figures-gpu                        # every part: data/imagenet-like-gpu, this script, bench_precision.py,
+                                            # plot_results.py
+    make figures-gpu ONLY=jpeg              # one part: synthetic, jpeg, compression or precision
     python scripts/bench_gpu.py --jpeg DIR [--gpus 1 2 4 8] [--parts synthetic jpeg compression] [--list]
     python scripts/bench_gpu.py --skip-measured --minutes 5 ...   # a lease's share (scripts/gpu_check.py)
 
-Three parts, each planned to finish within 9 minutes on one H100 (--list prints the
-runs and the estimate), for each number of GPUs (default 1, 2, 4, ... and all of them):
+Three parts here (make figures-gpu's fourth, precision, is scripts/bench_precision.py on
+CUDA: each --opt-level, --channels-last and --compile, in the CPU table's form), each
+planned to finish within 9 minutes on one H100 (--list prints the runs and the
+estimate), for each number of GPUs (default 1, 2, 4, ... and all of them):
   synthetic    --synthetic images (the GPUs' own speed): dp and ddp in fp32; apex at
                O0 (fp32), O1 fp16 and O1 bf16, each with and without --channels-last
   jpeg         the same on the JPEG folder (the CPU decodes: --decoder tensor, with the
@@ -32,7 +35,7 @@ depend on it, and the synthetic labels must not make a run diverge. fp32
 convolutions run on TF32 tensor cores, as PyTorch allows by default. Each run's
 progress lines are printed as they come, prefixed with its name.
 
-Writes <figures-data>/precision.csv and compression.csv (with the hardware) after
+Writes <figures-data>/throughput.csv and compression.csv (with the hardware) after
 every run, so a stopped sweep keeps what it measured (rows this invocation does not
 measure are kept); a run whose summary.json in runs/figures-gpu/ is complete is not
 trained again, nor a batch that ran out of memory; checkpoints are deleted once a
@@ -63,7 +66,7 @@ from scripts import check_python, measuring  # noqa: E402
 from scripts.gpu_plan import PARTS, epochs_for, estimated_minutes, gpu_counts, plan, train_images  # noqa: E402
 
 SYNTHETIC_WORKERS = 4  # enough to collate in-memory images; they decode nothing
-PRECISION_FIELDS = ["recipe", "data", "decoder", "precision", "channels_last", "gpus", "batch_size", "epochs",
+THROUGHPUT_FIELDS = ["recipe", "data", "decoder", "precision", "channels_last", "gpus", "batch_size", "epochs",
                     "images_per_s", "whole_epoch_images_per_s", "data_wait_share", "arch", "image_size", "workers",
                     "cpu", "cores", "gpu", "torch"]
 COMPRESSION_FIELDS = ["method", "error_feedback", "gpus", "batch_size", "epochs", "images_per_s",
@@ -171,7 +174,7 @@ def train(args, name, recipe, gpus, data, flags, cores):
 
 
 def part_of(row):
-    """The part that measured a row of precision.csv or compression.csv."""
+    """The part that measured a row of throughput.csv or compression.csv."""
     return row.get("data", "compression")
 
 
@@ -224,9 +227,9 @@ def main(argv=None):
         machine["gpu"] = "none (a CPU standing in)"
     common = {"arch": args.arch, "image_size": args.image_size, **machine}
     figures_data = Path(args.figures_data)
-    precision_rows = kept_rows(figures_data / "precision.csv", counts, args.parts, args.skip_measured)
+    throughput_rows = kept_rows(figures_data / "throughput.csv", counts, args.parts, args.skip_measured)
     compression_rows = kept_rows(figures_data / "compression.csv", counts, args.parts, args.skip_measured)
-    measured_keys = {key(r) for r in precision_rows + compression_rows} if args.skip_measured else set()
+    measured_keys = {key(r) for r in throughput_rows + compression_rows} if args.skip_measured else set()
     runs, skipped = plan(args, counts)
     begun, trained, left = time.time(), 0, []
     for part in args.parts:
@@ -253,9 +256,9 @@ def main(argv=None):
                                          **measured, **common})
                 measuring.write_csv(figures_data / "compression.csv", COMPRESSION_FIELDS, compression_rows)
             else:
-                precision_rows.append({"recipe": recipe, "data": data, "decoder": decoder, "precision": variant,
+                throughput_rows.append({"recipe": recipe, "data": data, "decoder": decoder, "precision": variant,
                                        "channels_last": int(flag), "gpus": gpus, **measured, **common})
-                measuring.write_csv(figures_data / "precision.csv", PRECISION_FIELDS, precision_rows)
+                measuring.write_csv(figures_data / "throughput.csv", THROUGHPUT_FIELDS, throughput_rows)
             print(f"{name:>36}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
                   f"GPU, data wait {100 * measured['data_wait_share']:.0f} %)", flush=True)
         if runs.get(part) and measuring.counts["trained"] + measuring.counts["reused"]:

@@ -2,23 +2,32 @@
 
     python scripts/bench_precision.py          # ResNet-18 at 112 px: writes figures/data/precision.csv, .json
     python scripts/bench_precision.py --quick  # lenet at 16 px, fewer set-ups, one round (for tests)
+    make figures-gpu ONLY=precision            # on CUDA: ResNet-50 at 224 px into figures/data/gpu/precision.*
 
-Set-ups, at 1 process (all the cores' threads) and at 2 (the cores shared):
+Set-ups, at 1 process (all the cores' threads) and at 2 (the cores shared); on CUDA, one process per GPU,
+at 1 GPU and at 2 where there are 2 (the GPUs CUDA_VISIBLE_DEVICES lets it use, the first N of them):
   ddp             the ddp recipe: fp32, no GradScaler, no autocast (the recipe apex adds to)
   O0              apex in fp32 (autocast off): what the apex recipe itself costs over ddp
   O1/O2/O3 bf16   autocast in bf16 (O3: the weights too), on a CPU with native bf16 (AVX512-BF16 or AMX-BF16)
-  O1 fp16         on a CPU with native fp16 (AVX512-FP16 or AMX-FP16)
+                  or a GPU that torch says runs it
+  O1 fp16         on a CPU with native fp16 (AVX512-FP16 or AMX-FP16), and on every CUDA GPU
 each as it is and with --channels-last, and at 1 process O0 and O1 also with --compile (and with both; at 2
 processes each compiled run would compile once more, and the part would outgrow its 15 minutes). A CPU without
 native bf16 (or fp16) runs the low-precision set-ups 9 to 16 times slower than fp32 (recipes/common/amp.py):
 they are left out, and precision.json says why. Each run trains one epoch of --steps steps on --synthetic
 images (this script launches the recipe with the synthetic epoch cut to that many batches, and the
 validation set to one batch per process) and reads the steady-state images/s (every step after the first,
-which warms up and compiles) from its metrics.csv. The set-ups run in turn, --repeats rounds of all of them,
-so that a slow spell on a shared machine falls on every set-up alike; the results take the median per
+which warms up, autotunes and compiles) from its metrics.csv. The set-ups run in turn, --repeats rounds of all
+of them, so that a slow spell on a shared machine falls on every set-up alike; the results take the median per
 set-up and its ratio to O0 at the same number of processes. --compile runs share one TorchInductor cache
-(the first round compiles cold). The runs go to runs/figures/precision/<set-up>/round<R>; a run whose
-summary.json is complete is not trained again.
+(the first round compiles cold). On CUDA the runs load with 4 workers (collating 38 MB of uint8 images per
+step in the training process would slow it, as in bench_gpu.py), and a GPU with too little memory for -b
+needs a lower one. The runs go to runs/figures/precision/<set-up>-<N>p/round<R>; a run whose summary.json
+is complete is not trained again. The CSV and JSON are written after every run.
+
+A GPU is often lent for minutes (scripts/gpu_check.py): --skip-measured keeps the CSV's rows and leaves out
+the runs they hold, --minutes M starts a run only while bench_gpu.py's model of an H100 (plus the compile's
+seconds) says it ends within M minutes of the start, and --max-runs caps the runs; the runs left are named.
 """
 
 import argparse
@@ -32,12 +41,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts import measuring  # noqa: E402
+from scripts.bench_gpu import SYNTHETIC_WORKERS, visible_gpus  # noqa: E402
+from scripts.gpu_plan import MODEL_IMAGES_PER_S, MODEL_START_S  # noqa: E402
 
 FIELDS = ["setup", "recipe", "opt_level", "precision", "channels_last", "compile", "processes", "threads", "round",
-          "images_per_s", "epoch_s", "arch", "image_size", "batch_size", "steps", "cpu", "cores", "cpu_flags", "gpu",
-          "torch"]
-FULL = {"arch": "resnet18", "image_size": 112, "batch_size": 32, "steps": 12}
-QUICK = {"arch": "lenet", "image_size": 16, "batch_size": 8, "steps": 4}
+          "images_per_s", "epoch_s", "arch", "image_size", "batch_size", "steps", "workers", "cpu", "cores",
+          "cpu_flags", "gpu", "torch"]
+FULL = {"arch": "resnet18", "image_size": 112, "batch_size": 32, "steps": 12, "workers": 0}
+GPU = {"arch": "resnet50", "image_size": 224, "batch_size": 256, "steps": 20, "workers": SYNTHETIC_WORKERS}
+QUICK = {"arch": "lenet", "image_size": 16, "batch_size": 8, "steps": 4, "workers": 0}
+# --minutes' model adds a compile's seconds (ResNet-50 forward and backward, TorchInductor): cold in the first
+# round, from the shared cache after it
+MODEL_COMPILE_S = {"cold": 90, "warm": 30}
 
 
 def launch(argv):
@@ -73,63 +88,107 @@ def setups(quick, native_bf16, native_fp16, processes):
     return found
 
 
+def planned(quick, native_bf16, native_fp16, counts, repeats):
+    """(round, processes, set-up) of every run, in the order they run: round by round."""
+    return [(round_, processes, setup) for round_ in range(1, repeats + 1) for processes in counts
+            for setup in setups(quick, native_bf16, native_fp16, processes)]
+
+
+def run_name(setup, processes):
+    return f"{setup.replace(' + ', '-').replace(' ', '-')}-{processes}p"
+
+
+def estimated_minutes(model, run):
+    """--minutes' model of one run on H100s (scripts/gpu_plan.py), its start-up and a compile included."""
+    round_, processes, (_, _, _, dtype, _, compiled) = run
+    images = model["steps"] * model["batch_size"]  # per process, each on its own GPU
+    seconds = MODEL_START_S + images / MODEL_IMAGES_PER_S[dtype or "fp32"]
+    return (seconds + (MODEL_COMPILE_S["cold" if round_ == 1 else "warm"] if compiled else 0)) / 60
+
+
+def parse_args():
+    parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="lenet at 16 px: O0, O1 bf16 and ddp, one round")
+    parser.add_argument("--steps", type=int, help="steps per run (default: 12, on CUDA 20, quick 4)")
+    parser.add_argument("-b", "--batch-size", type=int, help="per process (default: 32, on CUDA 256, quick 8)")
+    parser.add_argument("--repeats", type=int, help="rounds of every set-up (default: 3, quick 1)")
+    parser.add_argument("--processes", type=int, nargs="+", help="default: 1 and 2 (on CUDA: the GPUs, 2 at most)")
+    parser.add_argument("--csv", default="figures/data/precision.csv")
+    parser.add_argument("--runs", default="runs/figures/precision", help="where the run directories go")
+    parser.add_argument("--skip-measured", action="store_true", help="keep the CSV's rows; leave out their runs")
+    parser.add_argument("--minutes", type=float, help="start a run only if the model ends it within these minutes")
+    parser.add_argument("--max-runs", type=int, help="at most this many runs")
+    args = parser.parse_args()
+    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--repeats", args.repeats),
+                        ("--max-runs", args.max_runs), *(("--processes", n) for n in args.processes or [])):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
+    return args
+
+
 def main():
     if sys.argv[1:2] == ["--launch"]:
         return launch(sys.argv[2:])
     started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="lenet at 16 px: O0, O1 bf16 and ddp, one round")
-    parser.add_argument("--steps", type=int, help=f"steps per run (default: {FULL['steps']}, quick "
-                                                  f"{QUICK['steps']})")
-    parser.add_argument("--repeats", type=int, help="rounds of every set-up (default: 3, quick 1)")
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--csv", default="figures/data/precision.csv")
-    parser.add_argument("--runs", default="runs/figures/precision", help="where the run directories go")
-    args = parser.parse_args()
+    args = parse_args()
     import torch
 
     cuda = torch.cuda.is_available()
-    model = dict(QUICK if args.quick else FULL)
-    model["steps"] = args.steps or model["steps"]
+    model = dict(QUICK if args.quick else GPU if cuda else FULL)
+    model.update({key: value for key, value in (("steps", args.steps), ("batch_size", args.batch_size)) if value})
     repeats = args.repeats or (1 if args.quick else 3)
+    counts = sorted(set(args.processes or ([n for n in (1, 2) if n <= torch.cuda.device_count()] if cuda else [1, 2])))
+    if cuda and counts[-1] > torch.cuda.device_count():
+        measuring.bad_input(f"--processes {counts[-1]}: one process per GPU, and this machine has "
+                            f"{torch.cuda.device_count()} GPU(s)")
     flags_found = measuring.cpu_flags()
     native_bf16, native_fp16 = native("bf16", flags_found, cuda), native("fp16", flags_found, cuda)
     machine = {**measuring.hardware(), "cpu_flags": flags_found}
     why = "torch.cuda.is_bf16_supported() is False" if cuda else f"/proc/cpuinfo lists {flags_found or 'none'}"
     left_out = [f"{dtype}: no native {dtype} ({why})" for dtype, ok in (("bf16", native_bf16), ("fp16", native_fp16))
                 if not ok]
-    runs, rows = Path(args.runs), []
-    cache = (runs / "inductor-cache").resolve()
-    for round_ in range(1, repeats + 1):
-        for processes in args.processes:
-            threads = max(1, measuring.usable_cores() // processes)
-            batch = model["batch_size"]
-            launcher = [__file__, "--launch", model["steps"] * batch * processes, batch * processes]
-            for name, recipe, level, dtype, channels_last, compiled in setups(args.quick, native_bf16, native_fp16,
-                                                                                 processes):
-                flags = ["--synthetic", "-a", model["arch"], "--image-size", model["image_size"], "-b", batch,
-                         "--epochs", 1, "-j", 0, "-p", 1000,
-                         *(["--opt-level", level] if level else []), *(["--amp-dtype", dtype] if dtype else []),
-                         *(["--channels-last"] if channels_last else []), *(["--compile"] if compiled else [])]
-                out = runs / f"{name.replace(' + ', '-').replace(' ', '-')}-{processes}p" / f"round{round_}"
-                summary = measuring.train(recipe, processes, flags, out, threads,
-                                          env={"TORCHINDUCTOR_CACHE_DIR": str(cache)}, launcher=launcher)
-                train = [r for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train"][0]
-                rows.append({"setup": name, "recipe": recipe, "opt_level": summary.get("opt_level", ""),
-                             "precision": summary.get("precision", "fp32"), "channels_last": channels_last,
-                             "compile": compiled, "processes": processes, "threads": threads, "round": round_,
-                             "images_per_s": round(float(train["images_per_s"]), 2),
-                             "epoch_s": round(float(train["epoch_s"]), 2), **model, **machine})
-                print(f"round {round_}, {processes} process(es): {name:32s} {rows[-1]['images_per_s']:8.1f} "
-                      f"images/s", flush=True)
-    measuring.write_csv(args.csv, FIELDS, rows)
-    Path(args.csv).with_suffix(".json").write_text(json.dumps(
-        {"native_bf16": native_bf16, "native_fp16": native_fp16, "left_out": left_out, "repeats": repeats, **model,
-         "hardware": machine}, indent=2) + "\n")
+    info = {"native_bf16": native_bf16, "native_fp16": native_fp16, "left_out": left_out, "repeats": repeats,
+            **model, "hardware": machine}
+    out_csv, runs = Path(args.csv), Path(args.runs)
+    rows = measuring.read_csv(out_csv) if args.skip_measured and out_csv.exists() else []
+    done = {(r["setup"], int(r["processes"]), int(r["round"])) for r in rows}
+    cache, begun, taken, left = (runs / "inductor-cache").resolve(), time.time(), 0, []
+    for run in planned(args.quick, native_bf16, native_fp16, counts, repeats):
+        round_, processes, (name, recipe, level, dtype, channels_last, compiled) = run
+        if (name, processes, round_) in done:
+            continue
+        if (args.max_runs is not None and taken >= args.max_runs or args.minutes is not None
+                and (time.time() - begun) / 60 + estimated_minutes(model, run) > args.minutes):
+            left.append(f"{run_name(name, processes)}/round{round_}")
+            continue
+        taken += 1
+        threads = max(1, measuring.usable_cores() // processes)
+        batch = model["batch_size"]
+        launcher = [__file__, "--launch", model["steps"] * batch * processes, batch * processes]
+        flags = ["--synthetic", "-a", model["arch"], "--image-size", model["image_size"], "-b", batch,
+                 "--epochs", 1, "-j", model["workers"], "-p", 1000,
+                 *(["--opt-level", level] if level else []), *(["--amp-dtype", dtype] if dtype else []),
+                 *(["--channels-last"] if channels_last else []), *(["--compile"] if compiled else [])]
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), **({"CUDA_VISIBLE_DEVICES": visible_gpus(processes)}
+                                                         if cuda else {})}
+        out = runs / run_name(name, processes) / f"round{round_}"
+        summary = measuring.train(recipe, processes, flags, out, threads, env=env, launcher=launcher)
+        train = [r for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train"][0]
+        rows.append({"setup": name, "recipe": recipe, "opt_level": summary.get("opt_level", ""),
+                     "precision": summary.get("precision", "fp32"), "channels_last": channels_last,
+                     "compile": compiled, "processes": processes, "threads": threads, "round": round_,
+                     "images_per_s": round(float(train["images_per_s"]), 2),
+                     "epoch_s": round(float(train["epoch_s"]), 2), **model, **machine})
+        measuring.write_csv(out_csv, FIELDS, rows)
+        out_csv.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
+        print(f"round {round_}, {processes} {'GPU(s)' if cuda else 'process(es)'}: {name:32s} "
+              f"{rows[-1]['images_per_s']:8.1f} images/s", flush=True)
     for line in left_out:
         print(f"left out: {line}")
-    print(f"wrote {args.csv}")
-    measuring.record_part(Path(args.csv).parent, "precision", started)
+    print((f"wrote {out_csv}" if taken else "measured nothing") +
+          (f"; left for the next command ({len(left)}): {' '.join(left)}" if left else ""))
+    if taken:
+        measuring.record_part(out_csv.parent, "gpu-precision" if cuda else "precision", started)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,15 @@
    lease.
 3. The figures-gpu runs not yet in figures/data/gpu/ that fit in the minutes left, by the
    model of bench_gpu.py --list (data/imagenet-like-gpu written first on every core, once),
-   the sweep cut at the deadline whatever the model said.
+   the sweep cut at the deadline whatever the model said; then, in the minutes still left,
+   the precision part's next runs (bench_precision.py, at 1 GPU).
 Everything goes under runs/gpu-check/ (preflight.json, the runs), then into
 figures/data/gpu/ and RESULTS.md's GPU section (plot_results.py). --archive FILE packs
 those into one .tar.gz, for a machine whose results come back as files. --plan prints,
 without running anything, what each lease measures by the model.
 
 --stand-in: the same steps on a CPU, as CI rehearses them: gpu_smoke.py --stand-in, and
-two of the planned runs made with lenet at 16 px on the CPU; everything is written under
+two of the planned runs of the sweep and two of the precision part made with lenet at 16 px on the CPU; everything is written under
 runs/gpu-check/ (its figures/data/gpu/ and RESULTS.md), never into the committed ones.
 Exits 1 when a check failed, 2 when the preflight found something missing.
 """
@@ -46,6 +47,7 @@ WHEELS = ROOT / ".wheels"
 GPU_DATA = ROOT / "figures" / "data" / "gpu"
 JPEG = ROOT / "data" / "imagenet-like-gpu"
 STAND_IN_RUNS = ["-a", "lenet", "--image-size", "16", "-b", "64", "--min-steps", "2", "--max-runs", "2"]
+STAND_IN_PRECISION = ["--quick", "--max-runs", "2"]
 # a gpu-smoke check's seconds on one GPU where smoke.json holds none measured: each check's start-up (a CUDA
 # context, imports, cuDNN's autotuning) and a few steps, two runs for the resumed ones
 SMOKE_CHECK_S = 15
@@ -137,6 +139,14 @@ def lease_plan():
             if leases[-1][0] + needed > 9:
                 leases.append((0.0, []))
             leases[-1] = (leases[-1][0] + needed, [*leases[-1][1], planned[0]])
+    from scripts import bench_precision
+
+    for run in bench_precision.planned(False, True, True, [1], 3):  # (an H100: fp16 and bf16)
+        needed = bench_precision.estimated_minutes(bench_precision.GPU, run)
+        if leases[-1][0] + needed > 9:
+            leases.append((0.0, []))
+        name = f"precision-{bench_precision.run_name(run[2][0], 1)}-r{run[0]}"
+        leases[-1] = (leases[-1][0] + needed, [*leases[-1][1], name])
     return leases
 
 
@@ -189,6 +199,18 @@ def main(argv=None):
             print("gpu-check: the sweep was cut at the deadline; what it measured before is kept", flush=True)
         elif code:
             print(f"gpu-check: the sweep failed (exit {code}); what it measured before is kept", flush=True)
+            failed = True
+    left = (deadline - time.monotonic()) / 60
+    if left > 1:
+        precision = [sys.executable, str(ROOT / "scripts" / "bench_precision.py"), "--processes", "1",
+                     "--skip-measured", "--minutes", f"{left - 0.5:.2f}", "--csv", str(gpu_data / "precision.csv"),
+                     "--runs", str(OUT / "runs" / "precision"), *(STAND_IN_PRECISION if args.stand_in else [])]
+        code = run_limited(precision, deadline - time.monotonic() - 20)
+        if code is None:
+            print("gpu-check: the precision part was cut at the deadline; what it measured before is kept",
+                  flush=True)
+        elif code:
+            print(f"gpu-check: the precision part failed (exit {code}); what it measured before is kept", flush=True)
             failed = True
     drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_results.py"), "--data", str(gpu_data.parent),
                             "--figures", str(OUT / "figures" if args.stand_in else ROOT / "figures"), "--results",

@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PRECISION_TEST = ("tests/test_benchmarks.py::test_bench_precision_runs_each_precision_it_names_and_says_what_the_"
                   "cpu_has")
+PRECISION_GPU_TEST = ("tests/test_gpu_plan.py::test_the_precision_part_on_gpus_runs_fp16_and_bf16_per_gpu_and_goes_"
+                      "on_where_a_lease_stopped")
 HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives"
 
 # name, the file, the text switched off, what replaces it, the tests that must catch it
@@ -159,6 +161,12 @@ BREAKS = [
          old='"cpu_flags": flags_found}', new='"cpu_flags": ""}', tests=[PRECISION_TEST]),
     dict(name="precision-text-ignores-the-cpu", file="scripts/results/precision.py",
          old='if info["native_bf16"] else', new='if True else', tests=[PRECISION_TEST]),
+    # the same part on GPUs (make figures-gpu ONLY=precision): fp16 where every CUDA GPU runs it, a GPU per process
+    dict(name="precision-gpu-without-fp16", file="scripts/bench_precision.py",
+         old='return dtype == "fp16" or torch.cuda.is_bf16_supported()',
+         new='return dtype != "fp16" and torch.cuda.is_bf16_supported()', tests=[PRECISION_GPU_TEST]),
+    dict(name="precision-gpus-all-on-the-first", file="scripts/bench_precision.py",
+         old='visible_gpus(processes)', new='visible_gpus(1)', tests=[PRECISION_GPU_TEST]),
 ]
 
 

@@ -125,6 +125,9 @@ def test_the_device_command_plans_its_leases_within_nine_minutes_each():
     assert leases[0].startswith("lease 1: preflight and gpu-smoke") and len(leases) >= 2
     planned = " ".join(leases)
     assert "apex-fp16-cl-jpeg-gpu-decoder-1" in planned and "ddp-fp32-synthetic-1" in planned
+    # the precision part after the sweep, round by round, in fp16 and bf16
+    assert planned.index("precision-ddp-1p-r1") > planned.index("apex-fp16-cl-jpeg-gpu-decoder-1")
+    assert "precision-O1-fp16-channels_last-compile-1p-r3" in planned and "precision-O3-bf16-1p-r1" in planned
 
 
 def test_installing_the_recipes_keeps_the_torch_that_is_there():

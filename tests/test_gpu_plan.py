@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT))
@@ -67,8 +68,8 @@ def test_figures_gpu_comes_in_parts_and_skips_compression_on_one_gpu(tmp_path, m
     minutes = {part: gpu_plan.estimated_minutes(args, runs[part], cores=16) for part in ("synthetic", "jpeg")}
     assert all(3 < m < 9 for m in minutes.values()), minutes
     # a part measured again replaces its own rows and keeps the others' (a resumed make figures-gpu ONLY=jpeg)
-    data = tmp_path / "precision.csv"
-    measuring.write_csv(data, bench_gpu.PRECISION_FIELDS, [{"data": d, "gpus": 1} for d in ("synthetic", "jpeg")])
+    data = tmp_path / "throughput.csv"
+    measuring.write_csv(data, bench_gpu.THROUGHPUT_FIELDS, [{"data": d, "gpus": 1} for d in ("synthetic", "jpeg")])
     assert [r["data"] for r in bench_gpu.kept_rows(data, [1], ["jpeg"])] == ["synthetic"]
     assert [r["data"] for r in bench_gpu.kept_rows(data, [2], ["jpeg"])] == ["synthetic", "jpeg"]
 
@@ -154,3 +155,71 @@ def test_bench_gpu_halves_the_batch_until_it_fits_and_a_restart_skips_what_did_n
     assert launched[-1] == ("ddp", 2, 64, 4, "4,5")  # DDP: one process per GPU, batch and workers per process
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert bench_gpu.visible_gpus(3) == "0,1,2"
+
+
+def test_the_precision_part_on_gpus_runs_fp16_and_bf16_per_gpu_and_goes_on_where_a_lease_stopped(tmp_path,
+                                                                                                   monkeypatch):
+    """bench_precision.py on (a stand-in for) 2 GPUs: one process per GPU on the first N of those the scheduler
+    gave, ResNet-50 at 224 px with loader workers, fp16 and bf16 at each level, --compile at one GPU only; the
+    CSV written after every run; --max-runs and --minutes leave runs for the next command, which
+    --skip-measured goes on with."""
+    from scripts import bench_precision
+
+    launched = []
+
+    def fake_train(recipe, processes, flags, out, threads, env=None, launcher=None):
+        launched.append((recipe, processes, [str(f) for f in flags], env["CUDA_VISIBLE_DEVICES"], launcher))
+        out.mkdir(parents=True)
+        (out / "metrics.csv").write_text("epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr\n"
+                                         f"1,train,1,1,1,{100 * len(launched)},0,5,0.1\n")
+        level = flags[flags.index("--opt-level") + 1] if "--opt-level" in flags else None
+        dtype = flags[flags.index("--amp-dtype") + 1] if "--amp-dtype" in flags else "bf16"
+        return {"opt_level": level, "precision": "fp32" if level in (None, "O0") else dtype} if level else {}
+
+    monkeypatch.setattr(bench_precision.measuring, "train", fake_train)
+    monkeypatch.setattr(bench_precision.measuring, "hardware", lambda: {"cpu": "Test CPU", "cores": 16,
+                                                                        "gpu": "2 x Test GPU", "torch": "2.11.0"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    out = tmp_path / "gpu" / "precision.csv"
+
+    def bench(*flags):
+        monkeypatch.setattr(sys, "argv", ["bench_precision.py", "--csv", str(out), "--runs", str(tmp_path / "runs"),
+                                          *flags])
+        bench_precision.main()
+
+    bench("--max-runs", "3")
+    assert [(recipe, processes, gpus) for recipe, processes, _, gpus, _ in launched] == [
+        ("ddp", 1, "6"), ("apex", 1, "6"), ("apex", 1, "6")]
+    flags = launched[1][2]
+    assert flags[flags.index("-a") + 1] == "resnet50" and flags[flags.index("--image-size") + 1] == "224"
+    assert flags[flags.index("-b") + 1] == "256" and flags[flags.index("-j") + 1] == "4"
+    assert launched[0][4][2:] == [20 * 256, 256]  # 20 steps of 256, one validation batch
+    assert [r["setup"] for r in measuring.read_csv(out)] == ["ddp", "O0", "O0 + compile"]
+    info = json.loads(out.with_suffix(".json").read_text())
+    assert info["native_fp16"] and info["native_bf16"] and info["left_out"] == []
+    runs = bench_precision.planned(False, True, True, [1, 2], 3)
+    at = {gpus: [setup[0] for round_, p, setup in runs if p == gpus and round_ == 1] for gpus in (1, 2)}
+    assert len(at[1]) == 17 and len(at[2]) == 11 and len(runs) == 3 * 28
+    assert {"O1 fp16 + channels_last + compile", "O3 bf16 + channels_last"} <= set(at[1])
+    assert not [name for name in at[2] if "compile" in name] and "O1 fp16 + channels_last" in at[2]
+    assert [round_ for round_, *_ in runs] == sorted(round_ for round_, *_ in runs)  # round by round
+    launched.clear()
+    bench("--skip-measured", "--max-runs", "2", "--repeats", "1")  # the next lease goes on where this one stopped
+    assert [flags[-2:] for _, _, flags, _, _ in launched] == [["O0", "--channels-last"],
+                                                              ["--channels-last", "--compile"]]
+    assert len(measuring.read_csv(out)) == 5
+    launched.clear()
+    bench("--skip-measured", "--minutes", "0.1")  # no run fits: nothing launched, nothing lost
+    assert launched == [] and len(measuring.read_csv(out)) == 5
+    from scripts.results import gpu
+
+    text = gpu.gpu_sections(tmp_path / "gpu", tmp_path)["gpu-precision"]
+    assert "| set-up | 1 GPU: images/s | vs O0 |" in text and "On 2 x Test GPU, one process per GPU" in text
+    assert "| O0 + compile | 300.0 (300.0–300.0) | 1.50x |" in text
+    launched.clear()
+    bench("--skip-measured", "--processes", "2", "--max-runs", "1")  # 2 GPUs: a process on each of the two given
+    assert [(recipe, processes, gpus) for recipe, processes, _, gpus, _ in launched] == [("ddp", 2, "6,7")]
+    assert launched[0][4][2:] == [20 * 256 * 2, 256 * 2]

@@ -174,13 +174,13 @@ def write_gpu_data(data):
     machine = "Test CPU,16,1 x Test GPU,2.14.1"
     header = ("recipe,data,decoder,precision,channels_last,gpus,batch_size,epochs,images_per_s,"
               "whole_epoch_images_per_s,data_wait_share,arch,image_size,workers,cpu,cores,gpu,torch")
-    assert header.split(",") == bench_gpu.PRECISION_FIELDS  # (each header here is the script's own, checked)
+    assert header.split(",") == bench_gpu.THROUGHPUT_FIELDS  # (each header here is the script's own, checked)
     rows = [("ddp", "synthetic", "", "fp32", 0, 1, 1000, 0.01), ("ddp", "jpeg", "tensor", "fp32", 0, 1, 800, 0.25),
             ("apex", "synthetic", "", "fp16", 1, 1, 2500, 0.02), ("apex", "jpeg", "tensor", "fp16", 1, 1, 900, 0.6),
             ("apex", "jpeg", "gpu", "fp16", 1, 1, 2100, 0.1),
             ("ddp", "synthetic", "", "fp32", 0, 2, 1900, 0), ("apex", "synthetic", "", "fp16", 1, 2, 4500, 0)]
     (data / "gpu").mkdir(parents=True)
-    (data / "gpu" / "precision.csv").write_text("\n".join([header] + [
+    (data / "gpu" / "throughput.csv").write_text("\n".join([header] + [
         f"{recipe},{d},{decoder},{precision},{cl},{gpus},256,2,{rate},{rate - 100},{wait},resnet50,224,16,{machine}"
         for recipe, d, decoder, precision, cl, gpus, rate, wait in rows]) + "\n")
     header = ("method,error_feedback,gpus,batch_size,epochs,images_per_s,whole_epoch_images_per_s,data_wait_share,"

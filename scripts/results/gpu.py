@@ -1,15 +1,16 @@
 """gpu: the GPU sweep (scripts/bench_gpu.py, make figures-gpu; not a part of make figures).
 
-    reads    figures/data/gpu/precision.csv, compression.csv, timings.csv; preflight.json and smoke.json
-             (scripts/gpu_check.py, make gpu-check)
+    reads    figures/data/gpu/throughput.csv, compression.csv, timings.csv; precision.csv and .json
+             (scripts/bench_precision.py on CUDA); preflight.json and smoke.json (scripts/gpu_check.py)
     draws    figures/gpu_throughput.png, gpu_scaling.png
-    writes   RESULTS.md's gpu-hardware, gpu-check, gpu-precision, gpu-compression
+    writes   RESULTS.md's gpu-hardware, gpu-check, gpu-throughput, gpu-compression, gpu-precision
 """
 
 import json
 
 from scripts.results.common import plt, read_csv, save, table
 from scripts.results.compression import method_label
+from scripts.results.precision import precision_table
 
 
 PRECISION_LABELS = {"fp32": "fp32", "fp16": "O1 fp16", "bf16": "O1 bf16"}
@@ -24,7 +25,7 @@ def gpu_config(row):
     return f"apex {precision}" + (", channels_last" if row["channels_last"] == "1" else "") + decoder
 
 
-def gpu_precision_table(rows):
+def gpu_throughput_table(rows):
     rate = {(gpu_config(r), r["data"], int(r["gpus"])): r for r in rows}
     configs = list(dict.fromkeys(gpu_config(r) for r in rows))
     counts = sorted({int(r["gpus"]) for r in rows})
@@ -123,21 +124,25 @@ def gpu_check_section(gpu_data):
 
 def gpu_sections(gpu_data, figures):
     """The GPU section of RESULTS.md from gpu/*.csv and *.json; a line saying so where nothing has run."""
-    measured = [name for name in ("precision.csv", "compression.csv") if (gpu_data / name).exists()]
+    sections = {"gpu-check": gpu_check_section(gpu_data), "gpu-throughput": "", "gpu-compression": "",
+                "gpu-precision": ""}
+    measured = [name for name in ("throughput.csv", "compression.csv", "precision.csv") if (gpu_data / name).exists()]
     if not measured:
-        return {"gpu-hardware": "Not measured yet: the figures-gpu runs have not run on a GPU. `make gpu-check` on "
-                                "a machine with CUDA fills this section, lease by lease (docs/gpus.md).",
-                "gpu-check": gpu_check_section(gpu_data), "gpu-precision": "", "gpu-compression": ""}
-    sections = {"gpu-check": gpu_check_section(gpu_data), "gpu-precision": "", "gpu-compression": ""}
-    if (gpu_data / "precision.csv").exists():
-        rows = read_csv(gpu_data / "precision.csv")
+        return {**sections, "gpu-hardware": "Not measured yet: the figures-gpu runs have not run on a GPU. `make "
+                                            "gpu-check` on a machine with CUDA fills this section, lease by lease "
+                                            "(docs/gpus.md)."}
+    if (gpu_data / "throughput.csv").exists():
+        rows = read_csv(gpu_data / "throughput.csv")
         plot_gpu(rows, figures)
         charts = "![GPU throughput](figures/gpu_throughput.png)\n\n"
         if len({r["gpus"] for r in rows}) > 1:
             charts += "![GPU scaling](figures/gpu_scaling.png)\n\n"
-        sections["gpu-precision"] = charts + gpu_precision_table(rows)
+        sections["gpu-throughput"] = charts + gpu_throughput_table(rows)
     if (gpu_data / "compression.csv").exists():
         sections["gpu-compression"] = gpu_compression_table(read_csv(gpu_data / "compression.csv"))
+    if (gpu_data / "precision.csv").exists():
+        sections["gpu-precision"] = precision_table(read_csv(gpu_data / "precision.csv"),
+                                                    json.loads((gpu_data / "precision.json").read_text()))
     r = read_csv(gpu_data / measured[0])[0]
     line = f"GPU {r['gpu']}, CPU {r['cpu']} ({r['cores']} cores), torch {r['torch']}."
     if (gpu_data / "timings.csv").exists():

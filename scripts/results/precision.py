@@ -1,6 +1,7 @@
 """precision: the apex recipe's images/s at each --opt-level, beside ddp (scripts/bench_precision.py).
 
-    reads    figures/data/precision.csv and precision.json
+    reads    figures/data/precision.csv and precision.json (gpu/precision.*: scripts/results/gpu.py, the same
+             table)
     draws    none
     writes   RESULTS.md's precision
 """
@@ -19,6 +20,16 @@ def medians(rows):
     return {key: (statistics.median(v), min(v), max(v)) for key, v in found.items()}
 
 
+def units(p, info):
+    """'1 process', '2 GPUs': what the columns count (one process per GPU on CUDA)."""
+    unit = "GPU" if info["hardware"].get("gpu") else "process"
+    return f"{p} {unit}{'' if p == 1 else 'es' if unit == 'process' else 's'}"
+
+
+def ratio(rates, name, base, p):
+    return f"{rates[(name, p)][0] / rates[(base, p)][0]:.2f}x" if (base, p) in rates else ""
+
+
 def precision_table(rows, info):
     rates = medians(rows)
     processes = sorted({p for _, p in rates})
@@ -31,22 +42,25 @@ def precision_table(rows, info):
                 cells += ["", ""]
                 continue
             median, low, high = rates[(name, p)]
-            cells += [f"{median:.1f} ({low:.1f}–{high:.1f})", f"{median / rates[('O0', p)][0]:.2f}x"]
+            cells += [f"{median:.1f} ({low:.1f}–{high:.1f})", ratio(rates, name, "O0", p)]
         body.append(cells)
-    header = ["set-up"] + [h for p in processes for h in (f"{p} process{'es' if p > 1 else ''}: images/s",
-                                                          "vs O0")]
-    machine = info["hardware"]
+    header = ["set-up"] + [h for p in processes for h in (f"{units(p, info)}: images/s", "vs O0")]
+    rounds = sorted({n for n in (len([r for r in rows if (r["setup"], int(r["processes"])) == key])
+                                 for key in rates)})
+    rounds = f"{rounds[0]}" if len(rounds) == 1 else f"{rounds[0]} to {rounds[-1]}"
+    workers = f", {info['workers']} loader workers per process" if info.get("workers") else ""
     text = (table(header, body) +
-            f"\n\n{info['arch']} at {info['image_size']} px, -b {info['batch_size']} per process, one epoch of "
-            f"{info['steps']} steps on --synthetic images, images/s of every step after the first; the median of "
-            f"{info['repeats']} round(s) of every set-up taken in turn, in brackets the lowest and highest; "
-            f"\"vs O0\": over apex at O0 (fp32) with the same processes. {cpu_sentence(machine, info)}")
+            f"\n\n{info['arch']} at {info['image_size']} px, -b {info['batch_size']} per process{workers}, one "
+            f"epoch of {info['steps']} steps on --synthetic images, images/s of every step after the first; the "
+            f"median of {rounds} round(s) of every set-up taken in turn, in brackets the lowest and highest; "
+            f"\"vs O0\": over apex at O0 (fp32) with the same processes. {cpu_sentence(info['hardware'], info)}")
     return text + "".join(f"\n\nLeft out: {line}." for line in info["left_out"]) + "\n\n" + findings(rates, info)
 
 
 def cpu_sentence(machine, info):
     if machine.get("gpu"):
-        return f"On {machine['gpu']}, torch {machine['torch']}."
+        return (f"On {machine['gpu']}, one process per GPU (CPU {machine['cpu']}, {machine['cores']} cores), torch "
+                f"{machine['torch']}.")
     flags = machine["cpu_flags"] or "none of them"
     bf16 = ("runs bf16 natively (AVX512-BF16 or AMX-BF16)" if info["native_bf16"] else
             "has no native bf16 (neither AVX512-BF16 nor AMX-BF16), so low precision runs slower than fp32 there")
@@ -58,8 +72,11 @@ def findings(rates, info):
     """What the table shows, in words: O0's cost over ddp, and what each dtype at O1 buys, per world size."""
     lines = []
     for p in sorted({p for _, p in rates}):
+        if ("O0", p) not in rates:
+            continue
         o0 = rates[("O0", p)][0]
-        said = [f"apex at O0 runs at {o0 / rates[('ddp', p)][0]:.2f}x ddp's images/s (the recipe's own cost)"]
+        said = [f"apex at O0 runs at {ratio(rates, 'O0', 'ddp', p)} ddp's images/s (the recipe's own cost)"
+                if ("ddp", p) in rates else "ddp not measured yet"]
         said += [f"{name} at {rates[(name, p)][0] / o0:.2f}x O0" for name in ("O1 bf16", "O1 fp16",
                                                                              "O1 bf16 + channels_last")
                  if (name, p) in rates]
@@ -67,7 +84,7 @@ def findings(rates, info):
         said.append(f"the fastest, {best}, at {rates[(best, p)][0] / o0:.2f}x" +
                     (" (O3 keeps no fp32 weights: apex's speed baseline, which may not converge)"
                      if best.startswith("O3") else ""))
-        lines.append(f"At {p} process{'es' if p > 1 else ''}: " + "; ".join(said) + ".")
+        lines.append(f"At {units(p, info)}: " + "; ".join(said) + ".")
     return " ".join(lines)
 
 
