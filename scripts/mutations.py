@@ -32,6 +32,8 @@ PRECISION_TEST = ("tests/test_benchmarks.py::test_bench_precision_runs_each_prec
                   "cpu_has")
 PRECISION_GPU_TEST = ("tests/test_gpu_plan.py::test_the_precision_part_on_gpus_runs_fp16_and_bf16_per_gpu_and_goes_"
                       "on_where_a_lease_stopped")
+PIPEDREAM_TEST = ("tests/test_pipeline.py::test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_plain_"
+                  "reference_does")
 HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives"
 
 # name, the file, the text switched off, what replaces it, the tests that must catch it
@@ -161,6 +163,13 @@ BREAKS = [
          old='"cpu_flags": flags_found}', new='"cpu_flags": ""}', tests=[PRECISION_TEST]),
     dict(name="precision-text-ignores-the-cpu", file="scripts/results/precision.py",
          old='if info["native_bf16"] else', new='if True else', tests=[PRECISION_TEST]),
+    # PipeDream: each backward on its forward's weights, an update per minibatch
+    dict(name="pipedream-weights-not-stashed", file="recipes/pipeline/pipedream.py",
+         old="    weights = stashed_weights(pipe)\n", new="    weights = stashed_weights(pipe) and pipe.named\n",
+         tests=[PIPEDREAM_TEST]),
+    dict(name="pipedream-an-update-every-other-minibatch", file="recipes/pipeline/train.py",
+         old="            optimizer.step()\n            tally[\"updates\"] += 1  #",
+         new="            if i % 2:\n                optimizer.step()\n            tally[\"updates\"] += 1  #", tests=[PIPEDREAM_TEST]),
     # the same part on GPUs (make figures-gpu ONLY=precision): fp16 where every CUDA GPU runs it, a GPU per process
     dict(name="precision-gpu-without-fp16", file="scripts/bench_precision.py",
          old='return dtype == "fp16" or torch.cuda.is_bf16_supported()',

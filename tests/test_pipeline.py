@@ -10,9 +10,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import TINY, free_port, read_summary, run_recipe
 from test_bad_input import assert_one_clear_line
+from test_faults import injected
+from torch.utils.data import DistributedSampler
 
-from recipes.common import data, models
-from recipes.pipeline import preduce, stages, stragglers, sync
+from recipes.common import data, models, schedule
+from recipes.pipeline import pipedream, preduce, stages, stragglers, sync
 from recipes.pipeline import train as pipeline
 from recipes.pipeline.layout import Layout
 
@@ -299,6 +301,97 @@ def test_a_run_saved_at_an_epochs_end_resumes_there(tiny_data, tmp_path, sync_me
     assert "epoch 1 train" not in result.stdout and read_summary(out)["epochs"] == 2, result.stdout[-2000:]
 
 
+# ---- PipeDream ------------------------------------------------------------------------------------------------
+
+def test_pipedream_runs_s_minus_s_forwards_then_one_backward_one_forward_then_drains():
+    assert pipedream.operations(0, 2, 4) == [("forward", 0), ("forward", 1), ("backward", 0), ("forward", 2),
+                                             ("backward", 1), ("forward", 3), ("backward", 2), ("backward", 3)]
+    assert pipedream.operations(1, 2, 3) == [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1),
+                                             ("forward", 2), ("backward", 2)]
+    assert pipedream.operations(0, 3, 5, first=3) == [("forward", 3), ("forward", 4), ("backward", 3),
+                                                      ("backward", 4)]  # (resumed at step 3: 2 left)
+    for stages in range(1, 5):
+        for stage in range(stages):
+            order = pipedream.operations(stage, stages, 7)
+            assert sorted(order) == sorted((kind, i) for kind in ("forward", "backward") for i in range(7))
+            in_flight = [sum(1 if kind == "forward" else -1 for kind, _ in order[:t + 1]) for t in range(len(order))]
+            assert max(in_flight) == stages - stage and min(in_flight) >= 0
+
+
+def pipedream_reference(args, replicas, pipelined=True):
+    """PipeDream's rule, written plainly in one process: at stage s, minibatch i's forward runs on the stage's
+    weights after max(0, i - (S - s) + 1) updates, and its gradient there (averaged over the replicas' minibatches
+    i) updates the stage's newest weights (pipelined=False: after i updates, plain SGD). Returns the model's state
+    after the epoch."""
+    train_set, _, num_classes = data.build_datasets(args)
+    loaders = []
+    for replica in range(replicas):  # replica r: ddp's rank r's shard
+        sampler = DistributedSampler(train_set, num_replicas=replicas, rank=replica, seed=args.seed)
+        sampler.set_epoch(0)
+        loaders.append(data.train_loader(train_set, args, sampler))
+    data.set_seed(args.seed)
+    model = models.build_model(args.arch, num_classes)
+    modules = [torch.nn.Sequential(*part) for part in stages.split_model(model, args, types.SimpleNamespace(
+        print=lambda *a: None))]
+    lr = args.lr * args.batch_size * replicas / 256
+    optimizers = [torch.optim.SGD(m.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
+                  for m in modules]
+    schedulers = [schedule.build_scheduler(o, args, steps_per_epoch=len(loaders[0])) for o in optimizers]
+    history = [[{n: p.detach().clone() for n, p in m.named_parameters()}] for m in modules]
+    to_device = data.device_transform(args, torch.device("cpu"), num_classes)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    count = len(modules)
+    for i, batches in enumerate(zip(*loaders)):
+        used = [{n: w.clone().requires_grad_() for n, w in history[s][max(0, i - (count - s) + 1) if pipelined
+                                                                        else i].items()} for s in range(count)]
+        total = 0
+        for images, target in batches:
+            x, target = to_device(images, target)
+            for module, weights in zip(modules, used):
+                x = torch.func.functional_call(module, weights, (x,))
+            total = total + criterion(x, target) / replicas
+        grads = iter(torch.autograd.grad(total, [w for weights in used for w in weights.values()]))
+        for s, module in enumerate(modules):
+            for p in module.parameters():
+                p.grad = next(grads)
+            optimizers[s].step()
+            schedulers[s].step()
+            history[s].append({n: p.detach().clone() for n, p in module.named_parameters()})
+    return model.state_dict()
+
+
+def test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_plain_reference_does(tiny_data, tmp_path):
+    """2 replicas x 2 stages, --sync allreduce: the weights after an epoch are those of pipedream_reference (each
+    backward on its forward's weights, an update per minibatch); the replicas stay equal; stage 0 holds 2
+    versions of its weights, the last stage only its own."""
+    out = tmp_path / "run"
+    flags = [tiny_data, *TINY, "--epochs", "1", "--stages", "2", "--schedule", "pipedream", "--lr", "2"]
+    run_recipe("pipeline", [*flags, "--out", out], nproc=4)
+    summary = read_summary(out)
+    assert summary["updates_per_replica"] == [3, 3] and summary["disagreement"] == 0, summary
+    assert summary["weight_versions_per_stage"] == [2, 1] and summary["microbatches"] == 1
+    args = pipeline.parse_args([str(f) for f in flags])
+    assert_same_weights(weights(out), pipedream_reference(args, 2), 1e-5)
+    plain = pipedream_reference(args, 2, pipelined=False)  # (what the test tells apart: plain SGD's weights)
+    assert max((weights(out)[key] - plain[key]).abs().max().item() for key in plain) > 1e-3
+
+
+def test_pipedream_stops_on_sigterm_after_a_saved_update_and_resumes(tiny_data, tmp_path):
+    """A SIGTERM to stage 0: every stage stops after the same update, with no message left unmatched, and saves;
+    the relaunch trains the updates left."""
+    out = tmp_path / "run"
+    flags = [tiny_data, *TINY, "--epochs", "2", "--stages", "2", "--schedule", "pipedream", "-p", "100",
+             "--auto-resume", "--out", out]
+    result = injected("pipeline", flags, "term", 4, nproc=2, inject_args=["--rank", "0"])
+    assert result.returncode != 0 and "preempted: SIGTERM received; saved" in result.stdout + result.stderr, \
+        result.stderr[-3000:]
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert (saved["epoch"], saved["step"]) == (0, 5), (saved["epoch"], saved["step"])  # (agreed a step later)
+    run_recipe("pipeline", flags, nproc=2)
+    summary = read_summary(out)
+    assert summary["epochs"] == 2 and summary["updates_per_replica"] == [2 * 6 - 5], summary
+
+
 # ---- bad input ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags,phrase", [
@@ -311,6 +404,8 @@ def test_a_run_saved_at_an_epochs_end_resumes_there(tiny_data, tmp_path, sync_me
     (["--microbatches", "1"], "--schedule 1f1b needs at least as many --microbatches as --stages: 1 < 2"),
     (["--stages", "1", "--sync", "hetpipe"], "--sync hetpipe needs the 1 servers and at least one replica"),
     (["--schedule", "zb"], "argument --schedule: invalid choice: 'zb'"),
+    (["--schedule", "pipedream", "--microbatches", "2"], "--schedule pipedream sends whole minibatches"),
+    (["--schedule", "pipedream", "--sync", "adpsgd"], "--sync adpsgd under --schedule pipedream is not built yet"),
     (["--mixup-alpha", "0.2"], "--mixup-alpha is not supported by the pipeline recipe"),
 ])
 def test_bad_input(tiny_data, tmp_path, flags, phrase):

@@ -51,10 +51,13 @@ class Layout:
 def add_args(parser):
     group = parser.add_argument_group("pipeline")
     group.add_argument("--stages", type=int, default=2, metavar="S", help="processes per replica (default: 2)")
-    group.add_argument("--microbatches", type=int, default=4, metavar="M",
-                       help="pieces of each batch in flight in the pipeline; must divide -b (default: 4)")
-    group.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b",
-                       help="torch.distributed.pipelining's ScheduleGPipe or Schedule1F1B")
+    group.add_argument("--microbatches", type=int, metavar="M",
+                       help="gpipe and 1f1b: pieces of each batch in flight in the pipeline; must divide -b "
+                            "(default: 4); pipedream sends whole minibatches")
+    group.add_argument("--schedule", choices=["gpipe", "1f1b", "pipedream"], default="1f1b",
+                       help="torch.distributed.pipelining's ScheduleGPipe or Schedule1F1B (synchronous: a "
+                            "flush and one update per batch), or asynchronous PipeDream as SD-PIPE runs it (an "
+                            "update per minibatch at each stage, weights stashed)")
     group.add_argument("--sync", choices=SYNCS, default="allreduce",
                        help="how the replicas of a stage agree (default: allreduce)")
     group.add_argument("--preduce-size", type=int, metavar="P",
@@ -77,6 +80,12 @@ def check_args(args, world_size=None):
     for flag in ("ema_decay", "compile", "sync_bn", "mixup_alpha", "cutmix_alpha"):  # (mixing: the first and the
         if getattr(args, flag):                                                    # last stage would mix apart)
             raise RecipeError(f"--{flag.replace('_', '-')} is not supported by the pipeline recipe")
+    if args.schedule == "pipedream":
+        if args.microbatches not in (None, 1):
+            raise RecipeError("--microbatches: --schedule pipedream sends whole minibatches, each one update")
+        if args.sync != "allreduce":
+            raise RecipeError(f"--sync {args.sync} under --schedule pipedream is not built yet: use allreduce")
+    args.microbatches = args.microbatches or (1 if args.schedule == "pipedream" else 4)
     if args.accum_steps != 1:
         raise RecipeError("--accum-steps: the pipeline recipe cuts each batch into --microbatches instead")
     cli.check_ranges(args, {"--stages": (lambda v: v >= 1, "must be at least 1"),

@@ -21,6 +21,12 @@ def sleeps(args, rank, epoch, step):
     return [draw.random() < args.hetero_prob for _ in range(2 * args.microbatches)]
 
 
+def sleep_before(args, rank, epoch, step, slot):
+    """PipeDream: sleep before the minibatch's forward or backward slot, as the step's draws say."""
+    if args.hetero and sleeps(args, rank, epoch, step)[slot == "backward"]:
+        time.sleep(args.hetero)
+
+
 def replica_straggles(args, layout, replica, epoch, step):
     """Whether any process of the replica's pipeline sleeps at this step (its stages wait for one another)."""
     ranks = layout.pipeline_ranks(replica)

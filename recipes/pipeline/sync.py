@@ -102,7 +102,7 @@ def disagreement(params, pipe):
 def new_tally():
     """What a rank counts as it trains, for the summary."""
     return dict.fromkeys(["waits", "full_syncs", "partial_syncs", "gap", "longest_gap", "disagreement", "oldest",
-                          "groups", "updates", "unconnected", "connections"], 0)
+                          "groups", "updates", "unconnected", "connections", "versions"], 0)
 
 
 def connected(tally):
@@ -117,8 +117,9 @@ def counts_of_every_rank(tally, layout, rank):
     sums = torch.zeros(4 + world, dtype=torch.float64)
     sums[:4] = torch.tensor([float(tally[key]) for key in ("waits", "partial_syncs", "groups", "connections")])
     sums[4 + rank] = tally["updates"]
-    most = torch.tensor([max(tally["longest_gap"], tally["gap"]), tally["oldest"], tally["unconnected"]],
-                        dtype=torch.float64)
+    most = torch.zeros(3 + layout.stages, dtype=torch.float64)  # (the most weight versions a stage held: PipeDream)
+    most[:3] = torch.tensor([max(tally["longest_gap"], tally["gap"]), tally["oldest"], tally["unconnected"]])
+    most[3 + layout.stage(rank)] = tally["versions"]
     dist.all_reduce(sums, group=distributed.control_group())
     dist.all_reduce(most, op=dist.ReduceOp.MAX, group=distributed.control_group())
     updates = [int(sums[4 + layout.rank(r, 0)]) for r in range(layout.replicas)]
@@ -128,4 +129,5 @@ def counts_of_every_rank(tally, layout, rank):
                 updates_per_replica=updates, connectivity_syncs=sums[3].item() / stages,
                 longest_without_full_sync=int(most[0]),
                 longest_unconnected_updates=int(most[2]), max_applied_staleness=int(most[1]),
+                weight_versions_per_stage=[int(v) for v in most[3:]],
                 disagreement=tally["disagreement"])

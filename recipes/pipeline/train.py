@@ -10,8 +10,10 @@ replica r div S (--sync hetpipe: the last S ranks are the stages' parameter serv
 replicas train). The model is cut at layer boundaries into S stages of about equal forward FLOPs
 (the split is printed). Each stage is a torch.distributed.pipelining PipelineStage, and
 ScheduleGPipe or Schedule1F1B runs the --microbatches M pieces of each batch through the
-replica's pipeline. Replica r trains on the shard, and draws the augmentations, of ddp's rank r,
-with -b images per step: the global batch is -b x R.
+replica's pipeline: a flush and one update per batch. --schedule pipedream runs asynchronous
+PipeDream as SD-PIPE does (pipedream.py): S - s minibatches in flight at stage s, an update per
+minibatch, each backward on its forward's weights (stashed); --sync allreduce only, so far. Replica
+r trains on ddp's rank r's shard and augmentations, -b images per step: a global batch of -b x R.
 
 The replicas of a stage agree over a process group of their own (a DDP-wrapped stage does not
 work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2023):
@@ -46,7 +48,7 @@ from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DistributedSampler
 
 from recipes.common import bookkeeping, cli, data, distributed, launch, models, runlog, schedule
-from recipes.pipeline import hetpipe, stages, stragglers, sync
+from recipes.pipeline import hetpipe, pipedream, stages, stragglers, sync
 from recipes.pipeline.layout import Layout, add_args, check_args
 from recipes.pipeline.preduce import PartialReduce, shard_again
 
@@ -123,6 +125,48 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
     return run.meter.summary()
 
 
+def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
+    """Asynchronous PipeDream (SD-PIPE's): S - s minibatches in flight at stage s, each backward on the weights
+    its forward used (stashed), an update per minibatch at each stage, the pipeline filled once and drained at
+    the epoch's end; allreduce agrees inside each backward, before its gradient goes on to the stage before."""
+    rank, link, batches = dist.get_rank(), pipe.link, run.batches(loader)
+    order = pipedream.operations(pipe.stage, args.stages, run.steps_per_epoch, run.first_step)
+    x, target = pipedream.next_input(pipe, order[0], batches, run)
+    for t, (kind, i) in enumerate(order):
+        stragglers.sleep_before(args, rank, run.epoch, i, kind)  # --hetero: SD-PIPE's draw before each slot
+        started = stragglers.slow_rank_clock(args, rank, run.device)
+        if kind == "forward":
+            output, weights = pipedream.forward(pipe, x)
+            if pipe.is_last:
+                run.meter.update(loss := pipe.criterion(output, target), output.detach(), target)
+                output = loss  # (its backward starts from the loss)
+            else:
+                link.send_forward(output.detach())
+            pipe.in_flight[i] = (x, output, weights)
+        else:
+            x, output, weights = pipe.in_flight.pop(i)
+            gradient, loss = (None, output.detach()) if pipe.is_last else link.receive_gradient(output.shape)
+            inputs = [] if pipe.is_first else [x]
+            grads = torch.autograd.grad(output, [*inputs, *weights.values()], gradient)
+            if not pipe.is_first:
+                link.send_backward(grads[0], loss)  # (sent after the update, as SD-PIPE sends it)
+            for p, grad in zip(pipe.params, grads[len(inputs):]):
+                p.grad = grad  # the gradient at the stashed weights updates the newest ones
+            straggled = stragglers.replica_straggles(args, pipe.layout, pipe.replica, run.epoch, i)
+            if args.sync == "allreduce":
+                tally["waits"] += sync.average_gradients(pipe.params, pipe.stage_group, pipe.replicas, straggled)
+                sync.connected(tally)
+            optimizer.step()
+            tally["updates"] += 1  # (a new version of the weights: the next forward copies them)
+        stragglers.slow_down(args, rank, run.device, started)
+        x, target = pipedream.next_input(pipe, order[t + 1] if t + 1 < len(order) else None, batches, run)
+        if kind == "backward":
+            run.step = i  # (the batches are loaded S - s ahead of the updates)
+            run.step_done(loss)
+    next(batches, None)  # (the epoch's progress bar ends)
+    return run.meter.summary()
+
+
 def main(args):
     ctx = distributed.init_distributed_mode(args)
     check_args(args, ctx.world_size)
@@ -144,6 +188,7 @@ def main(args):
     data.set_seed(args.seed)
     model = models.build_model(args.arch, num_classes)
     parts = stages.split_model(model, args, log)
+    shapes = pipedream.sample_shapes(parts, args.image_size)  # each stage's input, for PipeDream's receives
     model.to(device)
     for tensor in model.state_dict().values():  # every replica starts from rank 0's weights, as with DDP
         dist.broadcast(tensor, 0)
@@ -174,7 +219,10 @@ def main(args):
         module = nn.Sequential(*parts[stage])
         pipe = dict(schedule=SCHEDULES[args.schedule](PipelineStage(module, stage, args.stages, device,
                                                                      group=pipe_groups[replica]),
-                                                       args.microbatches, loss_fn=criterion),
+                                                       args.microbatches, loss_fn=criterion)
+                    if args.schedule in SCHEDULES else None,
+                    **pipedream.fields(module, stage, layout, replica, pipe_groups[replica], device, shapes[stage],
+                                       criterion, tally),
                     slots=stragglers.inject(module, args), params=params, layout=layout, replica=replica,
                     replicas=replicas, is_first=stage == 0, is_last=stage == args.stages - 1,
                     last_rank=layout.rank(replica, args.stages - 1), pipe_group=pipe_groups[replica],
@@ -187,7 +235,8 @@ def main(args):
         pipe = types.SimpleNamespace(**pipe)
         for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
             train_sampler.set_epoch(epoch)
-            train_stats = train_one_epoch(args, pipe, optimizer, train_loader, run, tally)
+            train = train_one_epoch if args.schedule in SCHEDULES else train_one_epoch_pipedream
+            train_stats = train(args, pipe, optimizer, train_loader, run, tally)
             if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True at --desired-acc
                 break
         if pipe.preduce:
