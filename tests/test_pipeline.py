@@ -304,18 +304,24 @@ def test_a_run_saved_at_an_epochs_end_resumes_there(tiny_data, tmp_path, sync_me
 # ---- PipeDream ------------------------------------------------------------------------------------------------
 
 def test_pipedream_runs_s_minus_s_forwards_then_one_backward_one_forward_then_drains():
-    assert pipedream.operations(0, 2, 4) == [("forward", 0), ("forward", 1), ("backward", 0), ("forward", 2),
+    assert list(pipedream.operations(0, 2, [4])) == [("forward", 0), ("forward", 1), ("backward", 0), ("forward", 2),
                                              ("backward", 1), ("forward", 3), ("backward", 2), ("backward", 3)]
-    assert pipedream.operations(1, 2, 3) == [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1),
+    assert list(pipedream.operations(1, 2, [3])) == [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1),
                                              ("forward", 2), ("backward", 2)]
-    assert pipedream.operations(0, 3, 5, first=3) == [("forward", 3), ("forward", 4), ("backward", 3),
+    assert list(pipedream.operations(0, 3, [5], first=3)) == [("forward", 3), ("forward", 4), ("backward", 3),
                                                       ("backward", 4)]  # (resumed at step 3: 2 left)
     for stages in range(1, 5):
         for stage in range(stages):
-            order = pipedream.operations(stage, stages, 7)
+            order = list(pipedream.operations(stage, stages, [7]))
             assert sorted(order) == sorted((kind, i) for kind in ("forward", "backward") for i in range(7))
             in_flight = [sum(1 if kind == "forward" else -1 for kind, _ in order[:t + 1]) for t in range(len(order))]
             assert max(in_flight) == stages - stage and min(in_flight) >= 0
+    end = [10]  # preduce: the epoch's end found at stage 0's fifth forward (minibatch 4), the drain after it
+    order = pipedream.operations(0, 2, end)
+    assert [next(order) for _ in range(5)] == [("forward", 0), ("forward", 1), ("backward", 0), ("forward", 2),
+                                               ("backward", 1)]
+    end[0] = 3
+    assert list(order) == [("backward", 2)]
 
 
 def pipedream_reference(args, replicas, pipelined=True):
@@ -376,6 +382,20 @@ def test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_plain_referen
     assert max((weights(out)[key] - plain[key]).abs().max().item() for key in plain) > 1e-3
 
 
+def test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_updates_once_a_minibatch(tiny_data,
+                                                                                                   tmp_path):
+    """2 replicas x 2 stages, replica 0's second stage ten times slower: an epoch is 2 x 6 updates, the fast
+    replica does more of them, and each stage of a replica makes one update for each minibatch it took (the
+    epoch's end travels down the pipeline with the activations)."""
+    out = tmp_path / "run"
+    run_recipe("pipeline", [tiny_data, *TINY, "-b", "4", "--epochs", "1", "--stages", "2", "--schedule", "pipedream",
+                            "--sync", "preduce", "--slow-rank", "1", "--slow-factor", "10", "--out", out], nproc=4)
+    summary = read_summary(out)
+    slow, fast = summary["updates_per_replica"]
+    assert slow + fast == 2 * 6 and fast > slow and summary["updates_per_rank"] == [slow, slow, fast, fast], summary
+    assert summary["weight_versions_per_stage"] == [2, 1] and summary["full_syncs"] == 1
+
+
 def test_pipedream_stops_on_sigterm_after_a_saved_update_and_resumes(tiny_data, tmp_path):
     """A SIGTERM to stage 0: every stage stops after the same update, with no message left unmatched, and saves;
     the relaunch trains the updates left."""
@@ -405,7 +425,7 @@ def test_pipedream_stops_on_sigterm_after_a_saved_update_and_resumes(tiny_data, 
     (["--stages", "1", "--sync", "hetpipe"], "--sync hetpipe needs the 1 servers and at least one replica"),
     (["--schedule", "zb"], "argument --schedule: invalid choice: 'zb'"),
     (["--schedule", "pipedream", "--microbatches", "2"], "--schedule pipedream sends whole minibatches"),
-    (["--schedule", "pipedream", "--sync", "adpsgd"], "--sync adpsgd under --schedule pipedream is not built yet"),
+    (["--schedule", "pipedream", "--sync", "hetpipe"], "--sync hetpipe under --schedule pipedream is not built yet"),
     (["--mixup-alpha", "0.2"], "--mixup-alpha is not supported by the pipeline recipe"),
 ])
 def test_bad_input(tiny_data, tmp_path, flags, phrase):

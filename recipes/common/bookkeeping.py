@@ -92,10 +92,14 @@ class Run:
 
     def batches(self, loader):
         """This epoch's batches of the loader (resumed mid-epoch: only those not yet trained on), behind a
-        progress bar; starts a new self.meter and times the wait for each batch. The step count moves on
-        when the next batch is asked for: call step_done once for every batch."""
+        progress bar; starts a new self.meter (at once: a rank may end its epoch before it takes a batch) and
+        times the wait for each batch. The step count moves on when the next batch is asked for: call step_done
+        once for every batch."""
         self.meter = metrics.EpochMeter(self.device, self.group)
         self.step = self.first_step
+        return self._batches(loader)
+
+    def _batches(self, loader):
         batches = data.skip_batches(loader, self.first_step)  # the skipped images are never loaded
         for batch in self.log.progress(batches, f"epoch {self.epoch + 1}/{self.args.epochs}"):
             self.meter.data_ready()

@@ -1,12 +1,19 @@
-"""Which rank is which stage of which replica, the pipeline's flags, and the flags that cannot work together.
+"""Which rank is which stage of which replica (and what its loop works with), the pipeline's flags, and the flags
+that cannot work together.
 
 Rank r is stage r mod S of replica r div S (--stages S). With --sync hetpipe the last S ranks
 are the stages' parameter servers: one object says it, so that no part computes it again.
 """
 
+import types
 from dataclasses import dataclass
 
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector
+
 from recipes.common import RecipeError, cli, models
+from recipes.pipeline import pipedream, stragglers
+from recipes.pipeline.preduce import PartialReduce
 from recipes.pipeline.stages import weighted_units
 
 SYNCS = ["allreduce", "preduce", "adpsgd", "hetpipe"]
@@ -47,6 +54,24 @@ class Layout:
     def is_server(self, rank):
         return self.hetpipe and self.replica(rank) == self.replicas
 
+    def pipe(self, args, rank, module, params, schedule, criterion, tally, device, sample_shape, pipe_group,
+             stage_group, claim_groups, steps_per_epoch):
+        """What a training rank's loop works with: its stage and the schedule that runs it, its place among the
+        replicas and their groups, and each --sync method's state (preduce's queue; hetpipe's server, the
+        weights last pulled and their version)."""
+        stage, replica = self.stage(rank), self.replica(rank)
+        fields = dict(schedule=schedule, params=params, layout=self, replica=replica, replicas=self.replicas,
+                      slots=stragglers.inject(module, args), is_first=stage == 0, is_last=stage == self.stages - 1,
+                      last_rank=self.rank(replica, self.stages - 1), pipe_group=pipe_group,
+                      stage_group=stage_group, steps_per_epoch=steps_per_epoch,
+                      preduce=PartialReduce(args, self, stage, replica, claim_groups[replica],
+                                            dist.distributed_c10d._get_default_store())
+                      if args.sync == "preduce" else None,
+                      server=self.server(stage), vector=parameters_to_vector(params).detach().cpu(), versions=[-1],
+                      **pipedream.fields(module, stage, self, replica, pipe_group, device, sample_shape, criterion,
+                                         tally, claim_groups[replica] if claim_groups else None))
+        return types.SimpleNamespace(**fields)
+
 
 def add_args(parser):
     group = parser.add_argument_group("pipeline")
@@ -83,8 +108,8 @@ def check_args(args, world_size=None):
     if args.schedule == "pipedream":
         if args.microbatches not in (None, 1):
             raise RecipeError("--microbatches: --schedule pipedream sends whole minibatches, each one update")
-        if args.sync != "allreduce":
-            raise RecipeError(f"--sync {args.sync} under --schedule pipedream is not built yet: use allreduce")
+        if args.sync == "hetpipe":
+            raise RecipeError("--sync hetpipe under --schedule pipedream is not built yet")
     args.microbatches = args.microbatches or (1 if args.schedule == "pipedream" else 4)
     if args.accum_steps != 1:
         raise RecipeError("--accum-steps: the pipeline recipe cuts each batch into --microbatches instead")

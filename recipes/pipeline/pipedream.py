@@ -20,6 +20,13 @@ gradient is received alone, before its backward. So every group posted is matche
 before they wait, and a stop agreed after any backward leaves no message unmatched: every stage has then sent
 what its neighbours' backwards wait for, and received each activation sent to it.
 
+Epochs counted in updates (--sync preduce): stage 0 takes each minibatch from the epoch's updates before its
+forward; once none is left, the replica's epoch ends there, and each stage tells the next with a flag (a CPU
+number over the replica's gloo group, beside each activation), then drains. SD-PIPE's scheduler decides at the
+last stage, when the count of updates crosses the epoch, and every stage of that replica stops after the same
+minibatch (preduce_handler.cc, setStopCondition), then drains the S - 1 minibatches in flight: the same count
+of updates per epoch, decided at the pipeline's other end.
+
 Deviations: SD-PIPE allocates one buffer per in-flight minibatch and copies the newest weights into the oldest
 (the same count of versions, by reuse); its GroupStart/GroupEnd calls pair the forward's send with the next
 backward's receive (Megatron-LM pairs them so too), where here a gradient's receive is a group of its own, which
@@ -33,17 +40,19 @@ from torch.func import functional_call
 from recipes.common import faults
 
 
-def operations(stage, stages, minibatches, first=0):
-    """Stage `stage`'s operations over minibatches first, ..., minibatches - 1, in order: ("forward", i) and
-    ("backward", i)."""
-    count = minibatches - first
-    warmup = min(stages - stage, count)
-    order = [("forward", first + i) for i in range(warmup)]
-    for i in range(count):
-        order.append(("backward", first + i))
-        if warmup + i < count:
-            order.append(("forward", first + warmup + i))
-    return order
+def operations(stage, stages, end, first=0):
+    """Stage `stage`'s operations, in order, ("forward", i) and ("backward", i) for minibatches first, first + 1,
+    ..., end[0] - 1; end[0] is read as they go (preduce lowers it when the epoch's updates run out)."""
+    forward = backward = first
+    while forward < min(first + stages - stage, end[0]):
+        yield "forward", forward
+        forward += 1
+    while backward < end[0]:
+        yield "backward", backward
+        backward += 1
+        if forward < end[0]:
+            yield "forward", forward
+            forward += 1
 
 
 def sample_shapes(parts, image_size):
@@ -63,12 +72,28 @@ class Link:
     """This stage's messages to and from its neighbours in the replica's pipeline (ranks, or None at the ends):
     an operation's sends wait in `pending` for the next exchange."""
 
-    def __init__(self, previous, following, group, device):
+    def __init__(self, previous, following, group, device, control=None):
+        """control: with epochs of a number of updates (preduce), the replica's gloo group, over which each
+        forward's activation goes with a flag (a CPU number: 1, or 0 when the epoch has ended before it)."""
         self.previous, self.following, self.group, self.device = previous, following, group, device
-        self.pending = []
+        self.control, self.pending, self.flags = control, [], []
 
     def send_forward(self, activation):
         self.pending.append((activation, self.following))
+        self.send_flag(1)
+
+    def send_flag(self, go):
+        if self.control is not None and self.following is not None:
+            self.flags.append(dist.isend(torch.tensor([go]), self.following, group=self.control))
+
+    def receive_flag(self):
+        """Whether the stage before sends this forward an activation (always, without flags)."""
+        if self.control is None:
+            return True
+        flag = torch.zeros(1, dtype=torch.int64)
+        with faults.waiting_for("the stage before (PipeDream's activations)"):
+            dist.recv(flag, self.previous, group=self.control)
+        return bool(flag[0])
 
     def send_backward(self, gradient, loss):
         self.pending += [(gradient, self.previous), (loss, self.previous)]
@@ -77,11 +102,10 @@ class Link:
         """Post the pending sends and `receive` ([(tensor, from rank)]) as one group, and wait for them."""
         ops = [dist.P2POp(dist.isend, tensor, peer, self.group) for tensor, peer in self.pending]
         ops += [dist.P2POp(dist.irecv, tensor, peer, self.group) for tensor, peer in receive]
-        self.pending = []
-        if ops:
-            with faults.waiting_for("the next or the previous stage (PipeDream's activations and gradients)"):
-                for request in dist.batch_isend_irecv(ops):
-                    request.wait()
+        self.pending, flags, self.flags = [], self.flags, []
+        with faults.waiting_for("the next or the previous stage (PipeDream's activations and gradients)"):
+            for request in (dist.batch_isend_irecv(ops) if ops else []) + flags:
+                request.wait()
 
     def receive_gradient(self, shape):
         """A backward's gradient of the stage's output, and the minibatch's loss, from the stage after (a group
@@ -91,29 +115,40 @@ class Link:
         return gradient, loss
 
 
-def fields(module, stage, layout, replica, group, device, sample_shape, criterion, tally):
+def fields(module, stage, layout, replica, group, device, sample_shape, criterion, tally, control):
     """What the PipeDream loop keeps in its `pipe`, beside what every schedule does."""
     last = layout.stages - 1
     return dict(module=module, named=dict(module.named_parameters()), stage=stage, criterion=criterion, tally=tally,
                 link=Link(layout.rank(replica, stage - 1) if stage else None,
-                          layout.rank(replica, stage + 1) if stage < last else None, group, device),
-                input_shape=sample_shape, in_flight={}, stash=None, stash_version=-1)
+                          layout.rank(replica, stage + 1) if stage < last else None, group, device, control),
+                input_shape=sample_shape, in_flight={}, stash=None, stash_version=-1, end=[0])
 
 
-def next_input(pipe, operation, batches, run):
-    """After an operation, its sends; with them, when the next operation is a forward, its input: the batch's
-    images (stage 0) or the activation the stage before sent, and the targets. Returns (input, targets), or
-    (None, None) before a backward or at the end."""
+def next_input(pipe, order, batches, run):
+    """After an operation, its sends, and the next operation from `order`; when that is a forward, with its
+    input: the batch's images (stage 0) or the activation the stage before sent, and the targets. Returns
+    (input, targets, operation); (None, None, operation) before a backward or at the end (None). With preduce,
+    stage 0 first takes the minibatch from the epoch's updates; once none is left, the epoch ends there for this
+    replica (pipe.end), and each stage tells the next in place of that activation."""
+    operation = next(order, None)
     if operation is None or operation[0] == "backward":
         pipe.link.exchange()
-        return None, None
+        if operation is None and pipe.preduce:  # (drained: the leaders of the stage's groups wait for one fewer)
+            pipe.preduce.leave(run.epoch)
+        return None, None, operation
+    go = pipe.preduce.take(run.epoch, run.steps_per_epoch) if pipe.stage == 0 and pipe.preduce else \
+        pipe.link.receive_flag()
+    if not go:
+        pipe.end[0] = operation[1]
+        pipe.link.send_flag(0)
+        return next_input(pipe, order, batches, run)  # (the drain's first backward, or the end)
     images, target = run.to_device(*next(batches))  # (every stage loads the batch: stage 0 needs the images,
     if pipe.stage == 0:                              # the last one the targets, and each one its size)
         pipe.link.exchange()
-        return images, target
+        return images, target, operation
     activation = torch.empty((len(target), *pipe.input_shape), device=images.device)
     pipe.link.exchange([(activation, pipe.link.previous)])
-    return activation.requires_grad_(), target
+    return activation.requires_grad_(), target, operation
 
 
 def forward(pipe, x):

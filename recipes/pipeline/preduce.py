@@ -94,13 +94,21 @@ class PartialReduce:
         replicas and tells the replica's other stages (a CPU number over its gloo group)."""
         go = torch.zeros(1)
         if self.stage == 0:
-            go[0] = self.claims.add(f"{epoch}", 1) <= self.layout.replicas * steps_per_epoch
+            go[0] = self.take(epoch, steps_per_epoch)
         if self.replica_group is not None:
             dist.broadcast(go, self.layout.rank(self.replica, 0), group=self.replica_group)
-        if not go[0]:  # out of the epoch: the leaders learn it from the queue, and wait for one replica fewer
-            with faults.waiting_for("the partial reduce's queue"):
-                self.arrive(epoch, stopping=True)
+        if not go[0]:
+            self.leave(epoch)
         return bool(go[0])
+
+    def take(self, epoch, steps_per_epoch):
+        """Stage 0: one update from the counter of all replicas; False once the epoch has none left."""
+        return self.claims.add(f"{epoch}", 1) <= self.layout.replicas * steps_per_epoch
+
+    def leave(self, epoch):
+        """Out of the epoch: the leaders learn it from the queue, and wait for one replica fewer."""
+        with faults.waiting_for("the partial reduce's queue"):
+            self.arrive(epoch, stopping=True)
 
     def end_epoch(self, run):
         """After the epoch's average of all replicas (which connects them): the updates since the last

@@ -21,10 +21,12 @@ def sleeps(args, rank, epoch, step):
     return [draw.random() < args.hetero_prob for _ in range(2 * args.microbatches)]
 
 
-def sleep_before(args, rank, epoch, step, slot):
-    """PipeDream: sleep before the minibatch's forward or backward slot, as the step's draws say."""
+def before_slot(args, rank, epoch, step, slot, device):
+    """PipeDream: sleep before the minibatch's forward or backward slot, as the step's draws say (SD-PIPE's
+    random_wait before each slot); returns the --slow-rank clock for slow_down() after it."""
     if args.hetero and sleeps(args, rank, epoch, step)[slot == "backward"]:
         time.sleep(args.hetero)
+    return slow_rank_clock(args, rank, device)
 
 
 def replica_straggles(args, layout, replica, epoch, step):

@@ -126,7 +126,8 @@ def counts_of_every_rank(tally, layout, rank):
     stages = layout.stages
     return dict(full_syncs=tally["full_syncs"], partial_syncs=sums[1].item() / stages, waits=sums[0].item() / stages,
                 mean_group_size=sum(updates) / (sums[2].item() / stages) if sums[2] else 0.0,
-                updates_per_replica=updates, connectivity_syncs=sums[3].item() / stages,
+                updates_per_replica=updates, updates_per_rank=[int(u) for u in sums[4:]],
+                connectivity_syncs=sums[3].item() / stages,
                 longest_without_full_sync=int(most[0]),
                 longest_unconnected_updates=int(most[2]), max_applied_staleness=int(most[1]),
                 weight_versions_per_stage=[int(v) for v in most[3:]],

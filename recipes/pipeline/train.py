@@ -6,18 +6,17 @@ parameter server, with or without stragglers.
         -b 32 --epochs 3 --stages 2 --microbatches 4 --schedule 1f1b --sync preduce
 
 Ranks: with W processes and S stages there are R = W / S replicas; rank r is stage r mod S of
-replica r div S (--sync hetpipe: the last S ranks are the stages' parameter servers, and R - 1
-replicas train). The model is cut at layer boundaries into S stages of about equal forward FLOPs
-(the split is printed). Each stage is a torch.distributed.pipelining PipelineStage, and
+replica r div S (hetpipe: the last S ranks are the stages' servers, R - 1 replicas train). The
+model is cut into S stages of about equal forward FLOPs (printed). Each is a PipelineStage, and
 ScheduleGPipe or Schedule1F1B runs the --microbatches M pieces of each batch through the
 replica's pipeline: a flush and one update per batch. --schedule pipedream runs asynchronous
 PipeDream as SD-PIPE does (pipedream.py): S - s minibatches in flight at stage s, an update per
-minibatch, each backward on its forward's weights (stashed); --sync allreduce only, so far. Replica
+minibatch, each backward on its forward's weights (stashed); not with hetpipe so far. Replica
 r trains on ddp's rank r's shard and augmentations, -b images per step: a global batch of -b x R.
 
 The replicas of a stage agree over a process group of their own (a DDP-wrapped stage does not
 work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2023):
-  allreduce  average the stage's gradients over all replicas before each step (what DDP does).
+  allreduce  average the stage's gradients over all replicas before each update (as DDP).
   preduce    SD-PIPE's partial reduce: after its step a replica queues as ready, and the replicas
              that come before an adaptive deadline (at most 10 ms) average their weights; every
              10 R updates the groups must connect every replica; an epoch is R x (one shard's
@@ -35,7 +34,6 @@ Stragglers (SD-PIPE's model): --hetero X makes a process sleep X seconds with pr
 
 import copy
 import sys
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
@@ -50,7 +48,7 @@ from torch.utils.data import DistributedSampler
 from recipes.common import bookkeeping, cli, data, distributed, launch, models, runlog, schedule
 from recipes.pipeline import hetpipe, pipedream, stages, stragglers, sync
 from recipes.pipeline.layout import Layout, add_args, check_args
-from recipes.pipeline.preduce import PartialReduce, shard_again
+from recipes.pipeline.preduce import shard_again
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -115,10 +113,15 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
         # replicas move in lockstep; preduce and hetpipe: at the epoch's end, where they meet
         run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd"))
 
-    tally["disagreement"] = sync.disagreement(params, pipe)  # before preduce's epoch end brings them together
-    # (adpsgd's replicas stay apart: evaluation and checkpoints take replica 0's weights)
-    if args.sync == "preduce":  # one model to evaluate and save: the average of all replicas
-        tally["waits"] += sync.average_weights(params, pipe.stage_group, pipe.replicas)
+    return end_of_epoch(args, pipe, run, tally)
+
+
+def end_of_epoch(args, pipe, run, tally):
+    """Where the replicas meet: how far apart they drifted, and (preduce) one model to evaluate and save, the
+    average of all replicas (adpsgd's stay apart: evaluation and checkpoints take replica 0's weights)."""
+    tally["disagreement"] = sync.disagreement(pipe.params, pipe)
+    if args.sync == "preduce":
+        tally["waits"] += sync.average_weights(pipe.params, pipe.stage_group, pipe.replicas)
         pipe.preduce.end_epoch(run)
     if args.sync in ("preduce", "hetpipe"):
         sync.connected(tally)
@@ -128,13 +131,15 @@ def train_one_epoch(args, pipe, optimizer, loader, run, tally):
 def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
     """Asynchronous PipeDream (SD-PIPE's): S - s minibatches in flight at stage s, each backward on the weights
     its forward used (stashed), an update per minibatch at each stage, the pipeline filled once and drained at
-    the epoch's end; allreduce agrees inside each backward, before its gradient goes on to the stage before."""
-    rank, link, batches = dist.get_rank(), pipe.link, run.batches(loader)
-    order = pipedream.operations(pipe.stage, args.stages, run.steps_per_epoch, run.first_step)
-    x, target = pipedream.next_input(pipe, order[0], batches, run)
-    for t, (kind, i) in enumerate(order):
-        stragglers.sleep_before(args, rank, run.epoch, i, kind)  # --hetero: SD-PIPE's draw before each slot
-        started = stragglers.slow_rank_clock(args, rank, run.device)
+    the epoch's end; the replicas agree inside each backward, before its gradient goes on to the stage before."""
+    rank, link, preduce = dist.get_rank(), pipe.link, args.sync == "preduce"
+    pipe.end[0] = sys.maxsize if preduce else run.steps_per_epoch  # (preduce: until the updates run out)
+    batches = run.batches(shard_again(loader, run.epoch) if preduce and not run.first_step else loader)
+    order = pipedream.operations(pipe.stage, args.stages, pipe.end, run.first_step)
+    x, target, operation = pipedream.next_input(pipe, order, batches, run)
+    while operation is not None:
+        kind, i = operation
+        started = stragglers.before_slot(args, rank, run.epoch, i, kind, run.device)  # --hetero, --slow-rank
         if kind == "forward":
             output, weights = pipedream.forward(pipe, x)
             if pipe.is_last:
@@ -149,22 +154,25 @@ def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
             inputs = [] if pipe.is_first else [x]
             grads = torch.autograd.grad(output, [*inputs, *weights.values()], gradient)
             if not pipe.is_first:
-                link.send_backward(grads[0], loss)  # (sent after the update, as SD-PIPE sends it)
+                link.send_backward(grads[0], loss)  # (sent after the update and the agreement, as SD-PIPE does)
             for p, grad in zip(pipe.params, grads[len(inputs):]):
                 p.grad = grad  # the gradient at the stashed weights updates the newest ones
             straggled = stragglers.replica_straggles(args, pipe.layout, pipe.replica, run.epoch, i)
-            if args.sync == "allreduce":
+            if args.sync == "allreduce":  # (the others agree in agree())
                 tally["waits"] += sync.average_gradients(pipe.params, pipe.stage_group, pipe.replicas, straggled)
                 sync.connected(tally)
             optimizer.step()
             tally["updates"] += 1  # (a new version of the weights: the next forward copies them)
+            tally["gap"] += 1
+            agree(args, pipe, tally, run.epoch, i, straggled)  # preduce, adpsgd: this stage's replicas only
         stragglers.slow_down(args, rank, run.device, started)
-        x, target = pipedream.next_input(pipe, order[t + 1] if t + 1 < len(order) else None, batches, run)
+        x, target, following = pipedream.next_input(pipe, order, batches, run)
         if kind == "backward":
             run.step = i  # (the batches are loaded S - s ahead of the updates)
-            run.step_done(loss)
-    next(batches, None)  # (the epoch's progress bar ends)
-    return run.meter.summary()
+            run.step_done(loss, check_stop=not preduce)
+        operation = following
+    batches.close()  # (the epoch's progress bar ends)
+    return end_of_epoch(args, pipe, run, tally)
 
 
 def main(args):
@@ -217,26 +225,15 @@ def main(args):
     else:
         criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (validation: plain)
         module = nn.Sequential(*parts[stage])
-        pipe = dict(schedule=SCHEDULES[args.schedule](PipelineStage(module, stage, args.stages, device,
-                                                                     group=pipe_groups[replica]),
-                                                       args.microbatches, loss_fn=criterion)
-                    if args.schedule in SCHEDULES else None,
-                    **pipedream.fields(module, stage, layout, replica, pipe_groups[replica], device, shapes[stage],
-                                       criterion, tally),
-                    slots=stragglers.inject(module, args), params=params, layout=layout, replica=replica,
-                    replicas=replicas, is_first=stage == 0, is_last=stage == args.stages - 1,
-                    last_rank=layout.rank(replica, args.stages - 1), pipe_group=pipe_groups[replica],
-                    stage_group=stage_groups[stage], steps_per_epoch=len(train_loader),
-                    preduce=PartialReduce(args, layout, stage, replica, claim_groups[replica],
-                                          dist.distributed_c10d._get_default_store())
-                    if args.sync == "preduce" else None,
-                    server=layout.server(stage), vector=parameters_to_vector(params).detach().cpu(),
-                    versions=[-1])  # hetpipe: the server of this stage, the weights last pulled, their version
-        pipe = types.SimpleNamespace(**pipe)
+        synchronous = args.schedule in SCHEDULES  # (pipedream: train_one_epoch_pipedream, without one)
+        pipelining_schedule = SCHEDULES[args.schedule](PipelineStage(module, stage, args.stages, device, group=pipe_groups[
+            replica]), args.microbatches, loss_fn=criterion) if synchronous else None
+        pipe = layout.pipe(args, ctx.rank, module, params, pipelining_schedule, criterion, tally, device, shapes[stage],
+                           pipe_groups[replica], stage_groups[stage], claim_groups, len(train_loader))
         for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
             train_sampler.set_epoch(epoch)
-            train = train_one_epoch if args.schedule in SCHEDULES else train_one_epoch_pipedream
-            train_stats = train(args, pipe, optimizer, train_loader, run, tally)
+            train_stats = (train_one_epoch if synchronous else train_one_epoch_pipedream)(args, pipe, optimizer,
+                                                                                          train_loader, run, tally)
             if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True at --desired-acc
                 break
         if pipe.preduce:
