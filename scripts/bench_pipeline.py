@@ -19,8 +19,9 @@ seconds (measured: the run without stragglers) and sleeps X for each of its n = 
 draws a straggler (probability q), so its delay is X x Binomial(n, q). A method that waits for the
 slowest of k replicas at every step takes c + E[max of k delays] per step: allreduce k = R,
 adpsgd k = 2 (a partner; the chain of partners makes it a lower bound). Partial reduce waits for
-nobody but at its connectivity syncs: c + E[delay] + (E[max of R] - E[delay]) / 10. HetPipe waits
-for the slowest at each wave of W steps (--staleness 0): c + E[max of R sums of W delays] / W.
+nobody but at its connectivity syncs: c + E[delay] + (E[max of R] - E[delay]) / 10. HetPipe, as
+SD-PIPE runs it (no staleness bound), waits only at the epoch's end, for the slowest replica's whole
+epoch of T steps: c + E[delay] + (E[max of R sums of T delays] - T E[delay]) / T.
 Runs go to runs/figures/pipeline/<name>-seed<S>; a run whose summary.json is complete is not
 trained again. The processes are forked as scripts/measuring.py's run_forked forks them.
 """
@@ -40,7 +41,7 @@ from scripts import measuring  # noqa: E402
 LAYOUTS = [(1, 2), (1, 4), (1, 8), (2, 4)]  # (stages, replicas)
 SYNCS = ["allreduce", "preduce", "adpsgd", "hetpipe"]
 HETERO, HETERO_PROB = 0.1, 0.1  # SD-PIPE's straggler: X seconds, with this probability before each slot
-WAVE = 10  # hetpipe's minibatches per wave (the recipe's default, SD-PIPE's)
+WAVE = 10  # hetpipe's minibatches between pulls (the recipe's default, SD-PIPE's)
 CHECK_EVERY = 10  # preduce's connectivity sync: every 10 R updates (recipes/pipeline/preduce.py)
 TARGET = 90.0  # % top-1: the time-to-accuracy column
 EPOCHS = 1
@@ -92,7 +93,8 @@ def curve(out):
 
 def binomial_cdf(n, q):
     """[P(B <= k) for k = 0..n] of B ~ Binomial(n, q)."""
-    pmf = [math.comb(n, k) * q ** k * (1 - q) ** (n - k) for k in range(n + 1)]
+    pmf = [math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(q) +
+                    (n - k) * math.log1p(-q)) for k in range(n + 1)]  # (in logs: an epoch's slots overflow comb)
     return [sum(pmf[:k + 1]) for k in range(n + 1)]
 
 
@@ -102,17 +104,24 @@ def expected_max(k, n, q, x):
     return x * sum(1 - cdf[j - 1] ** k for j in range(1, n + 1))
 
 
-def expected_delay(sync, replicas, stages, microbatches, x=HETERO, q=HETERO_PROB, wave=WAVE):
-    """The model's seconds per step that stragglers add to a replica, for one sync method."""
+def expected_delay(sync, replicas, stages, microbatches, steps, x=HETERO, q=HETERO_PROB):
+    """The model's seconds per step that stragglers add to a replica, for one sync method (steps: a replica's
+    steps per epoch)."""
     slots = 2 * microbatches * stages  # a replica's slots per step, over its stages' processes
+    own = slots * q * x
     if sync == "allreduce":
         return expected_max(replicas, slots, q, x)
     if sync == "adpsgd":
         return expected_max(min(2, replicas), slots, q, x)
     if sync == "preduce":
-        own = slots * q * x
         return own + (expected_max(replicas, slots, q, x) - own) / CHECK_EVERY
-    return expected_max(replicas, slots * wave, q, x) / wave  # hetpipe
+    return own + (expected_max(replicas, slots * steps, q, x) - own * steps) / steps  # hetpipe
+
+
+def steps_of(rows):
+    """A replica's steps per epoch in these rows of pipeline.csv (updates of all replicas over the epochs)."""
+    return round(sum(float(r["updates_per_s"]) * float(r["train_s"]) / int(r["replicas"]) / int(r["epochs"])
+                     for r in rows) / len(rows))
 
 
 def main():

@@ -170,6 +170,10 @@ BREAKS = [
     dict(name="pipedream-an-update-every-other-minibatch", file="recipes/pipeline/train.py",
          old="            optimizer.step()\n            tally[\"updates\"] += 1  #",
          new="            if i % 2:\n                optimizer.step()\n            tally[\"updates\"] += 1  #", tests=[PIPEDREAM_TEST]),
+    # HetPipe as SD-PIPE runs it: no bound on the pulls unless --staleness asks for one
+    dict(name="hetpipe-with-a-barrier", file="recipes/pipeline/hetpipe.py",
+         old='bound = float("inf") if args.staleness is None', new='bound = 0 if args.staleness is None',
+         tests=["tests/test_pipeline.py::test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked"]),
     # the same part on GPUs (make figures-gpu ONLY=precision): fp16 where every CUDA GPU runs it, a GPU per process
     dict(name="precision-gpu-without-fp16", file="scripts/bench_precision.py",
          old='return dtype == "fp16" or torch.cuda.is_bf16_supported()',

@@ -256,9 +256,13 @@ def test_the_expected_maximum_model_of_stragglers():
     # one replica, 2 slots at q 0.1: E[delay] = 2 x 0.1 x X; two: 1 - 0.81^2 (one sleep or more) + 1 - 0.99^2 (two)
     assert abs(bench_pipeline.expected_max(1, 2, 0.1, 1.0) - 0.2) < 1e-12
     assert abs(bench_pipeline.expected_max(2, 2, 0.1, 1.0) - (1 - 0.81 ** 2 + 1 - 0.99 ** 2)) < 1e-12
-    delays = {sync: bench_pipeline.expected_delay(sync, 8, 1, 1) for sync in bench_pipeline.SYNCS}
+    delays = {sync: bench_pipeline.expected_delay(sync, 8, 1, 1, 62) for sync in bench_pipeline.SYNCS}
     assert delays["preduce"] < delays["adpsgd"] < delays["allreduce"] and delays["hetpipe"] < delays["allreduce"]
-    assert bench_pipeline.expected_delay("allreduce", 8, 1, 1) > bench_pipeline.expected_delay("allreduce", 2, 1, 1)
+    assert bench_pipeline.expected_delay("allreduce", 8, 1, 1, 62) > bench_pipeline.expected_delay("allreduce", 2, 1,
+                                                                                                  1, 62)
+    # hetpipe waits at the epoch's end only: the longer the epoch, the nearer its delay to a replica's own (2 x 0.1 X)
+    own = 2 * 0.1 * 0.1
+    assert own < bench_pipeline.expected_delay("hetpipe", 8, 1, 1, 1000) < delays["hetpipe"] < own + 0.01
 
 
 def test_the_zero_model_divides_what_each_mode_shards():

@@ -272,18 +272,21 @@ def test_a_straggler_holds_up_allreduce_more_often_than_preduce(tiny_data, tmp_p
     assert read_summary(tmp_path / "preduce")["full_syncs"] == 2  # the epochs' ends
 
 
-def test_hetpipe_pushes_once_a_wave_and_applies_no_update_older_than_the_staleness_bound(tiny_data, tmp_path):
-    out = tmp_path / "run"
-    run_recipe("pipeline", [tiny_data, *TINY, "--epochs", "2", "-b", "4", "--microbatches", "2", "--sync",
-                            "hetpipe", "--wave", "2", "--staleness", "1", "--slow-rank", "0", "--slow-factor", "4",
-                            "--out", out], nproc=6)
-    summary = read_summary(out)
-    assert summary["replicas"] == 2 and summary["partial_syncs"] == 2 * 2 * 3  # a push every 2 of 6 steps
-    assert summary["max_applied_staleness"] <= 1  # (a consistency check: the server answers no pull earlier)
-    assert summary["waits"] >= 1  # the fast replica's pulls were held for the slow one
+def test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked(tiny_data, tmp_path):
+    """SD-PIPE's HetPipe, replica 0 four times slower: a push after each minibatch and a pull every --wave; no pull
+    waits but the epoch's last (for every replica's whole epoch), so the fast replica pulls weights many pushes
+    ahead of the slow one's; with HetPipe's own bound (--staleness 0 waves) its pulls wait for the slow one."""
+    flags = [tiny_data, *TINY, "--epochs", "1", "-b", "4", "--microbatches", "2", "--sync", "hetpipe", "--wave", "2",
+             "--slow-rank", "0", "--slow-factor", "4"]
+    for name, bound in (("free", []), ("bounded", ["--staleness", "0"])):
+        run_recipe("pipeline", [*flags, *bound, "--out", tmp_path / name], nproc=6)
+    free, bounded = read_summary(tmp_path / "free"), read_summary(tmp_path / "bounded")
+    assert free["replicas"] == 2 and free["partial_syncs"] == 2 * 6  # a push each step of each replica
+    assert free["waits"] <= 1 < bounded["waits"], (free["waits"], bounded["waits"])  # (per stage)
+    assert bounded["max_applied_staleness"] <= 2 < free["max_applied_staleness"]  # (in pushes: one wave at most)
     data.set_seed(0)
     initial = models.build_model("lenet", 3).state_dict()
-    trained = weights(out)
+    trained = weights(tmp_path / "free")
     assert all(not torch.allclose(trained[key], initial[key]) for key in initial)  # the pushes reached the servers
 
 
@@ -425,7 +428,7 @@ def test_pipedream_stops_on_sigterm_after_a_saved_update_and_resumes(tiny_data, 
     (["--stages", "1", "--sync", "hetpipe"], "--sync hetpipe needs the 1 servers and at least one replica"),
     (["--schedule", "zb"], "argument --schedule: invalid choice: 'zb'"),
     (["--schedule", "pipedream", "--microbatches", "2"], "--schedule pipedream sends whole minibatches"),
-    (["--schedule", "pipedream", "--sync", "hetpipe"], "--sync hetpipe under --schedule pipedream is not built yet"),
+    (["--sync", "hetpipe", "--staleness", "-1"], "--staleness must be 0 or more, got -1"),
     (["--mixup-alpha", "0.2"], "--mixup-alpha is not supported by the pipeline recipe"),
 ])
 def test_bad_input(tiny_data, tmp_path, flags, phrase):

@@ -88,9 +88,11 @@ def add_args(parser):
     group.add_argument("--preduce-size", type=int, metavar="P",
                        help="preduce: at most P replicas in a group (default: no cap, SD-PIPE's)")
     group.add_argument("--wave", type=int, default=10, metavar="W",
-                       help="hetpipe: minibatches between a replica's push and pull (default: 10, SD-PIPE's)")
-    group.add_argument("--staleness", type=int, default=0, metavar="D",
-                       help="hetpipe: waves a replica may run ahead of the slowest (default: 0)")
+                       help="hetpipe: minibatches between a replica's pulls (it pushes after each; default: 10, "
+                            "SD-PIPE's)")
+    group.add_argument("--staleness", type=int, metavar="D",
+                       help="hetpipe: waves a replica may run ahead of the slowest when it pulls (default: no "
+                            "bound, SD-PIPE's)")
     group.add_argument("--hetero", type=float, default=0.0, metavar="X",
                        help="a process sleeps X seconds with probability --hetero-prob before each forward "
                             "and each backward of a microbatch (default: 0)")
@@ -108,8 +110,6 @@ def check_args(args, world_size=None):
     if args.schedule == "pipedream":
         if args.microbatches not in (None, 1):
             raise RecipeError("--microbatches: --schedule pipedream sends whole minibatches, each one update")
-        if args.sync == "hetpipe":
-            raise RecipeError("--sync hetpipe under --schedule pipedream is not built yet")
     args.microbatches = args.microbatches or (1 if args.schedule == "pipedream" else 4)
     if args.accum_steps != 1:
         raise RecipeError("--accum-steps: the pipeline recipe cuts each batch into --microbatches instead")
@@ -117,7 +117,7 @@ def check_args(args, world_size=None):
                             "--microbatches": (lambda v: v >= 1, "must be at least 1"),
                             "--preduce-size": (lambda v: v is None or v >= 2, "must be at least 2"),
                             "--wave": (lambda v: v >= 1, "must be at least 1"),
-                            "--staleness": (lambda v: v >= 0, "must be 0 or more"),
+                            "--staleness": (lambda v: v is None or v >= 0, "must be 0 or more"),
                             "--hetero": (lambda v: v >= 0, "must be 0 (off) or a number of seconds"),
                             "--hetero-prob": (lambda v: 0 <= v <= 1, "is a probability in [0, 1]"),
                             "--slow-factor": (lambda v: v >= 1, "must be at least 1")})

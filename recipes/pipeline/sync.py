@@ -5,11 +5,17 @@ AD-PSGD (Lian et al., ICML 2018) runs here as SD-PIPE runs it: synchronous rando
 replica averaging with a partner drawn each step from a seed all ranks share, one grouped send and
 receive per pair (the paper's asynchronous version needs a wait-free partner, which SD-PIPE does
 not build either); with an odd number of replicas one sits out (SD-PIPE asks for an even one).
-HetPipe (Park et al., USENIX ATC 2020), as SD-PIPE runs it: each stage's parameter server holds
-the stage's global weights on the CPU; a replica applies its updates locally, scaled by 1 / R (its
-learning rate is -b's, not -b x R's), and every --wave W minibatches (and at the epoch's end)
-pushes the wave's change and pulls the global weights, which the server gives once the replica is
-at most --staleness D waves ahead of the slowest.
+HetPipe (Park et al., USENIX ATC 2020) as SD-PIPE runs it as its baseline (pipedream_subexecutor.py,
+update_gradient_local and the ParameterServerCommunicate branch): each stage's parameter server
+holds the stage's global weights on the CPU; a replica applies each update to its own weights, and
+pushes it, divided by R (the authors' lr x g / R), to the server after every minibatch; every
+--wave W minibatches (their batch_id % 10, and the epoch's last) it pulls the global weights in
+place of its own. No bound on how far a replica runs ahead (their ssp_init and ssp_sync are
+commented out); HetPipe's own wave-synchronous bound is --staleness D: a pull waits until the
+puller is at most D waves ahead of the slowest replica. The epoch's last pull waits for every
+replica's whole epoch, so that the epoch ends with one model. Deviation: the authors' replica skips
+its local update at a pulling minibatch (the pull replaces it); here it updates, then the pull
+replaces the weights, which comes to the same.
 """
 
 import torch
@@ -73,17 +79,21 @@ def pairwise_average(params, layout, args, epoch, step, straggled):
 
 
 def wave_ends(args, step, steps_per_epoch):
-    """hetpipe: whether a replica pushes and pulls after this step (every --wave steps, and the epoch's last)."""
+    """hetpipe: whether a replica pulls after this step (every --wave steps, and the epoch's last)."""
     return (step + 1) % args.wave == 0 or step + 1 == steps_per_epoch
 
 
-def push_and_pull(pipe):
-    """hetpipe: push the wave's change of the stage's weights (on the CPU) to the stage's server, then pull the
-    global weights into this replica's copy of them, and into the stage's weights (on the device)."""
-    change = parameters_to_vector(pipe.params).detach().cpu() - pipe.vector
-    pushpull.send(pushpull.header(pushpull.PUSH, pipe.versions[0]), pipe.server, change)
-    pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
-    pushpull.copy_into(pipe.params, pipe.vector)
+def push_and_pull(pipe, pull):
+    """hetpipe, after each local update: push it (its change over the weights after the last push or pull, on
+    the CPU), divided by R, to the stage's server; with `pull`, then take the global weights into this replica's
+    copy of them (pipe.vector) and into the stage's weights on the device."""
+    current = parameters_to_vector(pipe.params).detach().cpu()
+    pushpull.send(pushpull.header(pushpull.PUSH, pipe.versions[0]), pipe.server,
+                  (current - pipe.vector) / pipe.replicas)
+    pipe.vector.copy_(current)
+    if pull:
+        pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
+        pushpull.copy_into(pipe.params, pipe.vector)
 
 
 def disagreement(params, pipe):

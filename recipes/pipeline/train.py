@@ -11,7 +11,7 @@ model is cut into S stages of about equal forward FLOPs (printed). Each is a Pip
 ScheduleGPipe or Schedule1F1B runs the --microbatches M pieces of each batch through the
 replica's pipeline: a flush and one update per batch. --schedule pipedream runs asynchronous
 PipeDream as SD-PIPE does (pipedream.py): S - s minibatches in flight at stage s, an update per
-minibatch, each backward on its forward's weights (stashed); not with hetpipe so far. Replica
+minibatch, each backward on its forward's weights (stashed). Replica
 r trains on ddp's rank r's shard and augmentations, -b images per step: a global batch of -b x R.
 
 The replicas of a stage agree over a process group of their own (a DDP-wrapped stage does not
@@ -23,10 +23,9 @@ work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2
              steps) updates of all replicas together, so a fast replica does more of it.
   adpsgd     AD-PSGD (Lian et al., ICML 2018) as SD-PIPE runs it: synchronous random matching,
              the replicas average in random pairs after each step.
-  hetpipe    HetPipe (Park et al., USENIX ATC 2020): each stage's parameter server holds its
-             global weights on the CPU; a replica steps locally (updates scaled by 1 / R) and
-             every --wave W minibatches pushes its change and pulls, at most --staleness D waves
-             ahead of the slowest replica.
+  hetpipe    HetPipe (Park et al., USENIX ATC 2020) as SD-PIPE's baseline: each stage's server
+             holds its global weights on the CPU; a replica steps locally, pushes each update / R,
+             and every --wave W minibatches pulls (no bound; --staleness D: HetPipe's own).
 Stragglers (SD-PIPE's model): --hetero X makes a process sleep X seconds with probability
 --hetero-prob before each forward and each backward of a microbatch, drawn from --seed;
 --slow-rank R --slow-factor F makes rank R about F times slower (not a hetpipe server).
@@ -73,8 +72,8 @@ def agree(args, pipe, tally, epoch, step, straggled):
         waited, paired = sync.pairwise_average(pipe.params, pipe.layout, args, epoch, step, straggled)
         tally["waits"] += waited
         tally["partial_syncs"] += paired / 2  # (each pair counted by both)
-    elif args.sync == "hetpipe" and sync.wave_ends(args, step, pipe.steps_per_epoch):
-        sync.push_and_pull(pipe)  # (the epoch's last pull waits until every replica has pushed it all)
+    elif args.sync == "hetpipe":  # (the epoch's last pull waits until every replica has pushed it all)
+        sync.push_and_pull(pipe, pull=sync.wave_ends(args, step, pipe.steps_per_epoch))
 
 
 def train_one_epoch(args, pipe, optimizer, loader, run, tally):
@@ -169,7 +168,7 @@ def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
         x, target, following = pipedream.next_input(pipe, order, batches, run)
         if kind == "backward":
             run.step = i  # (the batches are loaded S - s ahead of the updates)
-            run.step_done(loss, check_stop=not preduce)
+            run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd"))  # (as in train_one_epoch)
         operation = following
     batches.close()  # (the epoch's progress bar ends)
     return end_of_epoch(args, pipe, run, tally)
@@ -203,7 +202,7 @@ def main(args):
     whole = copy.deepcopy(model)  # the model put together, for evaluation and checkpoints
     params = [p for layer in parts[stage] for p in layer.parameters()]  # this stage's weights
     global_batch = args.batch_size * replicas
-    lr = args.lr * (args.batch_size if args.sync == "hetpipe" else global_batch) / 256  # hetpipe: updates / R
+    lr = args.lr * global_batch / 256
     optimizer = torch.optim.SGD(params, lr, momentum=args.momentum, weight_decay=args.weight_decay)
     view = torch.optim.SGD(whole.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
     view.param_groups[0]["initial_lr"] = lr  # the checkpoint's optimizer, as the other recipes save it

@@ -39,7 +39,8 @@ def pipeline_model_rows(groups):
             continue
         c = mean_of(groups[base], "step_s")
         microbatches = int(runs[0]["microbatches"])
-        predicted = c / (c + bench_pipeline.expected_delay(sync, replicas, stages, microbatches, x=hetero))
+        steps = bench_pipeline.steps_of(runs)
+        predicted = c / (c + bench_pipeline.expected_delay(sync, replicas, stages, microbatches, steps, x=hetero))
         body.append((stages, replicas, sync, c, predicted, measured))
     return body
 
@@ -144,10 +145,10 @@ def plot_pipeline(rows, curves, figures):
                 points = [(key[1], mean_of(groups[key], "updates_per_s")) for key in keys]
                 left.plot(*zip(*points), marker="o", color=f"C{i}", linestyle=style,
                           label=f"{sync}" + (f", stragglers {hetero:g} s" if hetero else ", none"))
-        predicted = [(r, mean_of(groups[1, r, sync, 0.0], "updates_per_s") * c / (c + bench_pipeline.expected_delay(
-            sync, r, 1, 1, x=hetero))) for r in sorted({key[1] for key in groups if key[0] == 1})
-            for key in [(1, r, sync, 0.0)] if key in groups for c in [mean_of(groups[key], "step_s")]
-            for hetero in [max(k[3] for k in groups)]]
+        predicted = [(r, mean_of(groups[key], "updates_per_s") * c / (c + bench_pipeline.expected_delay(
+            sync, r, 1, 1, bench_pipeline.steps_of(groups[key]), x=hetero)))
+            for r in sorted({key[1] for key in groups if key[0] == 1}) for key in [(1, r, sync, 0.0)] if key in groups
+            for c in [mean_of(groups[key], "step_s")] for hetero in [max(k[3] for k in groups)]]
         if predicted:
             left.plot(*zip(*predicted), color=f"C{i}", linestyle="none", marker="x")
     left.set(xlabel="replicas R (one stage)", ylabel="updates/s (all replicas)",
