@@ -25,9 +25,10 @@ step in the training process would slow it, as in bench_gpu.py), and a GPU with 
 needs a lower one. The runs go to runs/figures/precision/<set-up>-<N>p/round<R>; a run whose summary.json
 is complete is not trained again. The CSV and JSON are written after every run.
 
-A GPU is often lent for minutes (scripts/gpu_check.py): --skip-measured keeps the CSV's rows and leaves out
-the runs they hold, --minutes M starts a run only while bench_gpu.py's model of an H100 (plus the compile's
-seconds) says it ends within M minutes of the start, and --max-runs caps the runs; the runs left are named.
+A GPU is often lent for minutes (scripts/gpu_check.py): --skip-measured keeps the CSV's rows made on the same
+GPU and torch and leaves out the runs they hold, --minutes M starts a run only while bench_gpu.py's model of
+an H100 (plus the compile's seconds, cold until a compiled run filled the cache) says it ends within M
+minutes of the start, and --max-runs caps the runs; the runs left are named.
 """
 
 import argparse
@@ -98,12 +99,13 @@ def run_name(setup, processes):
     return f"{setup.replace(' + ', '-').replace(' ', '-')}-{processes}p"
 
 
-def estimated_minutes(model, run):
-    """--minutes' model of one run on H100s (scripts/gpu_plan.py), its start-up and a compile included."""
-    round_, processes, (_, _, _, dtype, _, compiled) = run
+def estimated_minutes(model, run, warm):
+    """--minutes' model of one run on H100s (scripts/gpu_plan.py), its start-up and a compile included (warm: with
+    a TorchInductor cache that an earlier compiled run of the same machine filled)."""
+    _, processes, (_, _, _, dtype, _, compiled) = run
     images = model["steps"] * model["batch_size"]  # per process, each on its own GPU
     seconds = MODEL_START_S + images / MODEL_IMAGES_PER_S[dtype or "fp32"]
-    return (seconds + (MODEL_COMPILE_S["cold" if round_ == 1 else "warm"] if compiled else 0)) / 60
+    return (seconds + (MODEL_COMPILE_S["warm" if warm else "cold"] if compiled else 0)) / 60
 
 
 def parse_args():
@@ -150,7 +152,8 @@ def main():
     info = {"native_bf16": native_bf16, "native_fp16": native_fp16, "left_out": left_out, "repeats": repeats,
             **model, "hardware": machine}
     out_csv, runs = Path(args.csv), Path(args.runs)
-    rows = measuring.read_csv(out_csv) if args.skip_measured and out_csv.exists() else []
+    rows = [r for r in measuring.read_csv(out_csv) if r["gpu"] == str(machine["gpu"] or "") and
+            r["torch"] == machine["torch"]] if args.skip_measured and out_csv.exists() else []  # (one machine's)
     done = {(r["setup"], int(r["processes"]), int(r["round"])) for r in rows}
     cache, begun, taken, left = (runs / "inductor-cache").resolve(), time.time(), 0, []
     for run in planned(args.quick, native_bf16, native_fp16, counts, repeats):
@@ -158,7 +161,7 @@ def main():
         if (name, processes, round_) in done:
             continue
         if (args.max_runs is not None and taken >= args.max_runs or args.minutes is not None
-                and (time.time() - begun) / 60 + estimated_minutes(model, run) > args.minutes):
+                and (time.time() - begun) / 60 + estimated_minutes(model, run, cache.exists()) > args.minutes):
             left.append(f"{run_name(name, processes)}/round{round_}")
             continue
         taken += 1

@@ -21,8 +21,9 @@ those into one .tar.gz, for a machine whose results come back as files. --plan p
 without running anything, what each lease measures by the model.
 
 --stand-in: the same steps on a CPU, as CI rehearses them: gpu_smoke.py --stand-in, and
-two of the planned runs of the sweep and two of the precision part made with lenet at 16 px on the CPU; everything is written under
-runs/gpu-check/ (its figures/data/gpu/ and RESULTS.md), never into the committed ones.
+two of the sweep's planned runs and two of the precision part's made with lenet at 16 px on
+the CPU; everything is written under runs/gpu-check/ (its figures/data/gpu/ and RESULTS.md),
+never into the committed ones.
 Exits 1 when a check failed, 2 when the preflight found something missing.
 """
 
@@ -141,10 +142,13 @@ def lease_plan():
             leases[-1] = (leases[-1][0] + needed, [*leases[-1][1], planned[0]])
     from scripts import bench_precision
 
+    warm = False  # (a lease's machine starts with no TorchInductor cache)
     for run in bench_precision.planned(False, True, True, [1], 3):  # (an H100: fp16 and bf16)
-        needed = bench_precision.estimated_minutes(bench_precision.GPU, run)
+        needed = bench_precision.estimated_minutes(bench_precision.GPU, run, warm)
         if leases[-1][0] + needed > 9:
             leases.append((0.0, []))
+            needed, warm = bench_precision.estimated_minutes(bench_precision.GPU, run, False), False
+        warm = warm or run[2][5]
         name = f"precision-{bench_precision.run_name(run[2][0], 1)}-r{run[0]}"
         leases[-1] = (leases[-1][0] + needed, [*leases[-1][1], name])
     return leases

@@ -13,10 +13,10 @@ from test_bad_input import assert_one_clear_line
 from test_faults import injected
 from torch.utils.data import DistributedSampler
 
-from recipes.common import data, models, schedule
+from recipes.common import RecipeError, data, models, schedule
 from recipes.pipeline import pipedream, preduce, stages, stragglers, sync
 from recipes.pipeline import train as pipeline
-from recipes.pipeline.layout import Layout
+from recipes.pipeline.layout import Layout, check_args
 
 EPOCH = [*TINY[:TINY.index("--scale")], "--epochs", "1"]  # the default augmentation; 48 train images: 3 steps
 # of -b 8 per replica with 2 replicas
@@ -220,6 +220,7 @@ def test_allreduce_trains_ddps_model_with_ddps_augmentations(ddp_run, allreduce_
     summary, ddp = read_summary(allreduce_run), read_summary(ddp_run)
     assert (summary["stages"], summary["replicas"], summary["global_batch"]) == (2, 2, 16)
     assert summary["full_syncs"] == 3 and summary["disagreement"] == 0
+    assert summary["weight_versions_per_stage"] is None  # (gpipe stashes none)
     assert summary["top1_correct"] == ddp["top1_correct"]
     assert abs(summary["loss"] - ddp["loss"]) <= 1e-5 * ddp["loss"], (summary["loss"], ddp["loss"])
 
@@ -276,10 +277,10 @@ def test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked(tiny_dat
     """SD-PIPE's HetPipe, replica 0 four times slower: a push after each minibatch and a pull every --wave; no pull
     waits but the epoch's last (for every replica's whole epoch), so the fast replica pulls weights many pushes
     ahead of the slow one's; with HetPipe's own bound (--staleness 0 waves) its pulls wait for the slow one."""
-    flags = [tiny_data, *TINY, "--epochs", "1", "-b", "4", "--microbatches", "2", "--sync", "hetpipe", "--wave", "2",
-             "--slow-rank", "0", "--slow-factor", "4"]
+    flags = [tiny_data, *TINY, "--epochs", "1", "-b", "4", "--stages", "1", "--microbatches", "2", "--sync",
+             "hetpipe", "--wave", "2", "--slow-rank", "0", "--slow-factor", "4"]  # (2 replicas and a server)
     for name, bound in (("free", []), ("bounded", ["--staleness", "0"])):
-        run_recipe("pipeline", [*flags, *bound, "--out", tmp_path / name], nproc=6)
+        run_recipe("pipeline", [*flags, *bound, "--out", tmp_path / name], nproc=3)
     free, bounded = read_summary(tmp_path / "free"), read_summary(tmp_path / "bounded")
     assert free["replicas"] == 2 and free["partial_syncs"] == 2 * 6  # a push each step of each replica
     assert free["waits"] <= 1 < bounded["waits"], (free["waits"], bounded["waits"])  # (per stage)
@@ -290,12 +291,14 @@ def test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked(tiny_dat
     assert all(not torch.allclose(trained[key], initial[key]) for key in initial)  # the pushes reached the servers
 
 
-@pytest.mark.parametrize("sync_method, nproc", [("preduce", 4), ("hetpipe", 6)])
-def test_a_run_saved_at_an_epochs_end_resumes_there(tiny_data, tmp_path, sync_method, nproc):
+@pytest.mark.parametrize("sync_method, nproc, schedule", [("preduce", 4, ["--microbatches", "2"]),
+                                                           ("hetpipe", 3, ["--stages", "1", "--microbatches", "2"]),
+                                                           ("preduce", 4, ["--schedule", "pipedream"])])
+def test_a_run_saved_at_an_epochs_end_resumes_there(tiny_data, tmp_path, sync_method, nproc, schedule):
     """preduce and hetpipe save a SIGTERM at the epoch's end (its epoch, and step = the epoch's steps): a restart
     trains nothing more of that epoch, and the next one from a fresh store."""
     out = tmp_path / "run"
-    flags = [tiny_data, *TINY, "-b", "4", "--microbatches", "2", "--sync", sync_method, "--out", out]
+    flags = [tiny_data, *TINY, "-b", "4", *schedule, "--sync", sync_method, "--out", out]
     run_recipe("pipeline", [*flags, "--epochs", "1"], nproc=nproc)
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     state["epoch"], state["step"] = 0, 6  # as a SIGTERM at the first epoch's end saves it
@@ -417,20 +420,33 @@ def test_pipedream_stops_on_sigterm_after_a_saved_update_and_resumes(tiny_data, 
 
 # ---- bad input ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("flags,phrase", [
+REFUSED = [  # (flags, the reason; with TINY on one process)
     (["--stages", "2"], "the world size 1 is not a multiple of --stages 2"),
     (["--stages", "5"], "--stages 5: --arch lenet has only 4 layers with weights to split into stages"),
     (["--sync", "preduce", "--preduce-size", "1"], "--preduce-size must be at least 2, got 1"),
     (["--sync", "preduce", "--save-every", "2"], "--save-every is not supported with --sync preduce"),
     (["--sync", "hetpipe", "--wave", "0"], "--wave must be at least 1, got 0"),
     (["--microbatches", "3"], "--microbatches 3 must divide --batch-size 8"),
+    (["--microbatches", "0"], "--microbatches must be at least 1, got 0"),
     (["--microbatches", "1"], "--schedule 1f1b needs at least as many --microbatches as --stages: 1 < 2"),
     (["--stages", "1", "--sync", "hetpipe"], "--sync hetpipe needs the 1 servers and at least one replica"),
-    (["--schedule", "zb"], "argument --schedule: invalid choice: 'zb'"),
     (["--schedule", "pipedream", "--microbatches", "2"], "--schedule pipedream sends whole minibatches"),
     (["--sync", "hetpipe", "--staleness", "-1"], "--staleness must be 0 or more, got -1"),
     (["--mixup-alpha", "0.2"], "--mixup-alpha is not supported by the pipeline recipe"),
-])
+]
+
+
+@pytest.mark.parametrize("flags,phrase", REFUSED)
+def test_each_refused_flag_combination_names_its_reason(tiny_data, flags, phrase):
+    """Where the recipe refuses it: parsing, or the check once the world size is known (here 1)."""
+    with pytest.raises(RecipeError) as refused:
+        check_args(pipeline.parse_args([str(tiny_data), *TINY, *flags]), 1)
+    assert phrase in str(refused.value)
+
+
+@pytest.mark.parametrize("flags,phrase", [REFUSED[0], REFUSED[9], (["--schedule", "zb"],
+                                                                   "argument --schedule: invalid choice: 'zb'")])
 def test_bad_input(tiny_data, tmp_path, flags, phrase):
+    """Launched: one clear line and exit 2 (test_bad_input.py checks the mechanism for every recipe)."""
     result = run_recipe("pipeline", [tiny_data, *TINY, "--out", tmp_path / "out", *flags], expect_ok=False)
     assert_one_clear_line(result, phrase)

@@ -69,7 +69,7 @@ class Layout:
                       if args.sync == "preduce" else None,
                       server=self.server(stage), vector=parameters_to_vector(params).detach().cpu(), versions=[-1],
                       **pipedream.fields(module, stage, self, replica, pipe_group, device, sample_shape, criterion,
-                                         tally, claim_groups[replica] if claim_groups else None))
+                                         tally, claim_groups[replica] if claim_groups else None, args.batch_size))
         return types.SimpleNamespace(**fields)
 
 
@@ -110,7 +110,8 @@ def check_args(args, world_size=None):
     if args.schedule == "pipedream":
         if args.microbatches not in (None, 1):
             raise RecipeError("--microbatches: --schedule pipedream sends whole minibatches, each one update")
-    args.microbatches = args.microbatches or (1 if args.schedule == "pipedream" else 4)
+    if args.microbatches is None:
+        args.microbatches = 1 if args.schedule == "pipedream" else 4
     if args.accum_steps != 1:
         raise RecipeError("--accum-steps: the pipeline recipe cuts each batch into --microbatches instead")
     cli.check_ranges(args, {"--stages": (lambda v: v >= 1, "must be at least 1"),

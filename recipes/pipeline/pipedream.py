@@ -27,6 +27,10 @@ last stage, when the count of updates crosses the epoch, and every stage of that
 minibatch (preduce_handler.cc, setStopCondition), then drains the S - 1 minibatches in flight: the same count
 of updates per epoch, decided at the pipeline's other end.
 
+A stop agreed after a backward (SIGTERM) saves each stage after the same update; the minibatches in flight
+beyond it are trained again after the resume (their forwards had moved BatchNorm's running statistics once
+already), and the resumed epoch fills the pipeline anew, so it does not repeat the uninterrupted run exactly.
+
 Deviations: SD-PIPE allocates one buffer per in-flight minibatch and copies the newest weights into the oldest
 (the same count of versions, by reuse); its GroupStart/GroupEnd calls pair the forward's send with the next
 backward's receive (Megatron-LM pairs them so too), where here a gradient's receive is a group of its own, which
@@ -115,10 +119,11 @@ class Link:
         return gradient, loss
 
 
-def fields(module, stage, layout, replica, group, device, sample_shape, criterion, tally, control):
+def fields(module, stage, layout, replica, group, device, sample_shape, criterion, tally, control, batch_size):
     """What the PipeDream loop keeps in its `pipe`, beside what every schedule does."""
     last = layout.stages - 1
     return dict(module=module, named=dict(module.named_parameters()), stage=stage, criterion=criterion, tally=tally,
+                batch_size=batch_size,
                 link=Link(layout.rank(replica, stage - 1) if stage else None,
                           layout.rank(replica, stage + 1) if stage < last else None, group, device, control),
                 input_shape=sample_shape, in_flight={}, stash=None, stash_version=-1, end=[0])
@@ -133,8 +138,8 @@ def next_input(pipe, order, batches, run):
     operation = next(order, None)
     if operation is None or operation[0] == "backward":
         pipe.link.exchange()
-        if operation is None and pipe.preduce:  # (drained: the leaders of the stage's groups wait for one fewer)
-            pipe.preduce.leave(run.epoch)
+        if operation is None and pipe.preduce and run.first_step < run.steps_per_epoch:
+            pipe.preduce.leave(run.epoch)  # (drained: the leaders of the stage's groups wait for one fewer)
         return None, None, operation
     go = pipe.preduce.take(run.epoch, run.steps_per_epoch) if pipe.stage == 0 and pipe.preduce else \
         pipe.link.receive_flag()
@@ -142,13 +147,13 @@ def next_input(pipe, order, batches, run):
         pipe.end[0] = operation[1]
         pipe.link.send_flag(0)
         return next_input(pipe, order, batches, run)  # (the drain's first backward, or the end)
-    images, target = run.to_device(*next(batches))  # (every stage loads the batch: stage 0 needs the images,
-    if pipe.stage == 0:                              # the last one the targets, and each one its size)
-        pipe.link.exchange()
-        return images, target, operation
-    activation = torch.empty((len(target), *pipe.input_shape), device=images.device)
-    pipe.link.exchange([(activation, pipe.link.previous)])
-    return activation.requires_grad_(), target, operation
+    if pipe.stage == 0:
+        pipe.link.exchange()  # (the sends first: the stage after waits for them, not for this batch's loading)
+        return *run.to_device(*next(batches)), operation
+    activation = torch.empty((pipe.batch_size, *pipe.input_shape), device=pipe.link.device)  # (the loader
+    pipe.link.exchange([(activation, pipe.link.previous)])  # drops a last, smaller batch)
+    target = next(batches)[1]  # (every stage loads the batch: the last one needs its targets)
+    return activation.requires_grad_(), target.to(pipe.link.device, non_blocking=True), operation
 
 
 def forward(pipe, x):

@@ -8,14 +8,16 @@ not build either); with an odd number of replicas one sits out (SD-PIPE asks for
 HetPipe (Park et al., USENIX ATC 2020) as SD-PIPE runs it as its baseline (pipedream_subexecutor.py,
 update_gradient_local and the ParameterServerCommunicate branch): each stage's parameter server
 holds the stage's global weights on the CPU; a replica applies each update to its own weights, and
-pushes it, divided by R (the authors' lr x g / R), to the server after every minibatch; every
---wave W minibatches (their batch_id % 10, and the epoch's last) it pulls the global weights in
-place of its own. No bound on how far a replica runs ahead (their ssp_init and ssp_sync are
-commented out); HetPipe's own wave-synchronous bound is --staleness D: a pull waits until the
-puller is at most D waves ahead of the slowest replica. The epoch's last pull waits for every
-replica's whole epoch, so that the epoch ends with one model. Deviation: the authors' replica skips
-its local update at a pulling minibatch (the pull replaces it); here it updates, then the pull
-replaces the weights, which comes to the same.
+pushes it, divided by R, to the server after every minibatch; every --wave W minibatches (their
+batch_id % 10, and the epoch's last) it pulls the global weights in place of its own. No bound on
+how far a replica runs ahead (their ssp_init and ssp_sync are commented out); HetPipe's own
+wave-synchronous bound is --staleness D: a pull waits until the puller is at most D waves ahead of
+the slowest replica. The epoch's last pull waits for every replica's whole epoch, so that the epoch
+ends with one model. The push copies the stage's weights to the CPU after every minibatch (on a GPU
+the host waits for them: a parameter server's push does). Deviations: the push is the local step's
+change / R, which with --momentum is the momentum step (lr x v / R), where the authors push
+lr x g / R; and at a pulling minibatch the replica still updates (its gradient also enters its
+momentum) before the pull replaces its weights, where the authors' replica skips that update.
 """
 
 import torch
@@ -140,5 +142,5 @@ def counts_of_every_rank(tally, layout, rank):
                 connectivity_syncs=sums[3].item() / stages,
                 longest_without_full_sync=int(most[0]),
                 longest_unconnected_updates=int(most[2]), max_applied_staleness=int(most[1]),
-                weight_versions_per_stage=[int(v) for v in most[3:]],
+                weight_versions_per_stage=[int(v) for v in most[3:]] if most[3:].any() else None,
                 disagreement=tally["disagreement"])

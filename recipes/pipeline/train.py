@@ -132,7 +132,7 @@ def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
     its forward used (stashed), an update per minibatch at each stage, the pipeline filled once and drained at
     the epoch's end; the replicas agree inside each backward, before its gradient goes on to the stage before."""
     rank, link, preduce = dist.get_rank(), pipe.link, args.sync == "preduce"
-    pipe.end[0] = sys.maxsize if preduce else run.steps_per_epoch  # (preduce: until the updates run out)
+    pipe.end[0] = sys.maxsize if preduce and run.first_step < run.steps_per_epoch else run.steps_per_epoch
     batches = run.batches(shard_again(loader, run.epoch) if preduce and not run.first_step else loader)
     order = pipedream.operations(pipe.stage, args.stages, pipe.end, run.first_step)
     x, target, operation = pipedream.next_input(pipe, order, batches, run)
@@ -145,7 +145,7 @@ def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
                 run.meter.update(loss := pipe.criterion(output, target), output.detach(), target)
                 output = loss  # (its backward starts from the loss)
             else:
-                link.send_forward(output.detach())
+                link.send_forward(output.detach().contiguous())  # (NCCL sends the memory as it lies)
             pipe.in_flight[i] = (x, output, weights)
         else:
             x, output, weights = pipe.in_flight.pop(i)
@@ -153,7 +153,7 @@ def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
             inputs = [] if pipe.is_first else [x]
             grads = torch.autograd.grad(output, [*inputs, *weights.values()], gradient)
             if not pipe.is_first:
-                link.send_backward(grads[0], loss)  # (sent after the update and the agreement, as SD-PIPE does)
+                link.send_backward(grads[0].contiguous(), loss)  # (sent after the update and the agreement)
             for p, grad in zip(pipe.params, grads[len(inputs):]):
                 p.grad = grad  # the gradient at the stashed weights updates the newest ones
             straggled = stragglers.replica_straggles(args, pipe.layout, pipe.replica, run.epoch, i)
@@ -163,7 +163,7 @@ def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
             optimizer.step()
             tally["updates"] += 1  # (a new version of the weights: the next forward copies them)
             tally["gap"] += 1
-            agree(args, pipe, tally, run.epoch, i, straggled)  # preduce, adpsgd: this stage's replicas only
+            agree(args, pipe, tally, run.epoch, i, straggled)  # preduce, adpsgd, hetpipe: after the update
         stragglers.slow_down(args, rank, run.device, started)
         x, target, following = pipedream.next_input(pipe, order, batches, run)
         if kind == "backward":
@@ -225,9 +225,9 @@ def main(args):
         criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (validation: plain)
         module = nn.Sequential(*parts[stage])
         synchronous = args.schedule in SCHEDULES  # (pipedream: train_one_epoch_pipedream, without one)
-        pipelining_schedule = SCHEDULES[args.schedule](PipelineStage(module, stage, args.stages, device, group=pipe_groups[
+        flushing = SCHEDULES[args.schedule](PipelineStage(module, stage, args.stages, device, group=pipe_groups[
             replica]), args.microbatches, loss_fn=criterion) if synchronous else None
-        pipe = layout.pipe(args, ctx.rank, module, params, pipelining_schedule, criterion, tally, device, shapes[stage],
+        pipe = layout.pipe(args, ctx.rank, module, params, flushing, criterion, tally, device, shapes[stage],
                            pipe_groups[replica], stage_groups[stage], claim_groups, len(train_loader))
         for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
             train_sampler.set_epoch(epoch)
