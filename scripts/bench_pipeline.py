@@ -1,33 +1,44 @@
-"""Pipelined replicas on the digits: each sync method at 2, 4 and 8 replicas, with and without
-stragglers, beside the expected-maximum model; and the bubble.
+"""Pipelined replicas on the digits: each sync method at R x S = 2, 4 and 8 x 1, 2 x 2, 4 x 2 and 2 x 4, under
+SD-PIPE's PipeDream and under 1f1b, with and without stragglers, beside a model of what stragglers cost; and the
+bubble.
 
     python scripts/bench_pipeline.py     # figures/data/pipeline.csv and pipeline_curves.csv
     python scripts/bench_pipeline.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
 
-sync    R = 2, 4 and 8 replicas of one stage, and 4 replicas x 2 stages (hetpipe: and its servers),
-        lenet at 28 px (scripts/measuring.py's ACCURACY), -b 8 per replica (2 microbatches under
-        1f1b with 2 stages), EPOCHS epochs; allreduce, preduce, adpsgd and hetpipe, each without
-        stragglers and with SD-PIPE's (--hetero 0.1: a process sleeps 0.1 s with probability 0.1
-        before each forward and each backward slot), for every seed (3 by default): updates/s, the
-        seconds to reach TARGET % top-1, the final top-1, group sizes. A step computes for a few
-        milliseconds, a tenth of the sleep or less, so the sleeps, not the 2 cores, set the pace.
-bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which
-        needs M >= S), one epoch of seed 0: images/s beside the model's bubble (S - 1) / (M + S - 1).
+sync    lenet at 28 px (scripts/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS epochs,
+        one thread per process; allreduce, preduce, adpsgd and hetpipe, each without stragglers and with
+        SD-PIPE's (a process sleeps X seconds with probability 0.1 before each forward and each backward slot of a
+        minibatch), for every seed (3 by default): updates/s, the seconds to reach TARGET % top-1, the final top-1,
+        group sizes. One stage runs under pipedream only (no pipeline: plain SGD steps).
+        X is sized so that c / X is SD-PIPE's, C_OVER_X: c is allreduce's step without stragglers in the same
+        layout and schedule (the first seed's), measured first. SD-PIPE's X is 0.1 s (--hetero 0.1, its
+        artifacts/README.md) on GPUs that take about 0.05 s per minibatch at each of its 4 stages (ResNet-50,
+        -b 64: a GPU of its time trains some 300-400 images/s), so c / X is about 0.5; this is an estimate,
+        its paper gives no step time. On this machine's cores c is a few milliseconds to a tenth of a second.
+        The lr is the recipe's (scaled to -b x R, so that allreduce trains DDP's model); SD-PIPE keeps its lr
+        whatever R (train_resnet.py 33, 81: 0.01 at -b 64 per pipeline).
+bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which needs M >= S),
+        one epoch of seed 0: images/s beside the model's bubble (S - 1) / (M + S - 1).
 
-The model of what stragglers cost (expected_delay, slowdown): a replica's step computes for c
-seconds (measured: the run without stragglers) and sleeps X for each of its n = 2 M S slots that
-draws a straggler (probability q), so its delay is X x Binomial(n, q). A method that waits for the
-slowest of k replicas at every step takes c + E[max of k delays] per step: allreduce k = R,
-adpsgd k = 2 (a partner; the chain of partners makes it a lower bound). Partial reduce waits for
-nobody but at its connectivity syncs: c + E[delay] + (E[max of R] - E[delay]) / 10. HetPipe, as
-SD-PIPE runs it (no staleness bound), waits only at the epoch's end, for the slowest replica's whole
-epoch of T steps: c + E[delay] + (E[max of R sums of T delays] - T E[delay]) / T.
+The model of what stragglers cost (expected_step): a replica's minibatch takes c without stragglers (measured:
+the same method's run without them), and sleeps X for each of its 2 S slots (a forward and a backward at each
+stage) that draws a straggler (probability q): a delay of d = X x Binomial(2 S, q). A method that waits for the
+slowest of k replicas at every minibatch takes E[c + the largest of k delays]: allreduce k = R, adpsgd k = 2 (a
+partner; the chain of partners makes it a lower bound). Partial reduce waits for nobody but at its connectivity
+syncs, one minibatch in 10: c + E[d] + (E[the largest of R] - E[d]) / 10. HetPipe, as SD-PIPE runs it (no
+staleness bound), waits only at the epoch's end, for the slowest replica's whole epoch of T minibatches.
+Processes that share cores: with P processes on K < P cores, c is what a minibatch takes while all P compute;
+one with a core of its own computes in c1 = c K / P. A sleeping or waiting process hands its core to the others,
+so a minibatch takes c + d with a core each, and max(c, c1 + d) when cores are shared: the expectation of that
+over the lockstep methods' d, and max(c, c1 + E[d]) for the others, which do not wait together.
 Runs go to runs/figures/pipeline/<name>-seed<S>; a run whose summary.json is complete is not
 trained again. The processes are forked as scripts/measuring.py's run_forked forks them.
 """
 
 import argparse
 import csv
+import itertools
+import json
 import math
 import sys
 import time
@@ -38,11 +49,12 @@ sys.path.insert(0, str(ROOT))
 
 from scripts import measuring  # noqa: E402
 
-LAYOUTS = [(1, 2), (1, 4), (1, 8), (2, 4)]  # (stages, replicas)
+LAYOUTS = [(1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2)]  # (stages S, replicas R)
 SYNCS = ["allreduce", "preduce", "adpsgd", "hetpipe"]
-HETERO, HETERO_PROB = 0.1, 0.1  # SD-PIPE's straggler: X seconds, with this probability before each slot
+C_OVER_X = 0.5  # a minibatch's time against the straggler's sleep: SD-PIPE's, about (see above)
+HETERO_PROB = 0.1  # SD-PIPE's: the chance of a sleep before each slot
 WAVE = 10  # hetpipe's minibatches between pulls (the recipe's default, SD-PIPE's)
-CHECK_EVERY = 10  # preduce's connectivity sync: every 10 R updates (recipes/pipeline/preduce.py)
+CHECK_EVERY = 10  # preduce's connectivity sync: at each multiple of 10 R updates (recipes/pipeline/preduce.py)
 TARGET = 90.0  # % top-1: the time-to-accuracy column
 EPOCHS = 1
 MICROBATCHES = [1, 2, 4, 8, 16]
@@ -51,28 +63,33 @@ FIELDS = ["part", "sync", "hetero", "schedule", "microbatches", "batch", "stages
           "waits", "full_syncs", "partial_syncs", "connectivity_syncs", "mean_group_size",
           "longest_unconnected_updates", "disagreement", "max_applied_staleness", "cpu", "cores", "gpu", "torch"]
 BATCH = {"sync": 8, "bubble": 256}  # per replica
-CURVE_FIELDS = ["sync", "hetero", "stages", "replicas", "seed", "epoch", "seconds", "top1"]
+CURVE_FIELDS = ["sync", "hetero", "schedule", "stages", "replicas", "seed", "epoch", "seconds", "top1"]
+
+
+def schedules_of(stages):
+    return ["pipedream"] if stages == 1 else ["pipedream", "1f1b"]
 
 
 def plan(seeds, quick=False):
-    """Every run: (part, sync, hetero, stages, replicas, schedule, microbatches, seed), seed by seed, then the
-    bubble sweep."""
+    """Every run: (part, sync, stragglers, stages, replicas, schedule, microbatches, seed), seed by seed, each
+    layout's runs without stragglers before those with (X is sized from them); then the bubble sweep."""
     layouts, syncs, microbatches = ([(1, 2), (2, 2)], ["allreduce", "preduce"], [1, 4]) if quick else \
         (LAYOUTS, SYNCS, MICROBATCHES)
-    runs = [("sync", sync, hetero, stages, replicas, "1f1b", stages, seed) for seed in seeds
-            for stages, replicas in layouts for hetero in (0.0, HETERO) for sync in syncs]
-    runs += [("bubble", "allreduce", 0.0, 2, 1, schedule, m, seeds[0]) for m in microbatches
+    runs = [("sync", sync, stragglers, stages, replicas, schedule, 1 if schedule == "pipedream" else stages, seed)
+            for seed in seeds for stages, replicas in layouts for schedule in schedules_of(stages)
+            for stragglers in (False, True) for sync in syncs]
+    runs += [("bubble", "allreduce", False, 2, 1, schedule, m, seeds[0]) for m in microbatches
              for schedule in ("gpipe", "1f1b") if schedule == "gpipe" or m >= 2]  # (1f1b needs M >= S)
     return runs
 
 
 def flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args):
-    """The processes and flags of one run."""
+    """The processes and flags of one run (hetero: X in seconds, 0 without stragglers)."""
     model = measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY
     epochs = args.epochs if part == "sync" else 1
     flags = [args.data, *model, "--epochs", str(epochs), "--seed", str(seed), "-p", "1000", "--dist-timeout", "120",
              "--stages", str(stages), "--microbatches", str(microbatches), "--schedule", schedule, "--sync", sync,
-             "--hetero", str(hetero), "--hetero-prob", str(HETERO_PROB), "--wave", str(WAVE),
+             "--hetero", f"{hetero:g}", "--hetero-prob", str(HETERO_PROB), "--wave", str(WAVE),
              "-b", str(BATCH[part]), "--warmup-epochs", "0"]
     return stages * (replicas + (sync == "hetpipe")), flags
 
@@ -89,13 +106,13 @@ def curve(out):
     return points
 
 
-# ---- the expected-maximum model --------------------------------------------------------------------------
+# ---- the model of what stragglers cost --------------------------------------------------------------------
 
 def binomial_cdf(n, q):
     """[P(B <= k) for k = 0..n] of B ~ Binomial(n, q)."""
     pmf = [math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(q) +
                     (n - k) * math.log1p(-q)) for k in range(n + 1)]  # (in logs: an epoch's slots overflow comb)
-    return [sum(pmf[:k + 1]) for k in range(n + 1)]
+    return list(itertools.accumulate(pmf))
 
 
 def expected_max(k, n, q, x):
@@ -104,24 +121,37 @@ def expected_max(k, n, q, x):
     return x * sum(1 - cdf[j - 1] ** k for j in range(1, n + 1))
 
 
-def expected_delay(sync, replicas, stages, microbatches, steps, x=HETERO, q=HETERO_PROB):
-    """The model's seconds per step that stragglers add to a replica, for one sync method (steps: a replica's
-    steps per epoch)."""
-    slots = 2 * microbatches * stages  # a replica's slots per step, over its stages' processes
-    own = slots * q * x
+def expected_lockstep(k, n, q, x, c, c1):
+    """E[max(c, c1 + the largest of k delays X x Binomial(n, q))]: a minibatch that waits for the slowest of k."""
+    cdf = binomial_cdf(n, q)
+    return sum((cdf[j] ** k - (cdf[j - 1] ** k if j else 0)) * max(c, c1 + j * x) for j in range(n + 1))
+
+
+def expected_step(sync, c, replicas, stages, steps, x, processes=1, cores=1, q=HETERO_PROB):
+    """The model's seconds per minibatch of a replica with stragglers: c without them, steps a replica's
+    minibatches per epoch, processes (the trainers) sharing cores."""
+    slots, c1 = 2 * stages, c * min(1.0, cores / processes)
+    free = max(c, c1 + slots * q * x)  # a replica that waits for nobody
     if sync == "allreduce":
-        return expected_max(replicas, slots, q, x)
+        return expected_lockstep(replicas, slots, q, x, c, c1)
     if sync == "adpsgd":
-        return expected_max(min(2, replicas), slots, q, x)
+        return expected_lockstep(min(2, replicas), slots, q, x, c, c1)
     if sync == "preduce":
-        return own + (expected_max(replicas, slots, q, x) - own) / CHECK_EVERY
-    return own + (expected_max(replicas, slots * steps, q, x) - own * steps) / steps  # hetpipe
+        return free + (expected_lockstep(replicas, slots, q, x, c, c1) - free) / CHECK_EVERY
+    return free + (expected_max(replicas, slots * steps, q, x) - slots * q * x * steps) / steps  # hetpipe
 
 
 def steps_of(rows):
     """A replica's steps per epoch in these rows of pipeline.csv (updates of all replicas over the epochs)."""
     return round(sum(float(r["updates_per_s"]) * float(r["train_s"]) / int(r["replicas"]) / int(r["epochs"])
                      for r in rows) / len(rows))
+
+
+def straggler_sleep(out):
+    """X for a layout and schedule: C_OVER_X of allreduce's step without stragglers (its run directory)."""
+    summary = json.loads((Path(out) / "summary.json").read_text())
+    step = measuring.train_seconds(out) * summary["replicas"] / sum(summary["updates_per_replica"])
+    return round(step / C_OVER_X, 4)
 
 
 def main():
@@ -136,11 +166,16 @@ def main():
     args = parser.parse_args()
     measuring.require_digits(args.data)
     machine, rows, curves = measuring.hardware(), [], []
-    for part, sync, hetero, stages, replicas, schedule, microbatches, seed in plan(args.seeds, args.quick):
-        name = f"{part}-{sync}-hetero{hetero:g}-{stages}x{replicas}-{schedule}-m{microbatches}"
+    sleep = {}  # (stages, replicas, schedule): X
+    for part, sync, stragglers, stages, replicas, schedule, microbatches, seed in plan(args.seeds, args.quick):
+        name = f"{part}-{sync}-{'stragglers' if stragglers else 'none'}-{stages}x{replicas}-{schedule}-m{microbatches}"
         out = Path(args.runs) / f"{name}-seed{seed}"
+        layout = (stages, replicas, schedule)
+        hetero = sleep[layout] if stragglers else 0.0
         processes, flags = flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args)
         summary = measuring.train("pipeline", processes, flags, out, threads=1, forked=True)
+        if part == "sync" and sync == "allreduce" and not stragglers and layout not in sleep:
+            sleep[layout] = straggler_sleep(out)
         points = curve(out)
         reached = [seconds for _, seconds, top1 in points if top1 >= TARGET]
         train_s = measuring.train_seconds(out)
@@ -153,10 +188,11 @@ def main():
                      "train_s": round(train_s, 2), "seconds_to_target": reached[0] if reached else "",
                      "target": TARGET, **{key: round(summary[key], 6) for key in FIELDS[18:26]}, **machine})
         if part == "sync":
-            curves += [{"sync": sync, "hetero": hetero, "stages": stages, "replicas": replicas, "seed": seed,
-                        "epoch": epoch, "seconds": seconds, "top1": top1} for epoch, seconds, top1 in points]
+            curves += [{"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages, "replicas": replicas,
+                        "seed": seed, "epoch": epoch, "seconds": seconds, "top1": top1}
+                       for epoch, seconds, top1 in points]
         print(f"{name} seed {seed}: top-1 {summary['top1']:.2f} %, {updates / train_s:.1f} updates/s, "
-              f"waits {summary['waits']:g}", flush=True)
+              f"waits {summary['waits']:g}" + (f", X {hetero:g} s" if stragglers else ""), flush=True)
         measuring.write_csv(Path(args.figures_data) / "pipeline.csv", FIELDS, rows)
         measuring.write_csv(Path(args.figures_data) / "pipeline_curves.csv", CURVE_FIELDS, curves)
     measuring.record_part(args.figures_data, "pipeline", started)

@@ -170,6 +170,12 @@ BREAKS = [
     dict(name="pipedream-an-update-every-other-minibatch", file="recipes/pipeline/train.py",
          old="            optimizer.step()\n            tally[\"updates\"] += 1  #",
          new="            if i % 2:\n                optimizer.step()\n            tally[\"updates\"] += 1  #", tests=[PIPEDREAM_TEST]),
+    # SD-PIPE's partial reduce inside each backward, not once the pipeline has drained (as after a flushed step)
+    dict(name="preduce-after-the-drain", file="recipes/pipeline/train.py",
+         old="            agree(args, pipe, tally, run.epoch, i, straggled)  #",
+         new="            None if preduce else agree(args, pipe, tally, run.epoch, i, straggled)  #",
+         tests=["tests/test_pipeline.py::test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_"
+                "updates_once_a_minibatch"]),
     # HetPipe as SD-PIPE runs it: no bound on the pulls unless --staleness asks for one
     dict(name="hetpipe-with-a-barrier", file="recipes/pipeline/hetpipe.py",
          old='bound = float("inf") if args.staleness is None', new='bound = 0 if args.staleness is None',

@@ -232,37 +232,54 @@ def test_bench_ps_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path)
     assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]
 
 
-def test_bench_pipeline_plans_each_sync_and_layout_with_and_without_stragglers(tiny_data):
+def test_bench_pipeline_plans_each_sync_layout_and_schedule_with_and_without_stragglers(tiny_data, tmp_path):
     runs = bench_pipeline.plan([0, 1, 2])
     sync = [run for run in runs if run[0] == "sync"]
-    assert len(sync) == 3 * 4 * 4 * 2 and len(set(runs)) == len(runs)
-    assert {(s, hetero, stages, replicas) for _, s, hetero, stages, replicas, *_ in sync} == {
-        (s, h, stages, replicas) for s in bench_pipeline.SYNCS for h in (0.0, 0.1)
-        for stages, replicas in ((1, 2), (1, 4), (1, 8), (2, 4))}
+    assert len(sync) == 3 * (3 + 3 * 2) * 4 * 2 and len(set(runs)) == len(runs)  # one stage: pipedream alone
+    assert {(s, stragglers, stages, replicas, schedule) for _, s, stragglers, stages, replicas, schedule, *_
+            in sync} == {(s, h, stages, replicas, schedule) for s in bench_pipeline.SYNCS for h in (False, True)
+                         for stages, replicas in ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2))
+                         for schedule in (["pipedream"] if stages == 1 else ["pipedream", "1f1b"])}
+    for seed in (0, 1, 2):  # X is sized from allreduce's run without stragglers: it comes first in its layout
+        order = [run for run in sync if run[-1] == seed]
+        for run in order:
+            if run[2]:
+                assert order.index(("sync", "allreduce", False, *run[3:])) < order.index(run)
+    assert {run[6] for run in sync if run[5] == "1f1b"} == {2, 4}  # 1f1b: S microbatches
     bubble = [(schedule, m) for part, _, _, _, _, schedule, m, _ in runs if part == "bubble"]
     assert ("gpipe", 1) in bubble and ("1f1b", 1) not in bubble and len(bubble) == 5 + 4  # 1f1b needs M >= S
     args = bench_pipeline.argparse.Namespace(data=tiny_data, epochs=1, quick=False)
-    processes, flags = bench_pipeline.flags_of("sync", "hetpipe", 0.1, 2, 4, "1f1b", 2, 1, args)
-    assert processes == 10 and flags[flags.index("--hetero") + 1] == "0.1"  # 4 replicas x 2 stages, 2 servers
+    processes, flags = bench_pipeline.flags_of("sync", "hetpipe", 0.0409, 2, 4, "1f1b", 2, 1, args)
+    assert processes == 10 and flags[flags.index("--hetero") + 1] == "0.0409"  # 4 replicas x 2 stages, 2 servers
     assert flags[flags.index("-b") + 1] == "8" and flags[flags.index("--microbatches") + 1] == "2"
-    processes, flags = bench_pipeline.flags_of("sync", "preduce", 0.0, 1, 8, "1f1b", 1, 1, args)
-    assert processes == 8 and flags[flags.index("--stages") + 1] == "1"
+    processes, flags = bench_pipeline.flags_of("sync", "preduce", 0.0, 1, 8, "pipedream", 1, 1, args)
+    assert processes == 8 and flags[flags.index("--stages") + 1] == "1" and flags[flags.index("--hetero") + 1] == "0"
     processes, flags = bench_pipeline.flags_of("bubble", "allreduce", 0.0, 2, 1, "gpipe", 16, 0, args)
     assert processes == 2 and flags[flags.index("-b") + 1] == "256" and flags[flags.index("--epochs") + 1] == "1"
-    assert len(bench_pipeline.plan([0], quick=True)) < 12
+    assert len(bench_pipeline.plan([0], quick=True)) < 16
+    (tmp_path / "summary.json").write_text('{"replicas": 2, "updates_per_replica": [100, 100]}')
+    (tmp_path / "metrics.csv").write_text("epoch,split,epoch_s\n0,train,5.0\n0,val,1.0\n")
+    assert bench_pipeline.straggler_sleep(tmp_path) == 0.1  # a step of 5 x 2 / 200 = 0.05 s, c / X = 0.5
 
 
-def test_the_expected_maximum_model_of_stragglers():
+def test_the_model_of_what_stragglers_cost():
     # one replica, 2 slots at q 0.1: E[delay] = 2 x 0.1 x X; two: 1 - 0.81^2 (one sleep or more) + 1 - 0.99^2 (two)
     assert abs(bench_pipeline.expected_max(1, 2, 0.1, 1.0) - 0.2) < 1e-12
     assert abs(bench_pipeline.expected_max(2, 2, 0.1, 1.0) - (1 - 0.81 ** 2 + 1 - 0.99 ** 2)) < 1e-12
-    delays = {sync: bench_pipeline.expected_delay(sync, 8, 1, 1, 62) for sync in bench_pipeline.SYNCS}
-    assert delays["preduce"] < delays["adpsgd"] < delays["allreduce"] and delays["hetpipe"] < delays["allreduce"]
-    assert bench_pipeline.expected_delay("allreduce", 8, 1, 1, 62) > bench_pipeline.expected_delay("allreduce", 2, 1,
-                                                                                                  1, 62)
-    # hetpipe waits at the epoch's end only: the longer the epoch, the nearer its delay to a replica's own (2 x 0.1 X)
-    own = 2 * 0.1 * 0.1
-    assert own < bench_pipeline.expected_delay("hetpipe", 8, 1, 1, 1000) < delays["hetpipe"] < own + 0.01
+    c, x = 0.01, 0.02
+    # a core per process: c + E[the largest delay] for allreduce; 2 S slots per minibatch, whatever M
+    for replicas, stages in ((2, 1), (8, 1), (2, 2), (4, 2)):
+        step = bench_pipeline.expected_step("allreduce", c, replicas, stages, 100, x, replicas * stages, 64)
+        assert abs(step - c - bench_pipeline.expected_max(replicas, 2 * stages, 0.1, x)) < 1e-12
+    steps = {sync: bench_pipeline.expected_step(sync, c, 8, 1, 62, x, 8, 8) for sync in bench_pipeline.SYNCS}
+    assert steps["preduce"] < steps["adpsgd"] < steps["allreduce"] and steps["hetpipe"] < steps["allreduce"]
+    # hetpipe waits at the epoch's end only: the longer the epoch, the nearer its step to c + a replica's own delay
+    own = c + 2 * 0.1 * x
+    assert own < bench_pipeline.expected_step("hetpipe", c, 8, 1, 1000, x, 8, 8) < steps["hetpipe"] < own + 0.002
+    # 8 processes on 2 cores: one computes in c / 4 alone, so a sleep shorter than 3 c / 4 costs a method that waits
+    # for nobody nothing (the others use the core), and the lockstep ones lose less than with a core each
+    assert bench_pipeline.expected_step("hetpipe", c, 8, 1, 1000, 0.5 * c, 8, 2) < c * 1.02  # (the epoch's end)
+    assert c < bench_pipeline.expected_step("allreduce", c, 8, 1, 62, x, 8, 2) < steps["allreduce"]
 
 
 def test_the_zero_model_divides_what_each_mode_shards():

@@ -44,10 +44,15 @@ def test_stages_start_at_layers_with_weights_and_cover_the_model_once():
     model = models.build_model("lenet", 3)
     log = types.SimpleNamespace(print=lambda *a: None)
     for count in (2, 3, 4):
-        parts = stages.split_model(model, types.SimpleNamespace(arch="lenet", image_size=16, stages=count), log)
+        parts, shapes = stages.split_model(model, types.SimpleNamespace(arch="lenet", image_size=16, stages=count),
+                                           log)
         assert len(parts) == count
         assert [layer for part in parts for layer in part] == list(model)  # every layer once, in order
         assert all(any(True for _ in part[0].parameters()) for part in parts)
+        x = torch.zeros(2, 3, 16, 16)
+        for part, shape in zip(parts, shapes):  # each stage's input shape, as PipeDream's receives expect it
+            assert x.shape == (2, *shape)
+            x = torch.nn.Sequential(*part)(x)
 
 
 def test_the_layout_maps_ranks_to_stages_replicas_and_servers():
@@ -64,35 +69,35 @@ def test_stragglers_are_drawn_per_slot_from_the_seed():
         return [slot for rank in range(4) for step in range(25) for slot in stragglers.sleeps(args, rank, epoch, step)]
 
     seeded = draws(3)
-    assert len(seeded) == 4 * 25 * 4  # before each of 2 forwards and 2 backwards
+    assert len(seeded) == 4 * 25 * 2  # before the minibatch's forward and its backward, whatever its microbatches
     assert draws(3) == seeded  # the same seed: the same stragglers (whichever rank asks, and when)
     assert 0.2 < sum(seeded) / len(seeded) < 0.4  # about --hetero-prob
-    # another seed, or another epoch: other stragglers (two independent draws of 400 at 0.3 differ in about 170)
+    # another seed, or another epoch: other stragglers (two independent draws of 200 at 0.3 differ in about 84)
     for other in (draws(4), draws(3, epoch=1)):
-        assert sum(a != b for a, b in zip(other, seeded)) > 80
+        assert sum(a != b for a, b in zip(other, seeded)) > 40
     args = types.SimpleNamespace(seed=3, hetero=0, hetero_prob=0.3, microbatches=2, slow_rank=3)
     assert stragglers.replica_straggles(args, Layout(2, 4), 1, 0, 0)  # rank 3 is replica 1's
     assert not stragglers.replica_straggles(args, Layout(2, 4), 0, 0, 0)
 
 
-def test_a_straggler_sleeps_before_each_forward_and_each_backward_its_draws_name(monkeypatch):
+def test_a_straggler_sleeps_before_a_minibatchs_first_forward_and_first_backward_as_drawn(monkeypatch):
     slept = []
     monkeypatch.setattr(stragglers.time, "sleep", slept.append)
-    args = types.SimpleNamespace(seed=0, hetero=0.25, hetero_prob=1.0, microbatches=2)
+    args = types.SimpleNamespace(seed=0, hetero=0.25, hetero_prob=1.0, microbatches=4)
     module = torch.nn.Linear(3, 2)
     slots = stragglers.inject(module, args)
     stragglers.plan(slots, args, rank=0, epoch=0, step=0)
-    for _ in range(2):  # two microbatches: each forward, then each backward
+    for _ in range(4):  # four microbatches: two sleeps, the minibatch's forward slot and its backward slot
         module(torch.randn(4, 3)).sum().backward()
-    assert slept == [0.25] * 4 and slots == {"forward": [], "backward": []}
-    slots["forward"][:], slots["backward"][:] = [True, False], [False, True]
-    module(torch.randn(4, 3)).sum().backward()  # the first microbatch: the first draws
-    assert len(slept) == 5 and slots == {"forward": [False], "backward": [True]}
+    assert slept == [0.25] * 2 and slots == {"forward": [], "backward": []}
+    slots["forward"][:], slots["backward"][:] = [False], [True]
+    module(torch.randn(4, 3)).sum().backward()  # as the draws say
+    assert len(slept) == 3 and slots == {"forward": [], "backward": []}
     on_meta = torch.nn.Linear(3, 2, device="meta")
     slots = stragglers.inject(on_meta, args)
     stragglers.plan(slots, args, rank=0, epoch=0, step=0)
     on_meta(torch.randn(4, 3, device="meta"))  # (shape inference: no slot)
-    assert len(slept) == 5 and len(slots["forward"]) == 2
+    assert len(slept) == 3 and slots["forward"] == [True]
 
 
 def test_the_deadline_doubles_after_a_group_of_one_and_shrinks_otherwise():
@@ -136,13 +141,26 @@ def test_a_group_is_every_replica_ready_before_the_leaders_deadline():
     assert found[0] == [([0, 1, 2], False)]  # all three ready: no need to wait out the deadline
 
 
-def test_after_ten_r_updates_the_next_group_waits_until_the_groups_connect_every_replica():
-    # 40 updates since the last check, and the groups since then joined {0, 1, 2}: 3 stays apart
-    found = queue(4, [(0, 0.0, False), (1, 0.0, False), (3, 0.3, False)], state="40;0;0;0,0,0,3")
+def test_once_the_updates_cross_a_multiple_of_ten_r_the_next_group_connects_every_replica():
+    # 40 updates: a check is due; the groups since the last joined {0, 1, 2}: 3 stays apart
+    found = queue(4, [(0, 0.0, False), (1, 0.0, False), (3, 0.3, False)], state="40;0;0;0,0,0,3;1")
     assert found[0] == found[3] == [([0, 1, 3], True)]  # past the deadline, until 3 came: 2 was connected already
-    found = queue(4, [(0, 0.0, False), (1, 0.3, True)], state="40;0;0;0,1,2,3")
+    found = queue(4, [(0, 0.0, False), (1, 0.3, True)], state="40;0;0;0,1,2,3;1")
     assert found[0] == [([0], False)]  # a replica out of the epoch ends the wait, and it connected nobody (the
     # epoch's end connects them)
+    # 38 updates, the last check at 35: a group of 3 crosses 40 = 10 R (not 35 + 40), so the next one connects
+    arrivals = [(0, 0.0, False), (1, 0.0, False), (2, 0.0, False), (0, 0.3, False), (3, 0.3, False)]
+    found = queue(4, arrivals, state="38;35;0;0,1,2,3;0")
+    assert found[1] == [([0, 1, 2], False)] and found[3] == [([0, 3], True)]
+    found = queue(4, arrivals, state="28;25;0;0,1,2,3;0")  # 31: no multiple crossed, the deadline closes it
+    assert found[3] == [([0, 3], False)]
+
+
+def test_beyond_eight_replicas_a_group_averages_in_pairs_in_order():
+    group = [0, 2, 3, 5, 7]
+    assert [preduce.pair_of(group, r, 9, False) for r in group] == [[0, 2], [0, 2], [3, 5], [3, 5], [7]]
+    assert preduce.pair_of(group, 3, 8, False) == group  # R = 8: the whole group (SD-PIPE: pairs when R > 8)
+    assert preduce.pair_of(group, 3, 9, True) == group  # a connectivity sync: the whole group
 
 
 def _average_in_pairs(rank, world_size, port, results):
@@ -173,7 +191,7 @@ def _split_and_compare(rank, world_size, port, schedule, results):
     reference = models.build_model("lenet", 3)
     reference.load_state_dict(model.state_dict())
     log = types.SimpleNamespace(print=lambda *a: None)
-    parts = stages.split_model(model, types.SimpleNamespace(arch="lenet", image_size=16, stages=2), log)
+    parts, _ = stages.split_model(model, types.SimpleNamespace(arch="lenet", image_size=16, stages=2), log)
     stage = pipeline.PipelineStage(torch.nn.Sequential(*parts[rank]), rank, 2, torch.device("cpu"))
     criterion = torch.nn.CrossEntropyLoss()
     run = pipeline.SCHEDULES[schedule](stage, 4, loss_fn=criterion)
@@ -228,7 +246,7 @@ def test_allreduce_trains_ddps_model_with_ddps_augmentations(ddp_run, allreduce_
 def test_preduce_counts_epochs_in_updates_and_connects_every_replica_within_the_bound(tiny_data, tmp_path):
     """2 replicas of one stage, replica 1 thirty times slower: an epoch is 2 x 12 updates of both together, the
     fast replica does more of them, and no more than (10 + 2) R updates pass between two moments that connect
-    every replica (SD-PIPE's check every 10 R updates, its group, the group before it)."""
+    every replica (SD-PIPE's check at each multiple of 10 R updates, its group, the group before it)."""
     out = tmp_path / "run"
     run_recipe("pipeline", [tiny_data, *EPOCH, "-b", "2", "--epochs", "2", "--stages", "1", "--microbatches", "1",
                             "--sync", "preduce", "--slow-rank", "1", "--slow-factor", "30", "--out", out], nproc=2)
@@ -344,7 +362,7 @@ def pipedream_reference(args, replicas, pipelined=True):
     data.set_seed(args.seed)
     model = models.build_model(args.arch, num_classes)
     modules = [torch.nn.Sequential(*part) for part in stages.split_model(model, args, types.SimpleNamespace(
-        print=lambda *a: None))]
+        print=lambda *a: None))[0]]
     lr = args.lr * args.batch_size * replicas / 256
     optimizers = [torch.optim.SGD(m.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
                   for m in modules]
@@ -391,8 +409,8 @@ def test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_plain_referen
 def test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_updates_once_a_minibatch(tiny_data,
                                                                                                    tmp_path):
     """2 replicas x 2 stages, replica 0's second stage ten times slower: an epoch is 2 x 6 updates, the fast
-    replica does more of them, and each stage of a replica makes one update for each minibatch it took (the
-    epoch's end travels down the pipeline with the activations)."""
+    replica does more of them, each stage of a replica makes one update for each minibatch it took (the epoch's
+    end travels down the pipeline with the activations) and queues for a group after each."""
     out = tmp_path / "run"
     run_recipe("pipeline", [tiny_data, *TINY, "-b", "4", "--epochs", "1", "--stages", "2", "--schedule", "pipedream",
                             "--sync", "preduce", "--slow-rank", "1", "--slow-factor", "10", "--out", out], nproc=4)
@@ -400,6 +418,7 @@ def test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_updates
     slow, fast = summary["updates_per_replica"]
     assert slow + fast == 2 * 6 and fast > slow and summary["updates_per_rank"] == [slow, slow, fast, fast], summary
     assert summary["weight_versions_per_stage"] == [2, 1] and summary["full_syncs"] == 1
+    assert 1 <= summary["mean_group_size"] <= 2  # every update of every stage joined a group, inside its backward
 
 
 def test_pipedream_stops_on_sigterm_after_a_saved_update_and_resumes(tiny_data, tmp_path):

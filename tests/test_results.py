@@ -291,23 +291,26 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
     rows, curves = [], []
 
-    def add(replicas, sync, hetero, top1s, rates, reached=("", "", ""), waits=0, step_s=0.01):
+    def add(replicas, sync, hetero, top1s, rates, reached=("", "", ""), waits=0, step_s=0.01, stages=1,
+            schedule="pipedream"):
         for seed, (top1, rate, seconds) in enumerate(zip(top1s, rates, reached)):
-            rows.append({"part": "sync", "sync": sync, "hetero": hetero, "schedule": "1f1b", "microbatches": 1,
-                         "batch": 8, "stages": 1, "replicas": replicas, "processes": replicas, "seed": seed,
-                         "epochs": 1, "top1": top1, "images_per_s": 8 * rate, "updates_per_s": rate,
+            rows.append({"part": "sync", "sync": sync, "hetero": hetero, "schedule": schedule, "microbatches": 1,
+                         "batch": 8, "stages": stages, "replicas": replicas, "processes": replicas * stages,
+                         "seed": seed, "epochs": 1, "top1": top1, "images_per_s": 8 * rate, "updates_per_s": rate,
                          "step_s": step_s, "train_s": 10, "seconds_to_target": seconds, "target": 90.0,
                          "waits": waits, "full_syncs": 10, "partial_syncs": 50, "connectivity_syncs": 2,
                          "mean_group_size": 2.5, "longest_unconnected_updates": 90, "disagreement": 0.01,
                          "max_applied_staleness": 0, **machine})
-            curves.append({"sync": sync, "hetero": hetero, "stages": 1, "replicas": replicas, "seed": seed,
-                           "epoch": 1, "seconds": 10, "top1": top1})
+            curves.append({"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages,
+                           "replicas": replicas, "seed": seed, "epoch": 1, "seconds": 10, "top1": top1})
     add(8, "allreduce", 0.0, (92, 92.5, 93), (100, 100, 100), (10, 12, 14))
-    add(8, "allreduce", 0.1, (92, 92.5, 93), (20, 30, 25), (20, "", 30), waits=30)
+    add(8, "allreduce", 0.02, (92, 92.5, 93), (20, 30, 25), (20, "", 30), waits=30)
     add(8, "preduce", 0.0, (91, 91.5, 92), (100, 95, 90), (10, 10, 10))
-    add(8, "preduce", 0.1, (92, 92, 92), (80, 76, 72), (12, 12, 12), waits=3)
-    add(2, "allreduce", 0.0, (95, 95, 95), (200, 200, 200), (5, 5, 5))
-    add(2, "allreduce", 0.1, (95, 95, 95), (40, 40, 40), (25, 25, 25))
+    add(8, "preduce", 0.02, (92, 92, 92), (80, 76, 72), (12, 12, 12), waits=3)
+    for sync, fast, slow in (("allreduce", (50, 52, 51), (30, 31, 29)), ("preduce", (50, 51, 52), (40, 41, 39))):
+        add(2, sync, 0.0, (95, 95.5, 95), fast, (5, 5, 5), stages=2)
+        add(2, sync, 0.02, (95, 95, 95), slow, (9, 9, 9), stages=2)
+        add(2, sync, 0.0, (94, 94.5, 95.2), fast, (5, 5, 5), stages=2, schedule="1f1b")
     for schedule, rates in (("gpipe", {1: 500, 2: 800, 4: 1000}), ("1f1b", {2: 900, 4: 1000})):
         for m, rate in rates.items():
             rows.append({**rows[0], "part": "bubble", "schedule": schedule, "microbatches": m, "batch": 256,
@@ -319,22 +322,27 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
             writer.writeheader()
             writer.writerows(table_rows)
     text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("pipeline",))
-    assert ("| 8 x 1 | `allreduce` | none | 3 | 100 (100–100) | 12.0 (10.0–14.0) | 92.50 (92.00–93.00) "
+    assert ("| 8 x 1 | pipedream | `allreduce` | none | 3 | 100 (100–100) | 12.0 (10.0–14.0) | 92.50 (92.00–93.00) "
             "|  | 0.0 | 0.0100 |") in text
-    assert "| 8 x 1 | `allreduce` | 0.1 s | 3 | 25 (20–30) | 25.0 (20.0–30.0) (2 of 3) |" in text
-    assert "| 8 x 1 | `preduce` | 0.1 s | 3 | 76 (72–80) | 12.0 (12.0–12.0) | 92.00 (92.00–92.00) | 2.50 |" \
+    assert "| 8 x 1 | pipedream | `allreduce` | 0.02 s | 3 | 25 (20–30) | 25.0 (20.0–30.0) (2 of 3) |" in text
+    assert "| 8 x 1 | pipedream | `preduce` | 0.02 s | 3 | 76 (72–80) | 12.0 (12.0–12.0) | 92.00 (92.00–92.00) |" \
+        " 2.50 |" in text
+    # the model: 8 trainers on 2 cores, c 0.01 s, X 0.02 s
+    allreduce = 0.01 / bench_pipeline.expected_step("allreduce", 0.01, 8, 1, 0, 0.02, 8, 2)  # (steps: not read)
+    assert f"| 8 x 1 | pipedream | `allreduce` | 8 / 2 | 0.0100 | 0.02 | 0.50 | {allreduce:.2f} | 0.25 (0.20–0.30) |" \
         in text
-    allreduce = 0.01 / (0.01 + bench_pipeline.expected_delay("allreduce", 8, 1, 1, steps=0))  # (not read)
-    assert f"| 8 x 1 | `allreduce` | 0.0100 | {allreduce:.2f} | 0.25 (0.20–0.30) |" in text
-    assert "| R = 8, stragglers: `preduce` at least 2x `allreduce`'s updates/s | 3.14 (2.53–4.00) | yes |" in text
-    assert "| R = 8, stragglers: `preduce` no slower to the target top-1 | 12.0 s vs 25.0 s | yes |" in text
-    assert "| 8 x 1, no stragglers: `preduce` within 10 % of `allreduce` | 0.95 (0.90–1.00) | yes |" in text
-    assert "R = 2: `allreduce`'s slowdown within 15 % of the model | 0.20 vs" in text
+    assert "| 8 x 1, pipedream, no stragglers: `preduce` within 10 % of `allreduce` | 0.95 (0.90–1.00) | yes |" in text
+    assert "| 2 x 2, pipedream, stragglers: `preduce` faster than `allreduce` beyond the seeds' spread | " \
+        "40.0 (39.0–41.0) vs 30.0 (29.0–31.0) updates/s (1.33x; model " in text
+    assert "| 2 x 2, `allreduce`: pipedream's top-1 within the seeds' spread of 1f1b's | 95.17 (95.00–95.50) vs " \
+        "94.57 (94.00–95.20) | yes |" in text
+    assert "8 x 1, pipedream, stragglers: the model within 15 % for every method | `allreduce` " in text
     assert "| 1 | 0.50 | 0.62 | 500 (0.50) |  |" in text  # (1/2) / (4/5)
     assert "| 2 | 0.33 | 0.83 | 800 (0.80) | 900 (0.90) |" in text
     assert (tmp_path / "pipeline.png").exists()
-    assert ("| [pipeline](#pipelined-replicas-allreduce-partial-reduce-ad-psgd-hetpipe) | 8 replicas with stragglers: "
-            "partial reduce at 3.14x allreduce's updates/s; ") in text  # (RESULTS.md's headline)
+    assert ("| [pipeline](#pipelined-replicas-allreduce-partial-reduce-ad-psgd-hetpipe) | PipeDream with stragglers (X "
+            "sized to SD-PIPE's c / X): partial reduce at 1.33x (2 x 2) allreduce's updates/s, on 2 CPU cores shared by "
+            "up to 4 processes; ") in text  # (RESULTS.md's headline)
 
 
 def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):

@@ -94,8 +94,8 @@ def add_args(parser):
                        help="hetpipe: waves a replica may run ahead of the slowest when it pulls (default: no "
                             "bound, SD-PIPE's)")
     group.add_argument("--hetero", type=float, default=0.0, metavar="X",
-                       help="a process sleeps X seconds with probability --hetero-prob before each forward "
-                            "and each backward of a microbatch (default: 0)")
+                       help="a process sleeps X seconds with probability --hetero-prob before the forward "
+                            "and the backward of each minibatch (default: 0)")
     group.add_argument("--hetero-prob", type=float, default=0.1, help="the probability of each --hetero sleep")
     group.add_argument("--slow-rank", type=int, metavar="R", help="this rank is --slow-factor times slower")
     group.add_argument("--slow-factor", type=float, default=2.0, metavar="F",

@@ -4,7 +4,8 @@ beside the loop in train.py.
 
 Order: stage s of S runs S - s forwards, then alternates a backward and a forward (1F1B), and at the epoch's end
 the backwards left: S - s minibatches are in flight at stage s, and the pipeline is filled once and drained once
-per epoch (pipedream_scheduler, and the drain at batch_num). Each minibatch is one update at every stage.
+per epoch (pipedream_scheduler, pipedream_subexecutor.py 36-64, and the drain at batch_num, 344-360). Each
+minibatch is one update at every stage.
 
 Weight stashing: a minibatch's backward uses the weights its forward used, and its gradient updates the
 stage's newest weights (copy_latest_weight). Here a forward runs on a copy of the newest weights, made only when
@@ -32,7 +33,8 @@ beyond it are trained again after the resume (their forwards had moved BatchNorm
 already), and the resumed epoch fills the pipeline anew, so it does not repeat the uninterrupted run exactly.
 
 Deviations: SD-PIPE allocates one buffer per in-flight minibatch and copies the newest weights into the oldest
-(the same count of versions, by reuse); its GroupStart/GroupEnd calls pair the forward's send with the next
+(copy_latest_weight, pipedream_subexecutor.py 275-292: the same count of versions, by reuse); its GroupStart/
+GroupEnd calls (350-362, 440-447) pair the forward's send with the next
 backward's receive (Megatron-LM pairs them so too), where here a gradient's receive is a group of its own, which
 keeps a stop after any backward free of a receive that no stage will match.
 """
@@ -57,19 +59,6 @@ def operations(stage, stages, end, first=0):
         if forward < end[0]:
             yield "forward", forward
             forward += 1
-
-
-def sample_shapes(parts, image_size):
-    """Each stage's input shape for one image (stage 0's: the image), from one image through the stages on the
-    CPU, before the model moves to its device (evaluation mode: the running statistics stay as they are)."""
-    shapes, x = [], torch.zeros(1, 3, image_size, image_size)
-    with torch.no_grad():
-        for part in parts:
-            shapes.append(tuple(x.shape[1:]))
-            for layer in part:
-                x = layer.eval()(x)
-                layer.train()
-    return shapes
 
 
 class Link:

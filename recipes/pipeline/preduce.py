@@ -8,13 +8,14 @@ deadline adapts, per process: it starts at 1 ms, doubles (to at most 10 ms) afte
 fewer than 2 and shrinks x 0.9 (to at least 0.01 ms) otherwise. The group averages its weights
 with one all-reduce over a process group of its members, made by them alone the first time that
 membership forms, then cached (at most 2^R - R - 1 of them, as SD-PIPE caches its NCCL
-communicators). A group of more than 8 averages in pairs, in order.
+communicators). With more than 8 replicas a group averages in pairs, in order
+(preduce_handler.cc 313-314, getPartnerPairWise).
 
-Staleness bound: each group adds its size to a count of updates. Once 10 R updates have passed
-since the last connectivity sync, the next group waits without a deadline until the groups since
-then connect every replica (a union-find), if every replica is still in the epoch and no other
-stage is in such a sync (stages waiting on each other's replicas would deadlock): SD-PIPE's rule;
-a group that cannot run one leaves it to the next.
+Staleness bound: each group adds its size to a count of updates. When the count crosses a multiple
+of 10 R (preduce_handler.cc 16, 80-82: ssp_bound x R), a connectivity sync is due: the next group waits
+without a deadline until the groups since the last one connect every replica (a union-find), if
+every replica is still in the epoch and no other stage is in such a sync (stages waiting on each
+other's replicas would deadlock): SD-PIPE's rule; a group that cannot run one leaves it to the next.
 
 Epochs: an epoch is R x (steps of one shard) updates of all replicas together. Stage 0 of each
 replica claims each of its steps from a counter and tells its other stages, so a fast replica
@@ -23,12 +24,17 @@ does more of the epoch than a slow one (its shard again, reshuffled, if it runs 
 The ready queue is the c10d store: arrival n reads its part from the key member/n, which the
 leader of its group writes (its group, or "lead"); only a leader reads and writes the counts and
 the union-find, one leader at a time.
-Deviations: the epoch ends with an average of all replicas (SD-PIPE evaluates each pipeline's
-own weights: here one model is evaluated and saved); a counter of claimed steps ends the epoch,
-where SD-PIPE's last-stage scheduler does; a replica that leaves the epoch ends a connectivity
-wait (SD-PIPE's scheduler stops every replica together); a replica is ready once its host has
-queued the step (SD-PIPE synchronises its compute stream first: here no step waits for the
-device).
+Deviations (the authors' files and lines): the epoch ends with an average of all replicas (SD-PIPE
+evaluates each pipeline's own weights, train_resnet.py 14-26: here one model is evaluated and saved);
+a counter of claimed steps ends the epoch, where SD-PIPE's last-stage scheduler does
+(preduce_handler.cc 28-34, setStopCondition); a replica that leaves the epoch ends a connectivity
+wait (SD-PIPE's scheduler stops every replica together, preduce_handler.cc 83-85); a replica is
+ready once its host has queued the step (SD-PIPE synchronises its compute stream first,
+pipedream_subexecutor.py 190: here no step waits for the device); the stage's weights are averaged
+as one vector once its backward and update are done, and its gradient goes on to the stage before
+after the average (SD-PIPE asks for the group at the stage's first gradient and averages each
+weight tensor on a stream of its own as its update is applied, pipedream_subexecutor.py 181-193,
+458-460, beside the sends).
 """
 
 import itertools
@@ -42,13 +48,22 @@ from recipes.common import distributed, faults
 from recipes.pipeline.sync import flagged
 
 FIRST_WAIT, LONGEST_WAIT, SHORTEST_WAIT = 0.001, 0.010, 0.00001  # seconds (SD-PIPE's 1, 10 and 0.01 ms)
-CHECK_EVERY = 10  # x R updates between connectivity checks (SD-PIPE's ssp_bound)
+CHECK_EVERY = 10  # x R updates: a connectivity sync is due at each multiple (SD-PIPE's ssp_bound)
 PAIRS_BEYOND = 8  # replicas
 
 
 def next_wait(wait, size):
     """The adaptive deadline after a group of `size`: double after a group of one, else x 0.9."""
     return min(2 * wait, LONGEST_WAIT) if size < 2 else max(0.9 * wait, SHORTEST_WAIT)
+
+
+def pair_of(members, replica, replicas, connecting):
+    """Whom the replica averages with in its group: all of it, or beyond 8 replicas (but in a connectivity sync)
+    its pair, in order, as SD-PIPE's getPartnerPairWise pairs them (the last alone when the group is odd)."""
+    if replicas <= PAIRS_BEYOND or connecting:
+        return members
+    i = members.index(replica) // 2 * 2
+    return members[i:i + 2]
 
 
 def find(parents, i):
@@ -115,7 +130,7 @@ class PartialReduce:
         connectivity sync; and the learning-rate schedule set to the epoch's end (within the epoch each replica's
         ran by its own steps)."""
         if self.store.check(["state"]):  # (none when a restart resumed at the epoch's end)
-            updates, last, _, _ = self.state(run.epoch, self.store.get("state").decode())
+            updates, last, _, _, _ = self.state(run.epoch, self.store.get("state").decode())
             self.longest = max(self.longest, updates - last)
         for n in self.arrivals:  # this process's keys of the epoch, read by now: the store does not grow
             self.store.delete_key(f"who/{n}")
@@ -143,8 +158,8 @@ class PartialReduce:
         if role != "lead":
             return [int(r) for r in role.split(",") if r], state == "1"
         if stopping:  # (the lead passes on; the count of replicas out of the epoch grows by one)
-            updates, last, stopped, parents = self.state(epoch, state)
-            state = self.encode(epoch, updates, last, stopped + 1, parents)
+            updates, last, stopped, parents, due = self.state(epoch, state)
+            state = self.encode(epoch, updates, last, stopped + 1, parents, due)
             self.store.multi_set(["state", f"member/{n + 1}"], [state, f"lead;{state}"])
             return [], False
         return self.lead(n, epoch, state)
@@ -153,8 +168,8 @@ class PartialReduce:
         """Close the group that starts at arrival n: by the deadline, or, for a connectivity sync, once the
         groups since the last one connect every replica; tell each member, and the next leader the counts."""
         replicas = self.layout.replicas
-        updates, last, stopped, parents = self.state(epoch, state)
-        connecting = updates >= last + CHECK_EVERY * replicas and not stopped and self.take_lock()
+        updates, last, stopped, parents, due = self.state(epoch, state)
+        connecting = due and not stopped and self.take_lock()
         members, k = [self.replica], n
         if connecting:
             while not connects_all(parents):
@@ -180,34 +195,35 @@ class PartialReduce:
                     continue
                 members.append(int(who))
                 parents[find(parents, int(who))] = find(parents, self.replica)
-        members = sorted(members)
+        members, before = sorted(members), updates
         updates += len(members)
         connecting = connecting and connects_all(parents)  # (not when a replica's leaving cut it short)
         if connecting:
             self.longest = max(self.longest, updates - last)
             self.connections += 1
-            parents, last = list(range(replicas)), updates
+            parents, last, due = list(range(replicas)), updates, False
+        due = due or updates // (CHECK_EVERY * replicas) > before // (CHECK_EVERY * replicas)  # (a multiple crossed)
         group, state = f"{','.join(map(str, members))};{int(connecting)}", self.encode(epoch, updates, last,
-                                                                                      stopped, parents)
+                                                                                      stopped, parents, due)
         self.store.multi_set(["state", *(f"member/{i}" for i in range(n + 1, k + 2))],
                              [state, *[group] * (k - n), f"lead;{state}"])
         return members, connecting
 
     def state(self, epoch, state):
         """The epoch's count of updates, the count at the last connectivity sync, the replicas out of the epoch,
-        and the union-find since the last connectivity sync (only a leader writes them: the next reads them with
-        its lead; the key "state" keeps them for the epoch's end)."""
+        the union-find since the last connectivity sync and whether one is due (only a leader writes them: the
+        next reads them with its lead; the key "state" keeps them for the epoch's end)."""
         state = state.split(";")
         if int(state[0]) != epoch:
             state = self.fresh_state(epoch).split(";")
-        return int(state[1]), int(state[2]), int(state[3]), [int(p) for p in state[4].split(",")]
+        return int(state[1]), int(state[2]), int(state[3]), [int(p) for p in state[4].split(",")], state[5] == "1"
 
     def fresh_state(self, epoch):
-        return self.encode(epoch, 0, 0, 0, list(range(self.layout.replicas)))
+        return self.encode(epoch, 0, 0, 0, list(range(self.layout.replicas)), False)
 
     @staticmethod
-    def encode(epoch, updates, last, stopped, parents):
-        return f"{epoch};{updates};{last};{stopped};{','.join(map(str, parents))}"
+    def encode(epoch, updates, last, stopped, parents, due):
+        return f"{epoch};{updates};{last};{stopped};{','.join(map(str, parents))};{int(due)}"
 
     def take_lock(self):
         return self.lock.compare_set("connecting", "", str(self.stage)).decode() == str(self.stage)
@@ -221,9 +237,7 @@ class PartialReduce:
             members, connecting = self.arrive(epoch)
             size = len(members)
             self.wait = next_wait(self.wait, size)
-            if size > PAIRS_BEYOND and not connecting:  # SD-PIPE: pairs beyond 8 replicas
-                i = members.index(self.replica) // 2 * 2
-                members = members[i:i + 2]
+            members = pair_of(members, self.replica, self.layout.replicas, connecting)
             flat = flagged(parameters_to_vector(params).detach(), straggled)
             mine = flat[-1].clone()
             if len(members) < 2:

@@ -40,22 +40,25 @@ def weighted_units(layers):
 
 
 def unit_flops(units, image_size):
-    """Forward FLOPs of each unit for one image (torch.utils.flop_counter), in the order they run."""
-    flops, x = [], torch.zeros(1, 3, image_size, image_size)
+    """Forward FLOPs of each unit for one image (torch.utils.flop_counter), in the order they run, and the shape of
+    each unit's input (evaluation mode: the running statistics stay as they are)."""
+    flops, shapes, x = [], [], torch.zeros(1, 3, image_size, image_size)
     with torch.no_grad():
         for unit in units:
+            shapes.append(tuple(x.shape[1:]))
             counter = FlopCounterMode(display=False)
             with counter:
                 x = unit.eval()(x)
             unit.train()
             flops.append(counter.get_total_flops())
-    return flops
+    return flops, shapes
 
 
 def split_model(model, args, log):
-    """The model's layers cut into --stages parts of about equal forward FLOPs: [[layer, ...] per stage]."""
+    """The model's layers cut into --stages parts of about equal forward FLOPs: [[layer, ...] per stage], and each
+    stage's input shape for one image (PipeDream's receives)."""
     units = weighted_units(models.sequential_layers(model, args.arch))
-    flops = unit_flops(units, args.image_size)
+    flops, shapes = unit_flops(units, args.image_size)
     cuts = balanced_split(flops, args.stages)
     parts = [[layer for unit in units[a:b] for layer in unit] for a, b in zip(cuts[:-1], cuts[1:])]
     for s, part in enumerate(parts):
@@ -63,7 +66,7 @@ def split_model(model, args, log):
         params = sum(p.numel() for layer in part for p in layer.parameters())
         log.print(f"stage {s}: {names}; {params:,} parameters, {sum(flops[cuts[s]:cuts[s + 1]]) / 1e6:.2f} MFLOPs "
                   f"per image")
-    return parts
+    return parts, [shapes[a] for a in cuts[:-1]]
 
 
 def state_names(model, part):

@@ -1,7 +1,10 @@
 """Stragglers, as SD-PIPE makes them: --hetero X sleeps X seconds with probability --hetero-prob
-before each forward and each backward slot of a microbatch, in every process; --slow-rank makes one
-process --slow-factor times slower.
+before each forward slot and each backward slot of a minibatch, in every process (two draws per
+minibatch and process, whatever the schedule); --slow-rank makes one process --slow-factor times slower.
 
+SD-PIPE draws before each slot of its PipeDream schedule (pipedream_subexecutor.py 342-343), and twice
+before each step of its synchronous executor (executor.py 941-943). Under gpipe and 1f1b a process
+sleeps before the first forward and before the first backward of the minibatch's microbatches.
 The draws are seeded by (--seed, rank, epoch, step), so any rank can tell whether another slept at a
 step (for the waits the summary counts) and a run draws the same stragglers again. SD-PIPE draws
 from Python's unseeded global generator; the rest (X, the probability, the slots) is its rule.
@@ -14,11 +17,11 @@ import torch
 
 
 def sleeps(args, rank, epoch, step):
-    """Which of this step's 2M slots (the M forwards, then the M backwards) rank sleeps before."""
+    """Whether rank sleeps before this minibatch's forward slot and before its backward slot."""
     if not args.hetero:
-        return [False] * (2 * args.microbatches)
+        return [False, False]
     draw = random.Random(f"{args.seed}/{rank}/{epoch}/{step}")
-    return [draw.random() < args.hetero_prob for _ in range(2 * args.microbatches)]
+    return [draw.random() < args.hetero_prob for _ in range(2)]
 
 
 def before_slot(args, rank, epoch, step, slot, device):
@@ -36,8 +39,8 @@ def replica_straggles(args, layout, replica, epoch, step):
 
 
 def inject(module, args):
-    """Hooks that sleep before the module's forward and backward slots, as the step's draws say: returns
-    {"forward": [...], "backward": [...]}, which the training loop refills with plan() before each step."""
+    """gpipe, 1f1b: hooks that sleep before the step's first forward and its first backward of a microbatch, as
+    the step's draws say: returns {"forward": [...], "backward": [...]}, which plan() refills before each step."""
     slots = {"forward": [], "backward": []}
 
     def before_backward(grad):
@@ -60,10 +63,8 @@ def inject(module, args):
 
 
 def plan(slots, args, rank, epoch, step):
-    """Before a step: its draws into the hooks' slots."""
-    draws = sleeps(args, rank, epoch, step)
-    slots["forward"][:] = draws[:args.microbatches]
-    slots["backward"][:] = draws[args.microbatches:]
+    """Before a step: its two draws into the hooks' slots (the microbatches after the first draw nothing)."""
+    slots["forward"][:], slots["backward"][:] = ([draw] for draw in sleeps(args, rank, epoch, step))
 
 
 def slow_rank_clock(args, rank, device):

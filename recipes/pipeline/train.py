@@ -12,14 +12,15 @@ ScheduleGPipe or Schedule1F1B runs the --microbatches M pieces of each batch thr
 replica's pipeline: a flush and one update per batch. --schedule pipedream runs asynchronous
 PipeDream as SD-PIPE does (pipedream.py): S - s minibatches in flight at stage s, an update per
 minibatch, each backward on its forward's weights (stashed). Replica
-r trains on ddp's rank r's shard and augmentations, -b images per step: a global batch of -b x R.
+r trains on ddp's rank r's shard and augmentations, -b images per step: a global batch of -b x R, and --lr
+scales to it as in every recipe (SD-PIPE keeps its lr whatever R: train_resnet.py 63-64, 76-81).
 
 The replicas of a stage agree over a process group of their own (a DDP-wrapped stage does not
 work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2023):
   allreduce  average the stage's gradients over all replicas before each update (as DDP).
   preduce    SD-PIPE's partial reduce: after its step a replica queues as ready, and the replicas
-             that come before an adaptive deadline (at most 10 ms) average their weights; every
-             10 R updates the groups must connect every replica; an epoch is R x (one shard's
+             that come before an adaptive deadline (at most 10 ms) average their weights; at each
+             multiple of 10 R updates the groups must connect every replica; an epoch is R x (one shard's
              steps) updates of all replicas together, so a fast replica does more of it.
   adpsgd     AD-PSGD (Lian et al., ICML 2018) as SD-PIPE runs it: synchronous random matching,
              the replicas average in random pairs after each step.
@@ -27,7 +28,7 @@ work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2
              holds its global weights on the CPU; a replica steps locally, pushes each update / R,
              and every --wave W minibatches pulls (no bound; --staleness D: HetPipe's own).
 Stragglers (SD-PIPE's model): --hetero X makes a process sleep X seconds with probability
---hetero-prob before each forward and each backward of a microbatch, drawn from --seed;
+--hetero-prob before the forward and the backward of each minibatch, drawn from --seed;
 --slow-rank R --slow-factor F makes rank R about F times slower (not a hetpipe server).
 """
 
@@ -194,8 +195,7 @@ def main(args):
 
     data.set_seed(args.seed)
     model = models.build_model(args.arch, num_classes)
-    parts = stages.split_model(model, args, log)
-    shapes = pipedream.sample_shapes(parts, args.image_size)  # each stage's input, for PipeDream's receives
+    parts, shapes = stages.split_model(model, args, log)  # (and each stage's input, for PipeDream's receives)
     model.to(device)
     for tensor in model.state_dict().values():  # every replica starts from rank 0's weights, as with DDP
         dist.broadcast(tensor, 0)

@@ -14,7 +14,7 @@ text between the markers. Each module's docstring says what it reads, draws and 
     precision    scripts/bench_precision.py                   precision.py
     compression  scripts/bench_compression.py                 compression.py
     ps           scripts/bench_ps.py, bench_ps_byzfl.py        ps.py (and ps_targets.py)
-    pipeline     scripts/bench_pipeline.py                    pipeline.py
+    pipeline     scripts/bench_pipeline.py                    pipeline.py (and pipeline_targets.py)
     sharding     scripts/bench_sharding.py                    sharding.py
 and, outside make figures: examples.py (scripts/bench_examples.py, run by hand), gpu.py
 (make figures-gpu), timings.py (how long each part took), headline.py (one line of what each
