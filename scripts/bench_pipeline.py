@@ -16,7 +16,7 @@ sync    lenet at 28 px (scripts/measuring.py's ACCURACY), -b 8 per replica (1f1b
         -b 64: a GPU of its time trains some 300-400 images/s), so c / X is about 0.5; this is an estimate,
         its paper gives no step time. On this machine's cores c is a few milliseconds to a tenth of a second.
         The lr is the recipe's (scaled to -b x R, so that allreduce trains DDP's model); SD-PIPE keeps its lr
-        whatever R (train_resnet.py 33, 81: 0.01 at -b 64 per pipeline).
+        whatever R (train_resnet.py 63-64, 76-81; 0.01 at -b 64 per pipeline: artifacts/README.md 48).
 bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which needs M >= S),
         one epoch of seed 0: images/s beside the model's bubble (S - 1) / (M + S - 1).
 
@@ -24,7 +24,7 @@ The model of what stragglers cost (expected_step): a replica's minibatch takes c
 the same method's run without them), and sleeps X for each of its 2 S slots (a forward and a backward at each
 stage) that draws a straggler (probability q): a delay of d = X x Binomial(2 S, q). A method that waits for the
 slowest of k replicas at every minibatch takes E[c + the largest of k delays]: allreduce k = R, adpsgd k = 2 (a
-partner; the chain of partners makes it a lower bound). Partial reduce waits for nobody but at its connectivity
+partner; the chain of partners behind it is left out). Partial reduce waits for nobody but at its connectivity
 syncs, one minibatch in 10: c + E[d] + (E[the largest of R] - E[d]) / 10. HetPipe, as SD-PIPE runs it (no
 staleness bound), waits only at the epoch's end, for the slowest replica's whole epoch of T minibatches.
 Processes that share cores: with P processes on K < P cores, c is what a minibatch takes while all P compute;
@@ -110,6 +110,8 @@ def curve(out):
 
 def binomial_cdf(n, q):
     """[P(B <= k) for k = 0..n] of B ~ Binomial(n, q)."""
+    if q <= 0 or q >= 1:  # (no draw sleeps, or every one)
+        return [1.0] * (n + 1) if q <= 0 else [0.0] * n + [1.0]
     pmf = [math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(q) +
                     (n - k) * math.log1p(-q)) for k in range(n + 1)]  # (in logs: an epoch's slots overflow comb)
     return list(itertools.accumulate(pmf))
@@ -138,6 +140,7 @@ def expected_step(sync, c, replicas, stages, steps, x, processes=1, cores=1, q=H
         return expected_lockstep(min(2, replicas), slots, q, x, c, c1)
     if sync == "preduce":
         return free + (expected_lockstep(replicas, slots, q, x, c, c1) - free) / CHECK_EVERY
+    steps = max(1, steps)
     return free + (expected_max(replicas, slots * steps, q, x) - slots * q * x * steps) / steps  # hetpipe
 
 

@@ -58,11 +58,15 @@ ASYNC = [("mean, 1 step", ["--aggregate", "mean", "--momentum", "0", "--lr", "1.
          ("zenops", ["--aggregate", "zenops", "--local-steps", "8"])]
 SIGNFLIP_4 = ["--byzantine", "2", "--attack", "signflip", "--attack-scale", "4"]
 SYNC_ATTACKS = [("none", []), ("signflip x4, 2 of 8", SIGNFLIP_4),
-                ("signflip x6, p 0.2", ["--attack-prob", "0.2", "--attack", "signflip", "--attack-scale", "6"]),
-                ("N(0,1), p 0.2", ["--attack-prob", "0.2", "--attack", "gaussian", "--attack-scale", "1"])]
+                ("signflip x6, p 0.2", ["--attack-prob", "0.2", "--attack", "signflip", "--attack-scale", "6",
+                                        "--attack-draw", "push"]),
+                ("N(0,1), p 0.2", ["--attack-prob", "0.2", "--attack", "gaussian", "--attack-scale", "1",
+                                   "--attack-draw", "push"])]
 ASYNC_ATTACKS = [("none", []),
-                 ("signflip x10, p 0.2", ["--attack-prob", "0.2", "--attack", "signflip", "--attack-scale", "10"]),
-                 ("signflip x10, p 0.4", ["--attack-prob", "0.4", "--attack", "signflip", "--attack-scale", "10"])]
+                 ("signflip x10, p 0.2", ["--attack-prob", "0.2", "--attack", "signflip", "--attack-scale", "10",
+                                          "--attack-draw", "push"]),
+                 ("signflip x10, p 0.4", ["--attack-prob", "0.4", "--attack", "signflip", "--attack-scale", "10",
+                                          "--attack-draw", "push"])]
 ETAS = [0.1, 0.01, 0.001, 0, -0.001, -0.01, -0.1]
 ETA_ATTACK = SYNC_ATTACKS[3]
 FIELDS = ["part", "mode", "aggregate", "attack", "zeno_eta", "seed", "processes", "epochs", "top1", "diverged",

@@ -149,11 +149,18 @@ def test_once_the_updates_cross_a_multiple_of_ten_r_the_next_group_connects_ever
     assert found[0] == [([0], False)]  # a replica out of the epoch ends the wait, and it connected nobody (the
     # epoch's end connects them)
     # 38 updates, the last check at 35: a group of 3 crosses 40 = 10 R (not 35 + 40), so the next one connects
-    arrivals = [(0, 0.0, False), (1, 0.0, False), (2, 0.0, False), (0, 0.3, False), (3, 0.3, False)]
+    arrivals = [(0, 0.0, False), (1, 0.0, False), (2, 0.0, False), (0, 0.3, False), (3, 0.3, False),
+                (1, 0.6, False), (2, 0.6, False)]
     found = queue(4, arrivals, state="38;35;0;0,1,2,3;0")
-    assert found[1] == [([0, 1, 2], False)] and found[3] == [([0, 3], True)]
-    found = queue(4, arrivals, state="28;25;0;0,1,2,3;0")  # 31: no multiple crossed, the deadline closes it
+    assert found[1] == [([0, 1, 2], False), ([1, 2], False)] and found[3] == [([0, 3], True)]  # (then none is due)
+    found = queue(4, arrivals[:5], state="28;25;0;0,1,2,3;0")  # 31: no multiple crossed, the deadline closes it
     assert found[3] == [([0, 3], False)]
+    # 10 replicas: a group averages in pairs, which connect no one (SD-PIPE's getPartnerPairWise), so the sync due
+    # after it (105 crosses 100 = 10 R) waits for every replica
+    everyone = list(range(10))
+    apart = ",".join(map(str, everyone))  # (the union-find: each replica on its own)
+    found = queue(10, [(r, at, False) for at in (0.0, 0.3) for r in everyone], state=f"95;0;0;{apart};0")
+    assert all(found[r] == [(everyone, False), (everyone, True)] for r in everyone), found
 
 
 def test_beyond_eight_replicas_a_group_averages_in_pairs_in_order():

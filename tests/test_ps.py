@@ -176,34 +176,75 @@ def test_phocas_rejects_a_sign_flip():
     assert torch.nn.functional.cosine_similarity(stacked.mean(dim=0), v, dim=0) < 0  # the plain mean turns round
 
 
-def attacker(attack, scale=2.0, byzantine=0, prob=0.0, index=0, seed=0):
+def attacker(attack, scale=2.0, byzantine=0, prob=0.0, index=0, seed=0, draw="tensor", sizes=(10000,)):
     return attacks.Attacker(argparse.Namespace(attack=attack, attack_scale=scale, byzantine=byzantine, attack_prob=prob,
-                                               seed=seed), index)
+                                               attack_draw=draw, seed=seed), index, list(sizes))
 
 
-def test_each_attack_pushes_what_its_paper_says():
+def test_each_attack_pushes_what_its_paper_says_tensor_by_tensor():
     u = torch.arange(1.0, 10001.0) / 10000
-    assert torch.equal(attacker("signflip", 6).poison(u), -6 * u)
-    noise = attacker("gaussian", 2).poison(u)  # N(0, s^2) in place of u
+    assert torch.equal(attacker("signflip", 6).poison(u, [True]), -6 * u)
+    noise = attacker("gaussian", 2).poison(u, [True])  # N(0, s^2) in place of u
     assert abs(noise.mean()) < 0.1 and abs(noise.std() - 2) < 0.1 and abs(noise @ u / (noise.norm() * u.norm())) < 0.05
-    direction = attacker("random", 8).poison(u)  # s times ||u||, in a random direction
+    direction = attacker("random", 8).poison(u, [True])  # s times ||u||, in a random direction
     assert torch.isclose(direction.norm(), 8 * u.norm()) and abs(direction @ u / direction.norm() / u.norm()) < 0.05
-    assert not torch.equal(attacker("random", 8, seed=1).poison(u), direction)  # another seed, another direction
+    assert not torch.equal(attacker("random", 8, seed=1).poison(u, [True]), direction)  # another seed, another one
+    # two tensors, the second lying: the first is pushed as it is, the second at s times its own norm
+    pushed = attacker("random", 8, sizes=(4000, 6000)).poison(u, [False, True])
+    assert torch.equal(pushed[:4000], u[:4000]) and torch.isclose(pushed[4000:].norm(), 8 * u[4000:].norm())
+    assert torch.equal(attacker("signflip", 6, sizes=(4000, 6000)).poison(u, [True, False])[4000:], u[4000:])
     target = torch.tensor([0, 1, 9])
-    assert attacker("labelflip").labels(target, 10, lying=True).tolist() == [9, 8, 0]
-    assert attacker("labelflip").labels(target, 10, lying=False).tolist() == [0, 1, 9]
-    assert torch.equal(attacker("labelflip").poison(u), u)  # (computed on flipped labels already)
+    assert attacker("labelflip").labels(target, 10, lies=[True]).tolist() == [9, 8, 0]
+    assert attacker("labelflip").labels(target, 10, lies=[False]).tolist() == [0, 1, 9]
+    assert torch.equal(attacker("labelflip").poison(u, [True]), u)  # (computed on flipped labels already)
 
 
 def test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability():
-    always = attacker("signflip", byzantine=1, index=0)
-    assert all(always.next_push_lies() for _ in range(100))
-    assert not any(attacker("signflip", byzantine=1, index=1).next_push_lies() for _ in range(100))
-    workers = [attacker("signflip", prob=0.2, index=i) for i in range(3)]
-    draws = [[worker.next_push_lies() for _ in range(2000)] for worker in workers]
-    assert all(0.17 < sum(d) / 2000 < 0.23 for d in draws) and draws[0] != draws[1]  # a generator per worker
-    again = attacker("signflip", prob=0.2, index=0)
-    assert draws[0] == [again.next_push_lies() for _ in range(2000)]  # seeded
+    always = attacker("signflip", byzantine=1, index=0, sizes=(3, 4, 5))
+    assert all(always.next_push() == [True] * 3 for _ in range(100))
+    assert not any(any(attacker("signflip", byzantine=1, index=1).next_push()) for _ in range(100))
+    workers = [attacker("signflip", prob=0.2, index=i, draw="push", sizes=(3, 4)) for i in range(3)]
+    draws = [[worker.next_push() for _ in range(2000)] for worker in workers]
+    assert all(lies[0] == lies[1] for d in draws for lies in d)  # --attack-draw push: the whole push, or none of it
+    assert all(0.17 < sum(lies[0] for lies in d) / 2000 < 0.23 for d in draws) and draws[0] != draws[1]
+    again = attacker("signflip", prob=0.2, index=0, draw="push", sizes=(3, 4))
+    assert draws[0] == [again.next_push() for _ in range(2000)]  # seeded: a generator per worker
+    # per tensor (ZenoPS's): each of 10 tensors on its own, so most pushes are partly poisoned, few whole
+    pushes = [attacker("signflip", prob=0.2, sizes=[1] * 10, seed=seed).next_push() for seed in range(300)]
+    tensors = [lie for lies in pushes for lie in lies]
+    assert 0.17 < sum(tensors) / len(tensors) < 0.23 and sum(any(lies) for lies in pushes) / 300 > 0.8
+    assert not any(all(lies) for lies in pushes)  # (0.2^10 per push)
+    assert attacker("labelflip", prob=0.2, sizes=[1] * 10).per_tensor is False  # a data attack lies whole
+
+
+def test_a_worker_pushes_in_a_round_with_the_subsample_probability_seeded():
+    args = argparse.Namespace(worker_subsample=0.5, seed=3)
+    draws = [[steps.joins(args, worker, r) for r in range(1000)] for worker in range(3)]
+    assert all(0.45 < sum(d) / 1000 < 0.55 for d in draws) and draws[0] != draws[1]  # each worker on its own
+    assert draws[0] == [steps.joins(argparse.Namespace(worker_subsample=0.5, seed=3), 0, r) for r in range(1000)]
+    assert all(steps.joins(argparse.Namespace(worker_subsample=1.0, seed=3), 0, r) for r in range(100))
+
+
+def test_zeno_plus_plus_refreshes_v_every_k_pushes_of_all_validators():
+    store = torch.distributed.HashStore()
+    args = argparse.Namespace(aggregate="zeno++")
+    seen, refreshed = {0: 0, 1: 0}, []
+    for arrival in range(40):  # two validators, their pushes alternating; k = 10
+        validator = arrival % 2
+        seen[validator], v = validators.refresh(args, store, seen[validator], 10, "v")
+        refreshed += [arrival + 1] if v is None else []
+    # each validator's v is new once every 10 pushes of both together (counted per validator: 19, 20, 39, 40)
+    assert refreshed == [10, 11, 20, 21, 30, 31, 40]
+    zenops = argparse.Namespace(aggregate="zenops")
+    assert [validators.refresh(zenops, store, n, 3, "v")[1] for n in range(6)] == ["v", "v", None, "v", "v", None]
+
+
+def test_counts_by_pushes_tensors_and_parameters():
+    counts = attacks.counts([False, True, True], [10, 1, 100], passed=[False, True, False]).tolist()
+    assert counts[:3] == [0, 1, 0] and abs(counts[3] - 2 / 3) < 1e-12  # by pushes: a poisoned push, 2 / 3 rejected
+    assert counts[4:8] == [1, 2, 1, 1]  # by tensors: 1 honest (rejected), 2 lying (1 rejected)
+    assert counts[8:] == [10, 101, 10, 100]  # by parameters
+    assert attacks.counts([False] * 2, [3, 4]).tolist() == [1, 0, 0, 0, 2, 0, 0, 0, 7, 0, 0, 0]
 
 
 def test_local_steps_push_the_change_of_the_weights_and_keep_the_momentum():
@@ -278,33 +319,45 @@ def test_async_zeno_plus_plus_with_two_servers_and_a_refresh_every_two_pushes_ac
     assert summary["honest_rejected"] <= 6, summary  # at least half of them pass
 
 
-def test_local_steps_with_one_worker_train_nds_model(tiny_data, tmp_path):
-    """One worker taking 3 SGD steps a push, the server moving by its change: nd's weights after the same steps."""
-    nd_out, ps_out = tmp_path / "nd", tmp_path / "ps"
-    run_recipe("nd", [tiny_data, *TINY, "--epochs", "2", "--out", nd_out])
-    run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", ps_out, "--local-steps", "3"], nproc=2)
-    nd_state, ps_state = weights(nd_out), weights(ps_out)
+def test_local_steps_with_one_worker_train_nds_model_and_naive_async_moves_alpha_of_it(tiny_data, tmp_path):
+    """One worker taking 3 SGD steps a push, the server moving by its change: nd's weights after the same steps,
+    also when the worker sits the first round out (--worker-subsample: seed 0 draws no, then yes) and pushes both
+    rounds' change in the second. ZenoPS's naive_async, one push of 6 steps at alpha 0.5: halfway to nd's weights."""
+    nd_out, ps_out, naive_out = tmp_path / "nd", tmp_path / "ps", tmp_path / "naive"
+    run_recipe("nd", [tiny_data, *TINY, "--epochs", "1", "--out", nd_out])
+    run_recipe("ps", [tiny_data, *TINY, "--epochs", "1", "--out", ps_out, "--local-steps", "3", "--worker-subsample",
+                      "0.5"], nproc=2)
+    run_recipe("ps", [tiny_data, *TINY, "--epochs", "1", "--out", naive_out, "--local-steps", "6", "--mode", "async",
+                      "--aggregate", "naive-async", "--zeno-alpha", "0.5"], nproc=2)
+    nd_state, ps_state, naive_state = weights(nd_out), weights(ps_out), weights(naive_out)
     torch.manual_seed(0)
     initial = models.build_model("lenet", 3).state_dict()
     for key, value in nd_state["model"].items():
         torch.testing.assert_close(ps_state["model"][key], value, atol=1e-5, rtol=0, msg=key)
-        assert (value - initial[key]).abs().max() > 1e-4, key  # (the 12 steps moved it)
-    assert read_summary(ps_out)["honest_pushed"] == 2 * 2  # 6 steps an epoch: 2 pushes of 3
+        assert (value - initial[key]).abs().max() > 1e-4, key  # (the 6 steps moved it)
+        torch.testing.assert_close(naive_state["model"][key], (initial[key] + value) / 2, atol=1e-5, rtol=0, msg=key)
+    assert [steps.joins(argparse.Namespace(worker_subsample=0.5, seed=0), 0, r) for r in (0, 1)] == [False, True]
+    assert read_summary(ps_out)["honest_pushed"] == 1  # 6 steps an epoch: 2 rounds of 3, the first sat out
 
 
 def test_every_worker_lies_with_the_attack_probability_and_zenops_rejects_their_tensors(tiny_data, tmp_path):
-    """3 workers, 2 local steps a push, each push flipped x 6 with probability 0.5: zenops rejects every flipped
-    push whole, tensor by tensor, and counts the honest ones' rejected tensors as shares."""
+    """3 workers, 2 local steps a push, each tensor of each push flipped x 6 with probability 0.5 (ZenoPS's draw):
+    zenops rejects every flipped tensor, and counts the rejected ones by pushes, tensors and parameters."""
     out = tmp_path / "ps"
     result = run_recipe("ps", [tiny_data, *TINY, "-b", "4", "--epochs", "4", "--out", out, "--validators", "1",
                                "--aggregate", "zenops", "--local-steps", "2", "--attack", "signflip", "--attack-scale",
                                "6", "--attack-prob", "0.5", *VALIDATED], nproc=5)
     summary = read_summary(out)
     assert summary["honest_pushed"] + summary["byzantine_pushed"] == 3 * 4  # 8 images each: 1 push an epoch
-    assert 1 <= summary["byzantine_pushed"] <= 11, summary  # (a fair coin per push, seeded)
-    assert summary["byzantine_rejected"] == summary["byzantine_pushed"], summary
-    assert 0 <= summary["honest_rejected"] <= summary["honest_pushed"], summary  # (4-image steps: noisy)
-    assert "2 local step(s) a push" in result.stdout and "every push with probability 0.5" in result.stdout
+    tensors = summary["honest_tensors_pushed"] + summary["byzantine_tensors_pushed"]
+    lenet = list(models.build_model("lenet", 3).parameters())  # (8 tensors)
+    assert tensors == 3 * 4 * len(lenet) and 25 <= summary["byzantine_tensors_pushed"] <= 71, summary
+    assert summary["byzantine_tensors_rejected"] == summary["byzantine_tensors_pushed"], summary
+    assert summary["byzantine_params_rejected"] == summary["byzantine_params_pushed"] > 0, summary
+    assert summary["honest_params_pushed"] + summary["byzantine_params_pushed"] == 3 * 4 * sum(p.numel() for p in lenet)
+    assert 0 <= summary["honest_tensors_rejected"] <= summary["honest_tensors_pushed"], summary  # (4 images: noisy)
+    assert "2 local step(s) a push" in result.stdout and "every tensor of every push with probability 0.5" in \
+        result.stdout
 
 
 def test_sync_resumes_where_it_stopped_and_stops_everyone_at_the_desired_accuracy(tiny_data, tmp_path):
@@ -391,6 +444,11 @@ def test_impossible_roles_are_one_line(flags, world_size, phrase):
     (["--validators", "1", "--aggregate", "zenops", "--mode", "async", "--zeno-alpha", "0"],
      "--zeno-alpha must be positive"),
     (["--validators", "1", "--aggregate", "zeno++", "--mode", "async", "--eps", "-0.1"], "--eps must be 0 or more"),
+    (["--worker-subsample", "0"], "--worker-subsample is a probability in (0, 1], got 0"),
+    (["--worker-subsample", "1.5"], "--worker-subsample is a probability in (0, 1], got 1.5"),
+    (["--validators", "1", "--aggregate", "zeno", "--worker-subsample", "0.5"], "not with --worker-subsample"),
+    (["--aggregate", "naive-async"], "naive-async is ZenoPS's asynchronous baseline: use --mode async"),
+    (["--aggregate", "naive-async", "--mode", "async", "--validators", "1"], "--validators score pushes with a Zeno"),
 ])
 def test_impossible_flags_are_one_line(flags, phrase):
     with pytest.raises(RecipeError) as error:
@@ -403,6 +461,7 @@ def test_impossible_flags_are_one_line(flags, phrase):
     (["--attack", "flood"], "argument --attack: invalid choice: 'flood'"),
     (["--attack", "ipm"], "argument --attack: invalid choice: 'ipm'"),
     (["--aggregate", "bulyan"], "argument --aggregate: invalid choice: 'bulyan'"),
+    (["--attack-draw", "step"], "argument --attack-draw: invalid choice: 'step'"),
 ])
 def test_bad_input_from_the_command_line(tiny_data, tmp_path, flags, phrase):
     result = run_recipe("ps", [tiny_data, *TINY, "--out", tmp_path / "out", *flags], expect_ok=False)

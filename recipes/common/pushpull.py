@@ -25,15 +25,17 @@ import torch.distributed as dist
 
 from recipes.common import RecipeError, distributed, faults
 
-PUSH, SKIP, PULL, BYE = 0, 1, 2, 3  # a gradient; a worker's step with no gradient (rejected); a request; leaving
-HEADER = 15
+PUSH, SKIP, PULL, BYE = 0, 1, 2, 3  # a gradient; a worker's step with no gradient (rejected, or sat out); a request;
+# leaving
+HEADER = 23
 # header fields: kind; version (of the weights a gradient was computed on; in a pull, of the client's copy);
 # age (a pull: send the shard once it is this many versions newer); the sender's training statistics
 # (loss x images, top-1 hits, top-5 hits, images, seconds its workers waited for data); update counts
-# (honest pushed, byzantine pushed, honest rejected, byzantine rejected); stop and lr (a pull's answer:
-# training is over; the server's learning rate); sigterm (the sender has received SIGTERM: the receiver
-# stops as if it had, so that the servers save and stop, faults.request_stop)
-KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, SIGTERM = 0, 1, 2, slice(3, 8), slice(8, 12), 12, 13, 14
+# (honest pushed, byzantine pushed, honest rejected, byzantine rejected: by pushes, by tensors, by
+# parameters); stop and lr (a pull's answer: training is over; the server's learning rate); sigterm (the
+# sender has received SIGTERM: the receiver stops as if it had, so that the servers save and stop,
+# faults.request_stop)
+KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, SIGTERM = 0, 1, 2, slice(3, 8), slice(8, 20), 20, 21, 22
 
 
 def partition(sizes, partition_bytes, servers, element_bytes=4):
@@ -157,10 +159,10 @@ def push_candidate(validator, message, versions, g):
 
 def recv_candidate(src, servers, numel):
     """A validator's side of push_candidate, from src or (None) from whichever worker sends first: (header,
-    sender, versions, g), or a BYE's (header, sender, None, None); a worker that dies mid-message comes back as
-    a BYE from it."""
+    sender, versions, g), or a BYE's or a SKIP's (header, sender, None, None); a worker that dies mid-message
+    comes back as a BYE from it."""
     message, sender = recv_header(src) if src is not None else recv_header_from_any()
-    if message[KIND] == BYE:
+    if message[KIND] in (BYE, SKIP):
         return message, sender, None, None
     try:
         return message, sender, recv_payload(sender, servers).long().tolist(), recv_payload(sender, numel)

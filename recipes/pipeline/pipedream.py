@@ -4,7 +4,7 @@ beside the loop in train.py.
 
 Order: stage s of S runs S - s forwards, then alternates a backward and a forward (1F1B), and at the epoch's end
 the backwards left: S - s minibatches are in flight at stage s, and the pipeline is filled once and drained once
-per epoch (pipedream_scheduler, pipedream_subexecutor.py 36-64, and the drain at batch_num, 344-360). Each
+per epoch (pipedream_scheduler, pipedream_subexecutor.py 36-59, and the drain at batch_num, 344-360). Each
 minibatch is one update at every stage.
 
 Weight stashing: a minibatch's backward uses the weights its forward used, and its gradient updates the
@@ -34,7 +34,7 @@ already), and the resumed epoch fills the pipeline anew, so it does not repeat t
 
 Deviations: SD-PIPE allocates one buffer per in-flight minibatch and copies the newest weights into the oldest
 (copy_latest_weight, pipedream_subexecutor.py 275-292: the same count of versions, by reuse); its GroupStart/
-GroupEnd calls (350-362, 440-447) pair the forward's send with the next
+GroupEnd calls (416-447) pair the forward's send with the next
 backward's receive (Megatron-LM pairs them so too), where here a gradient's receive is a group of its own, which
 keeps a stop after any backward free of a receive that no stage will match.
 """

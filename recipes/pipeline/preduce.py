@@ -8,8 +8,9 @@ deadline adapts, per process: it starts at 1 ms, doubles (to at most 10 ms) afte
 fewer than 2 and shrinks x 0.9 (to at least 0.01 ms) otherwise. The group averages its weights
 with one all-reduce over a process group of its members, made by them alone the first time that
 membership forms, then cached (at most 2^R - R - 1 of them, as SD-PIPE caches its NCCL
-communicators). With more than 8 replicas a group averages in pairs, in order
-(preduce_handler.cc 313-314, getPartnerPairWise).
+communicators). With more than 8 replicas a group averages in pairs, in order, and the pairs
+join no union for the staleness bound, so a connectivity sync then waits for every replica
+(preduce_handler.cc 94-178, getPartnerPairWise, chosen at 313-314).
 
 Staleness bound: each group adds its size to a count of updates. When the count crosses a multiple
 of 10 R (preduce_handler.cc 16, 80-82: ssp_bound x R), a connectivity sync is due: the next group waits
@@ -25,9 +26,11 @@ The ready queue is the c10d store: arrival n reads its part from the key member/
 leader of its group writes (its group, or "lead"); only a leader reads and writes the counts and
 the union-find, one leader at a time.
 Deviations (the authors' files and lines): the epoch ends with an average of all replicas (SD-PIPE
-evaluates each pipeline's own weights, train_resnet.py 14-26: here one model is evaluated and saved);
+evaluates each pipeline's own weights, train_resnet.py 14-26: here one model is evaluated and saved),
+and the count of updates, with the connectivity sync it makes due, starts again at each epoch (the
+authors' runs on, preduce_handler.cc 80-82: the epoch's average has just connected every replica);
 a counter of claimed steps ends the epoch, where SD-PIPE's last-stage scheduler does
-(preduce_handler.cc 28-34, setStopCondition); a replica that leaves the epoch ends a connectivity
+(preduce_handler.cc 29-35, setStopCondition); a replica that leaves the epoch ends a connectivity
 wait (SD-PIPE's scheduler stops every replica together, preduce_handler.cc 83-85); a replica is
 ready once its host has queued the step (SD-PIPE synchronises its compute stream first,
 pipedream_subexecutor.py 190: here no step waits for the device); the stage's weights are averaged
@@ -194,7 +197,8 @@ class PartialReduce:
                     stopped += 1
                     continue
                 members.append(int(who))
-                parents[find(parents, int(who))] = find(parents, self.replica)
+                if replicas <= PAIRS_BEYOND:  # (pairs join no union: SD-PIPE's getPartnerPairWise, so its sync
+                    parents[find(parents, int(who))] = find(parents, self.replica)  # waits for all R)
         members, before = sorted(members), updates
         updates += len(members)
         connecting = connecting and connects_all(parents)  # (not when a replica's leaving cut it short)
@@ -235,9 +239,9 @@ class PartialReduce:
         held this replica up, as a tensor on the device; the group's size; whether it was a connectivity sync)."""
         with faults.waiting_for("the partial reduce's group"):  # (every wait on a peer is marked: faults)
             members, connecting = self.arrive(epoch)
+            members = pair_of(members, self.replica, self.layout.replicas, connecting)  # (beyond 8 replicas)
             size = len(members)
-            self.wait = next_wait(self.wait, size)
-            members = pair_of(members, self.replica, self.layout.replicas, connecting)
+            self.wait = next_wait(self.wait, size)  # (on the pair's size beyond 8, as SD-PIPE's preduce.py 84-87)
             flat = flagged(parameters_to_vector(params).detach(), straggled)
             mine = flat[-1].clone()
             if len(members) < 2:

@@ -1,14 +1,19 @@
 """What a Byzantine worker pushes instead of its update u (a gradient, or with --local-steps H the
 change of its weights over H steps), as the Zeno papers attack:
 
-  --byzantine K     workers 0..K-1 lie at every push (Zeno's model: 8 of 20 workers in its runs,
-                    all sending -1 x the first one's gradient; x 4 here makes 2 of 8 break the mean);
-  --attack-prob q   every worker's push is poisoned with probability q, drawn per push (ZenoPS's
-                    model, q = 0.2; Zeno++ flips with probability q/10);
-  signflip          -s u (ZenoPS: s = 6 sync, 2 async; Zeno++: 10; Zeno: 1);
-  gaussian          N(0, s^2) in place of u (ZenoPS: s = 1);
-  random            a random direction at s times ||u|| (ZenoPS: s = 8);
-  labelflip         u computed on labels c -> C-1-c (--attack-scale unused).
+  --byzantine K     workers 0..K-1 lie at every push, every tensor (Zeno's model: 8 of 20 workers in
+                    its runs; here each flips its own update, where Zeno's all send -1 x the first
+                    one's gradient: icml2019_zeno byzantine.py 14-18);
+  --attack-prob q   every worker lies with probability q, drawn per tensor of each push by default
+                    (ZenoPS's model, q = 0.2: zeno_ps byteps/mxnet/__init__.py 406 sync, 850 async: one
+                    draw per tensor, so most pushes carry some poisoned tensors and few are poisoned
+                    whole); --attack-draw push draws once per push, for every tensor of it (Zeno++'s:
+                    AsyncByzGrad train_cifar10.py 259-265, q = nbyz / 10);
+  signflip          -s u_t (ZenoPS: s = 6 sync, 2 async; Zeno++: 10; Zeno: 1);
+  gaussian          N(0, s^2) in place of u_t (ZenoPS: s = 1);
+  random            a random direction at s times ||u_t|| (ZenoPS: s = 8);
+  labelflip         u computed on labels c -> C-1-c, a whole push (--attack-scale unused).
+Each attack acts tensor by tensor (u_t: one parameter tensor of u), as ZenoPS's attacks.py 39-52.
 
 ALIE and IPM are not here: they are omniscient (computed from the honest workers' updates of the
 step), which workers that see only their own batches cannot be; byzfl's benchmark, run by
@@ -19,38 +24,60 @@ import torch
 
 
 class Attacker:
-    """Decides which of one worker's pushes lie, and what they push. Reproducible: the draws come from a
+    """Decides which tensors of one worker's pushes lie, and what they push. Reproducible: the draws come from a
     generator of the worker's own, seeded by --seed and its index."""
 
-    def __init__(self, args, index):
-        self.attack, self.scale, self.prob = args.attack, args.attack_scale, args.attack_prob
+    def __init__(self, args, index, sizes):
+        self.attack, self.scale, self.prob, self.sizes = args.attack, args.attack_scale, args.attack_prob, sizes
         self.always = index < args.byzantine
+        self.per_tensor = args.attack_draw == "tensor" and args.attack != "labelflip"  # (a data attack: whole)
         self.generator = torch.Generator().manual_seed(1_000_003 * (args.seed or 0) + index)
 
-    def next_push_lies(self):
-        """Whether this worker's next push is poisoned (one draw per push, whatever the answer)."""
-        draw = torch.rand((), generator=self.generator).item()
-        return self.attack != "none" and (self.always or draw < self.prob)
+    def next_push(self):
+        """Which tensors of this worker's next push lie, one bool each (one draw per push, or per tensor,
+        whatever the answer)."""
+        draws = torch.rand(len(self.sizes) if self.per_tensor else 1, generator=self.generator) < self.prob
+        lies = [self.attack != "none" and (self.always or bool(draw)) for draw in draws.tolist()]
+        return lies if self.per_tensor else lies * len(self.sizes)
 
-    def labels(self, target, num_classes, lying):
-        return num_classes - 1 - target if lying and self.attack == "labelflip" else target
+    def labels(self, target, num_classes, lies):
+        return num_classes - 1 - target if any(lies) and self.attack == "labelflip" else target
 
-    def poison(self, update):
-        """The pushed vector in place of the honest update (labelflip: already computed on flipped labels)."""
+    def poison(self, update, lies):
+        """The pushed vector: each lying tensor in place of the honest one (labelflip: already computed on
+        flipped labels)."""
+        if self.attack == "labelflip" or not any(lies):
+            return update
+        return torch.cat([self.poison_tensor(u_t) if lie else u_t for u_t, lie in zip(update.split(self.sizes), lies)])
+
+    def poison_tensor(self, u_t):
         if self.attack == "signflip":
-            return -self.scale * update
+            return -self.scale * u_t
         if self.attack == "gaussian":
-            return self.scale * torch.randn(update.shape, generator=self.generator)
-        if self.attack == "random":
-            direction = torch.randn(update.shape, generator=self.generator)
-            return direction * (self.scale * update.norm() / direction.norm().clamp_min(1e-12))
-        return update
+            return self.scale * torch.randn(u_t.shape, generator=self.generator)
+        direction = torch.randn(u_t.shape, generator=self.generator)  # random
+        return direction * (self.scale * u_t.norm() / direction.norm().clamp_min(1e-12))
+
+
+def counts(lies, sizes, passed=None):
+    """One push's update counts for the summary (12 numbers): by pushes (honest pushed, byzantine pushed, honest
+    rejected, byzantine rejected; a push is byzantine when any of its tensors lies, and rejected counts the share
+    of its tensors that did not pass), then the same four by tensors, then by parameters."""
+    passed = [True] * len(lies) if passed is None else passed
+    byzantine, share = any(lies), 1 - sum(passed) / len(passed)
+    values = [not byzantine, byzantine, 0 if byzantine else share, share if byzantine else 0]
+    for weights in ([1] * len(sizes), sizes):
+        values += [sum(w for w, lie in zip(weights, lies) if not lie), sum(w for w, lie in zip(weights, lies) if lie),
+                   sum(w for w, lie, ok in zip(weights, lies, passed) if not lie and not ok),
+                   sum(w for w, lie, ok in zip(weights, lies, passed) if lie and not ok)]
+    return torch.tensor(values, dtype=torch.float64)
 
 
 def describe(args):
     """Who lies, in words, for a run's first line."""
     if args.attack == "none":
         return "no attack"
+    drawn = "tensor of every push" if args.attack_draw == "tensor" and args.attack != "labelflip" else "push"
     who = " and ".join(([f"workers 0..{args.byzantine - 1} always"] if args.byzantine else []) +
-                       ([f"every push with probability {args.attack_prob:g}"] if args.attack_prob else []))
+                       ([f"every {drawn} with probability {args.attack_prob:g}"] if args.attack_prob else []))
     return f"--attack {args.attack} x {args.attack_scale:g} by {who}"

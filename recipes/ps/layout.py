@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from recipes.common import RecipeError, cli
 from recipes.ps.rules import ZENOPS_ASYNC_ETA, ZENOPS_RHO, ZENOPS_SYNC_ETA
 
-ROBUST = ["mean", "median", "trimmed-mean", "krum", "centered-clipping", "phocas"]  # on the servers
+ROBUST = ["mean", "median", "trimmed-mean", "krum", "centered-clipping", "phocas", "naive-async"]  # on the servers
 BYZFL_RULES = ["median", "trimmed-mean", "krum", "centered-clipping"]  # (rules.py imports byzfl for these)
 VALIDATED = ["zenops", "zeno", "zeno++"]  # by validators
 ATTACKS = ["none", "signflip", "gaussian", "random", "labelflip"]
@@ -76,11 +76,17 @@ def add_args(parser):
                        help="how the servers combine the pushes: a rule on the servers, or Zeno validators")
     group.add_argument("--byzantine", type=int, default=0, metavar="K", help="workers 0..K-1 lie at every push")
     group.add_argument("--attack-prob", type=float, default=0.0, metavar="Q",
-                       help="every worker lies at each push with probability Q (default: 0)")
+                       help="every worker lies with probability Q, drawn per tensor of each push (default: 0)")
+    group.add_argument("--attack-draw", choices=["tensor", "push"], default="tensor",
+                       help="--attack-prob's draw: each tensor of a push on its own (ZenoPS's, default) or the "
+                            "push whole (Zeno++'s)")
     group.add_argument("--attack", choices=ATTACKS, default="none",
                        help="what a lying worker pushes in place of its update u (attacks.py)")
     group.add_argument("--attack-scale", type=float, default=1.0, metavar="S",
                        help="signflip: -S u; gaussian: N(0, S^2); random: a random direction at S ||u||")
+    group.add_argument("--worker-subsample", type=float, default=1.0, metavar="P",
+                       help="each worker pushes in a round with probability P, and keeps its update for a later "
+                            "round otherwise (ZenoPS's --worker-subsample-rate; default: 1, every round)")
     group.add_argument("--zeno-b", type=int, help="pushes zeno and the trimming rules drop (default: K)")
     group.add_argument("--validation-split", type=float, default=0.1,
                        help="share of train/ held out for the validators (default: 0.1)")
@@ -90,7 +96,8 @@ def add_args(parser):
     group.add_argument("--zeno-eta", type=float, help="zenops threshold (default: -0.001 sync, -0.02 async)")
     group.add_argument("--rho", type=float, help="zenops norm bound (default: 0.6); zeno++ penalty (default: "
                                                  "0.01 x the base learning rate)")
-    group.add_argument("--zeno-alpha", type=float, default=0.4, help="zenops async step scale (default: 0.4)")
+    group.add_argument("--zeno-alpha", type=float, default=0.4,
+                       help="async zenops' and naive-async's step scale (default: 0.4, ZenoPS's)")
     group.add_argument("--zeno-rho-ratio", type=float, default=200.0,
                        help="zeno: its penalty is lr / ratio x mean(g^2) (default: 200)")
     group.add_argument("--zeno-delay", type=int, metavar="K",
@@ -121,7 +128,8 @@ def check_flags(args):
                             "--rho": (lambda v: v >= 0, "must be 0 or more"),
                             "--zeno-alpha": (lambda v: v > 0, "must be positive"),
                             "--eps": (lambda v: v >= 0, "must be 0 or more"),
-                            "--zeno-b": (lambda v: v >= 0, "must be 0 or more")})
+                            "--zeno-b": (lambda v: v >= 0, "must be 0 or more"),
+                            "--worker-subsample": (lambda v: 0 < v <= 1, "is a probability in (0, 1]")})
     if args.attack == "labelflip" and (args.mixup_alpha or args.cutmix_alpha):
         raise RecipeError("--attack labelflip flips class labels: not with --mixup-alpha or --cutmix-alpha")
     if args.attack == "none" and (args.byzantine or args.attack_prob):
@@ -132,13 +140,17 @@ def check_flags(args):
         raise RecipeError(f"--validators score pushes with a Zeno rule: --aggregate {'|'.join(VALIDATED)}")
     if not args.validators and args.aggregate in VALIDATED:
         raise RecipeError(f"--aggregate {args.aggregate} needs --validators (at least 1)")
-    if args.mode == "async" and args.aggregate not in ("mean", "zenops", "zeno++"):
-        raise RecipeError(f"--mode async applies each push alone: --aggregate mean, zenops or zeno++, "
+    if args.mode == "async" and args.aggregate not in ("mean", "naive-async", "zenops", "zeno++"):
+        raise RecipeError(f"--mode async applies each push alone: --aggregate mean, naive-async, zenops or zeno++, "
                           f"not {args.aggregate}")
+    if args.mode == "sync" and args.aggregate == "naive-async":
+        raise RecipeError("--aggregate naive-async is ZenoPS's asynchronous baseline: use --mode async")
     if args.mode == "sync" and args.aggregate == "zeno++":
         raise RecipeError("--aggregate zeno++ is asynchronous: use --mode async (or zeno, zenops in sync)")
     if args.mode == "async" and args.aggregate == "zeno":
         raise RecipeError("--aggregate zeno is synchronous: use --mode sync (or zeno++, zenops in async)")
+    if args.aggregate == "zeno" and args.worker_subsample < 1:
+        raise RecipeError("--aggregate zeno keeps the n - b best of every worker's push: not with --worker-subsample")
     if args.aggregate in ("zeno", "zeno++") and args.local_steps != 1:
         raise RecipeError(f"--aggregate {args.aggregate} judges gradients, as its authors: --local-steps 1, "
                           f"not {args.local_steps}")

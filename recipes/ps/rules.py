@@ -16,6 +16,8 @@ over coordinates; <.,.> and ||.|| are over the whole vector unless a rule works 
                 base (unscheduled) learning rate, the penalty on g before rescaling (Zeno++, Xie et
                 al. ICML 2020: eps 0, rho 0.001 at lr 0.1; v refreshed every k = 10 arrivals).
   phocas        coordinate-wise, the mean of the n - b values nearest the trimmed mean (Xie et al. 2018).
+  naive-async   alpha u for every push, on the servers: ZenoPS's asynchronous baseline, the rule its
+                async zenops is read against (zeno_ps validator.py 172-183, NaiveAsyncValidator; alpha 0.4).
 The other robust rules are byzfl's (median, trimmed mean, Krum, centered clipping).
 """
 
@@ -90,8 +92,10 @@ def phocas(vectors, b):
 
 
 def aggregate(rule, updates, b, clipping=None):
-    """The servers' rule over the workers' pushes of one sync step (no validators)."""
-    stacked = torch.stack(updates)
+    """The servers' rule over the workers' pushes of one sync step (no validators). A round with fewer pushes
+    (--worker-subsample) trims at most what it can: b below half of them (krum: n > 2 b + 2)."""
+    stacked, n = torch.stack(updates), len(updates)
+    b = max(0, min(b, (n - 3) // 2 if rule == "krum" else (n - 1) // 2))
     if rule == "mean":
         return stacked.mean(dim=0)
     if rule == "phocas":

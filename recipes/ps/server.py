@@ -63,14 +63,16 @@ def counts_of_every_server(tally, run):
     """The summary's update counts, added up (or the most) over the servers: CPU numbers, over their gloo group
     (run.control; run.group, on the device, is NCCL's on GPUs)."""
     dist.all_reduce(tally["counts"], group=run.control)
-    honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = tally["counts"].tolist()
-    honest_pushed, byzantine_pushed = round(honest_pushed), round(byzantine_pushed)  # (rejected: shares of pushes)
-    honest_rejected, byzantine_rejected = round(honest_rejected, 3), round(byzantine_rejected, 3)
+    counts = {}  # by pushes (rejected: shares of pushes), by tensors, by parameters (attacks.counts)
+    for by, values in zip(("", "_tensors", "_params"), tally["counts"].split(4)):
+        honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = values.tolist()
+        counts.update({f"honest{by}_pushed": round(honest_pushed), f"byzantine{by}_pushed": round(byzantine_pushed),
+                       f"honest{by}_rejected": round(honest_rejected, 3),
+                       f"byzantine{by}_rejected": round(byzantine_rejected, 3)})
     most = torch.tensor([tally["stale"], tally["oldest"]])  # (every server drops and applies on its own)
     dist.all_reduce(most, op=dist.ReduceOp.MAX, group=run.control)
     stale, oldest = most.tolist()
-    return dict(honest_pushed=honest_pushed, honest_rejected=honest_rejected, byzantine_pushed=byzantine_pushed,
-                byzantine_rejected=byzantine_rejected, stale_dropped=stale, max_applied_staleness=oldest)
+    return dict(**counts, stale_dropped=stale, max_applied_staleness=oldest)
 
 
 def server_state(model, view, shard, optimizer, server_chunks):

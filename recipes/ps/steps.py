@@ -1,6 +1,7 @@
 """What workers and validators both compute: an update from some batches, and its statistics."""
 
 import itertools
+import random
 import time
 
 import torch
@@ -34,6 +35,12 @@ def local_update(model, optimizer, criterion, vector, batches, steps, lr, to_dev
         optimizer.step()
         asked = time.perf_counter()
     return vector - parameters_to_vector(model.parameters()).detach().cpu(), stats_of(sums, seen, waited)
+
+
+def joins(args, index, round_):
+    """Whether worker `index` pushes in this round (--worker-subsample p: with probability p, drawn from --seed,
+    as ZenoPS's workers draw each round, zeno_ps byteps/mxnet/__init__.py 381 sync, 824 async)."""
+    return args.worker_subsample >= 1 or random.Random(f"{args.seed}/{index}/{round_}").random() < args.worker_subsample
 
 
 def stats_of(sums, seen, waited):

@@ -19,9 +19,10 @@ to the batch of all workers). --mode async: each push is applied as it arrives (
 one worker's batch); --max-staleness D drops an update more than D versions old.
 
 Byzantine workers (attacks.py): --byzantine K makes workers 0..K-1 lie at every push, --attack-prob
-q every worker at each push with probability q (--attack, --attack-scale). Without validators the
-servers can aggregate robustly (sync): mean, median, trimmed-mean, krum, centered-clipping (byzfl's)
-or phocas (rules.py), for --zeno-b b liars. With --validators V and --aggregate zenops|zeno|zeno++,
+q every worker with probability q, per tensor of a push (--attack, --attack-scale, --attack-draw).
+Without validators the servers can aggregate robustly (sync): mean, median, trimmed-mean, krum,
+centered-clipping (byzfl's) or phocas (rules.py), for --zeno-b b liars; async: mean, or ZenoPS's
+naive-async (alpha u). With --validators V and --aggregate zenops|zeno|zeno++,
 each validator holds out its share of --validation-split of train/ and judges its workers' pushes
 against what it computes there (validators.py: what each rule validates; rules.py: the formulas and
 their authors' defaults).
@@ -69,21 +70,30 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
     vector = parameters_to_vector(model.parameters()).detach().cpu()  # this worker's copy of the weights
     versions = [-1] * args.servers  # of this worker's copy of each server's chunks: none yet
     to_device = data.device_transform(args, device, num_classes)
-    validator, attacker = layout.validator_of(rank), attacks.Attacker(args, layout.worker_index(rank))
+    sizes, index = [p.numel() for p in model.parameters()], layout.worker_index(rank)
+    validator, attacker = layout.validator_of(rank), attacks.Attacker(args, index, sizes)
+    residual = torch.zeros_like(vector)  # what this worker trained in rounds it sat out (--worker-subsample)
     model.train()
-    for _ in itertools.count() if rounds is None else range(rounds):
+    for round_ in itertools.count() if rounds is None else range(rounds):
         stop, lr = pushpull.pull(vector, chunks, versions)
         if stop:  # the servers have trained enough (async), or reached --desired-acc
             break
-        lying = attacker.next_push_lies()
-        relabel = (lambda target: attacker.labels(target, num_classes, lying)) if lying else None
-        u, stats = steps.local_update(model, optimizer, criterion, vector, batches, args.local_steps, lr, to_device,
+        pushes = steps.joins(args, index, round_)
+        lies = attacker.next_push() if pushes else [False] * len(sizes)  # (which of its tensors)
+        relabel = (lambda target: attacker.labels(target, num_classes, lies)) if any(lies) else None
+        start = vector - residual if args.local_steps > 1 else vector  # (local steps: on from where it was)
+        u, stats = steps.local_update(model, optimizer, criterion, start, batches, args.local_steps, lr, to_device,
                                       relabel)
-        u = attacker.poison(u) if lying else u
-        counts = torch.tensor([0, 1, 0, 0] if lying else [1, 0, 0, 0], dtype=torch.float64)  # (for the counts)
-        if validator is not None:  # the validator forwards it, or not
+        u, residual = u + residual, torch.zeros_like(vector)
+        if not pushes:  # it sits this round out, and keeps its update for the next it takes part in
+            residual = u
+            for peer in [validator] if validator is not None else range(args.servers):
+                pushpull.send(pushpull.header(pushpull.SKIP, stats=stats), peer)
+            continue
+        u, counts = attacker.poison(u, lies), attacks.counts(lies, sizes)  # (the counts: for the summary)
+        if validator is not None:  # the validator forwards it, or not (which tensors lie: for its counts)
             pushpull.push_candidate(validator, pushpull.header(pushpull.PUSH, stats=stats, counts=counts), versions,
-                                    u)
+                                    torch.cat([u, torch.tensor(lies, dtype=u.dtype)]))
             continue
         for server, server_chunks in enumerate(chunks):
             message = pushpull.header(pushpull.PUSH, versions[server], stats, counts)
@@ -104,15 +114,15 @@ def sync_step(args, run, shard, optimizer, layout, tally):
         pushpull.answer_pull(request, client, shard.detach(), tally["version"], lr)
     accepted_counts = len(tally["sizes"]) if args.validators else 0  # (validators: per tensor, how many passed)
     received = []
-    for sender in layout.senders:
+    for sender in layout.senders:  # (a worker that sits the round out sends no update: a skip)
         message, _ = pushpull.recv_header(sender)
-        received.append((message, pushpull.recv_payload(sender, shard.numel() + accepted_counts)))
+        pushed = message[pushpull.KIND] == pushpull.PUSH
+        received.append((message, pushpull.recv_payload(sender, shard.numel() + accepted_counts) if pushed else None))
+    updates = [u for _, u in received if u is not None]
     if args.validators:
-        apply(args, shard, optimizer, validators.accepted_mean([u for _, u in received], shard.numel(),
-                                                               tally["tensor_of"]), tally)
-    else:
-        apply(args, shard, optimizer, rules.aggregate(args.aggregate, [u for _, u in received], args.zeno_b,
-                                                      tally["clipping"]), tally)
+        apply(args, shard, optimizer, validators.accepted_mean(updates, shard.numel(), tally["tensor_of"]), tally)
+    elif updates:
+        apply(args, shard, optimizer, rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"]), tally)
     losses = [record(run, message, sender, layout.senders, tally) for (message, _), sender in
               zip(received, layout.senders)]
     return [loss for loss in losses if loss is not None]
@@ -132,7 +142,7 @@ def async_step(args, run, shard, optimizer, layout, tally):
         if args.max_staleness is not None and staleness > args.max_staleness:
             tally["stale"] += 1
         else:
-            apply(args, shard, optimizer, u, tally)
+            apply(args, shard, optimizer, args.zeno_alpha * u if args.aggregate == "naive-async" else u, tally)
             tally["oldest"] = max(tally["oldest"], staleness)
     loss = record(run, message, sender, layout.senders, tally)
     return [] if loss is None else [loss]
@@ -153,7 +163,7 @@ def run_server(args, layout, run, shard, optimizer, val_loader, sizes, server_ch
     """Per round, sync: answer every client's pull, take every push, apply their aggregate; async: answer
     pulls until the next push arrives, apply it unless it is too stale. At each epoch's end, evaluate and
     save. Then tell every client to stop, and write the counts into summary.json."""
-    tally = {"version": 0, "stale": 0, "oldest": 0, "left": set(), "counts": torch.zeros(4, dtype=torch.float64),
+    tally = {"version": 0, "stale": 0, "oldest": 0, "left": set(), "counts": torch.zeros(12, dtype=torch.float64),
              "workers": layout.workers, "clipping": None, "sizes": sizes,
              "tensor_of": validators.tensor_of(sizes, server_chunks) if args.validators else None}
     if args.aggregate == "centered-clipping":

@@ -3,16 +3,19 @@ to validator i mod V) against what it computes itself on data no worker sees, an
 
   zenops  v is the validator's own update, computed as a worker computes its push (--local-steps H
           steps from the same weights, --validator-batch images a step), tensor by tensor (rules.py).
-          Sync: every round, before the pushes arrive. Async: every --zeno-delay pushes it scored
-          (default: as many as it has workers, one round of theirs, as ZenoPS's validators).
+          Sync: every round, before the pushes arrive. Async: every --zeno-delay pushes of its workers
+          (default: as many as it has workers, one round of theirs, those that sat it out included, as
+          ZenoPS's validators).
   zeno    no v: each push g is scored by the loss it removes from one scoring batch, the same batch
           for every validator in a step (the same held-out data, drawn in the same order), and the
           validators keep the n - b best together. Gradients only (--local-steps 1), as its authors.
   zeno++  v is the gradient of one --validator-batch batch at the latest weights, refreshed every
-          --zeno-delay k pushes scored (default 10, its authors'). Gradients only (--local-steps 1).
+          --zeno-delay k pushes that reached any validator (default 10, its authors': their one server
+          counts every arrival). Gradients only (--local-steps 1).
 Every forwarded push says what it held: per parameter tensor, how many pushes were accepted (sync),
-so the servers apply, tensor by tensor, the mean of every accepted push; rejected tensors are
-counted as a share of the push (a push rejected whole counts 1).
+so the servers apply, tensor by tensor, the mean of every accepted push. What was rejected is
+counted by pushes (the share of its tensors, a push rejected whole counting 1), by tensors and by
+parameters, for honest and for poisoned tensors apart (the worker says which of its tensors lie).
 
 Where this departs from the authors' code (xcgoner/zeno_ps, icml2019_zeno, AsyncByzGrad), and why:
 - Local steps use the recipes' SGD with momentum, not ZenoPS's Nesterov: one optimizer in every
@@ -48,7 +51,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from recipes.common import faults, pushpull
-from recipes.ps import rules, steps
+from recipes.ps import attacks, rules, steps
 
 
 def run_validator(args, layout, rank, model, batches, chunks, rounds, base_lr, validators_control, to_device):
@@ -76,16 +79,19 @@ def validator_sync(args, layout, rank, model, batches, chunks, rounds, base_lr, 
         if args.aggregate == "zenops":  # (while the workers compute theirs)
             model.train()
             v, _ = steps.local_update(model, optimizer, criterion, vector, batches, args.local_steps, lr, to_device)
-        candidates = [pushpull.recv_candidate(w, args.servers, vector.numel()) for w in layout.workers_of(rank)]
-        updates = [u for *_, u in candidates]
+        candidates = [pushpull.recv_candidate(w, args.servers, vector.numel() + len(sizes))
+                      for w in layout.workers_of(rank)]  # (--worker-subsample: some sit out, a skip)
+        pushed = [split_lies(g, sizes) for *_, g in candidates if g is not None]
+        updates, lies = [u for u, _ in pushed], [lying for _, lying in pushed]
         if args.aggregate == "zenops":
             passed = [rules.zenops_sync(u, v, sizes, args.zeno_eta, args.rho) for u in updates]
         else:
             passed = zeno_passed(args, model, criterion, vector, batches, updates, lr, validators_control,
                                  to_device, len(sizes))
-        counts = sum(rejection_counts(message, ok) for (message, *_), ok in zip(candidates, passed))
+        none = torch.zeros(12, dtype=torch.float64)  # (every worker may sit a round out)
+        counts = sum((attacks.counts(lying, sizes, ok) for lying, ok in zip(lies, passed)), none)
         stats = sum(message[pushpull.STATS] for message, *_ in candidates)
-        total = sum(rules.accepted_part(u, ok, sizes) for u, ok in zip(updates, passed))
+        total = sum((rules.accepted_part(u, ok, sizes) for u, ok in zip(updates, passed)), torch.zeros_like(vector))
         accepted = torch.tensor([sum(ok[t] for ok in passed) for t in range(len(sizes))], dtype=torch.float32)
         for server, server_chunks in enumerate(chunks):
             message = pushpull.header(pushpull.PUSH, stats=stats, counts=counts)
@@ -120,6 +126,7 @@ def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr,
     workers = layout.workers_of(rank)
     k = args.zeno_delay or (rules.ZENO_PLUS_PLUS_K if args.aggregate == "zeno++" else len(workers))
     rho = args.rho if args.rho is not None else rules.ZENO_PLUS_PLUS_RHO_PER_LR * base_lr
+    arrivals = dist.PrefixStore("zeno++", dist.distributed_c10d._get_default_store())  # (every validator's pushes)
     active, scored, v = set(workers), 0, None
     while active:
         if v is None:  # v at the latest weights
@@ -127,34 +134,47 @@ def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr,
             model.train()
             v, _ = steps.local_update(model, optimizer, criterion, vector, batches, args.local_steps, lr, to_device)
         try:
-            message, sender, worker_versions, u = pushpull.recv_candidate(None, args.servers, vector.numel())
+            message, sender, worker_versions, u = pushpull.recv_candidate(None, args.servers,
+                                                                          vector.numel() + len(sizes))
         except RuntimeError:  # none of the remaining workers sent anything within --dist-timeout: all dead
             break  # (a header cut off by a dying worker is passed over by recv_candidate)
-        if u is None:
+        if message[pushpull.KIND] == pushpull.BYE:
             active.discard(sender)
             continue
+        if u is None:  # it sat this round out (--worker-subsample): the servers count its step
+            forward = pushpull.header(pushpull.SKIP, stats=message[pushpull.STATS])
+            for server in range(args.servers):
+                pushpull.send(forward, server)
+            scored, v = refresh(args, arrivals, scored, k, v)  # (ZenoPS's validators count those that sat out)
+            continue
+        u, lies = split_lies(u, sizes)
         if args.aggregate == "zenops":  # applies alpha s u to what it rejects
             update, passed = rules.zenops_async(u, v, sizes, args.zeno_eta, args.zeno_alpha)
             applied = True
         else:
             update, applied = rules.zeno_plus_plus(u, v, base_lr, rho, args.eps)
             passed = [applied] * len(sizes)
-        counts = rejection_counts(message, passed)
+        counts = attacks.counts(lies, sizes, passed)
         for server, server_chunks in enumerate(chunks):
             forward = pushpull.header(pushpull.PUSH if applied else pushpull.SKIP, worker_versions[server],
                                       message[pushpull.STATS], counts)
             pushpull.send(forward, server, pushpull.take(update, server_chunks) if applied else None)
-        scored += 1
-        v = None if scored % k == 0 else v
+        scored, v = refresh(args, arrivals, scored, k, v)
 
 
-def rejection_counts(message, passed):
-    """(honest pushed, byzantine pushed, honest rejected, byzantine rejected) for one push; rejected: the share
-    of its tensors that did not pass."""
-    byzantine = bool(message[pushpull.COUNTS][1] > 0)
-    rejected = 1 - sum(passed) / len(passed)
-    return torch.tensor([not byzantine, byzantine, 0 if byzantine else rejected, rejected if byzantine else 0],
-                        dtype=torch.float64)
+def refresh(args, arrivals, scored, k, v):
+    """After a push: v, or None when it is due to be computed again at the latest weights. zeno++: every k pushes
+    that reached any validator (its authors' server counts every arrival: AsyncByzGrad train_cifar10.py 302); zenops:
+    every k of this validator's own (ZenoPS's validator, a round of its workers). Returns (the count, v)."""
+    if args.aggregate == "zeno++":
+        counted = arrivals.add("pushes", 1)  # (this one, and every other validator's since)
+        return counted, None if counted // k > scored // k else v
+    return scored + 1, None if (scored + 1) % k == 0 else v
+
+
+def split_lies(pushed, sizes):
+    """A worker's push to its validator: (u, which of its tensors lie), the latter for the counts alone."""
+    return pushed[:-len(sizes)], [bool(lie) for lie in pushed[-len(sizes):].tolist()]
 
 
 def accepted_mean(payloads, numel, tensor_of):
