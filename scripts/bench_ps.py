@@ -1,31 +1,42 @@
-"""The parameter server against Byzantine workers, on the digits: accuracy, rejections and speed.
+"""The parameter server against Byzantine workers, on the digits, each figure in its authors' regime scaled
+down: accuracy, rejections and speed.
 
     python scripts/bench_ps.py     # figures/data/ps.csv (then plot_results.py draws it)
     python scripts/bench_ps.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
 
-On data/mnist5k, 8 workers and 1 server (and 2 validators for the Zeno rules, holding out 2 % of
-train/), each row for every seed (3 by default), in the papers' regimes scaled down:
-  sync    mean and the robust rules (median, trimmed-mean, phocas) and zenops, the workers
-          taking 8 local steps a push (ZenoPS's --sync-interval 8), and mean and zeno on one
-          gradient a push (Zeno's), under: no attack; 2 of 8 workers flipping their sign x 4;
-          ZenoPS's poisoning, each push with probability 0.2, sign flip x 6 or N(0, 1)
-  async   mean and zeno++ on gradients with SGD without momentum (Zeno++'s servers; --lr 1.0,
-          10 times the others, for the momentum's missing 1 / (1 - 0.9)), zenops on 8 local steps,
-          under sign flip x 10 with probability 0, 0.2 and 0.4 per push (Zeno++'s)
-  eta     ZenoPS's eta sweep (its Figure 7: sync zenops, N(0, 1) at 0.2, --zeno-eta 0.1 ...
-          -0.1), beside "validation data only": nd trained on the validators' held-out share
-          alone (the split of the same seed), at one worker's batch for as many steps as one
-          worker takes (6 times the epochs, and of the warm-up, on a 49th of the data)
-  speed   ddp on 8 processes, the throughput the ps sync rows are compared with
+On data/mnist5k, 8 workers (ZenoPS: 16, Zeno: 20, Zeno++: 10), 1 server, each row for every seed (3 by
+default). Every poisoning probability is 0.2 and drawn per tensor of a push as ZenoPS draws it (zeno_ps
+byteps/mxnet/__init__.py 406, 850), unless the row says per push (Zeno++'s, AsyncByzGrad train_cifar10.py
+259-265). The validators hold a worker's share of train/, 1 / 9 (ZenoPS's 1 / (W + 1),
+train_cifar10_byteps_zeno_validator.py 210-220), each validator all of it.
+  sync-1v   ZenoPS's sync runs with one validator (launcher/experiments_sync_single_validator.sh): half
+            of the workers sit each round out (--worker-subsample 0.5, __init__.py 381), 8 local steps a
+            push; mean, trimmed-mean and phocas (b = 1, a fifth of the 4 or so that push: ZenoPS's trim
+            ratio 0.2) and zenops; attacks: none, sign flip x 6, N(0, 1), a random direction at 8 x each
+            tensor's norm.
+  sync-2v   ZenoPS's sync runs with two validators (experiments_sync_two_validators.sh): every worker
+            every round; mean and zenops; the same attacks.
+  eta       ZenoPS's eta sweep (experiments_sync_tune_rho.sh, its Figure 7): sync-2v's zenops under N(0, 1),
+            --zeno-eta 0.1 ... -0.1, beside "validation data only": nd trained on the held-out share alone
+            (the split of the same seed), at one worker's batch for as many steps as one worker takes.
+  async-1v  ZenoPS's async runs (experiments_async_single_validator.sh): one validator, half of the
+            workers sitting each round out, 8 local steps; naive-async (alpha 0.4, its baseline) and
+            zenops; attacks: none, sign flip x 2, N(0, 1), random x 8.
+  zeno      Zeno (icml2019_zeno test_zeno_1.sh: 8 of 20 lie, b = 12): 3 of 8 workers flip their gradient
+            x 4 at every push (x 4: with Zeno's x 1, 3 of 8 leave the mean a descent), b = 5; mean and zeno
+            on one gradient a push.
+  zeno++    Zeno++ (AsyncByzGrad exp_*.sh): one gradient a push, SGD without momentum on the servers (at 10
+            times --lr, for the momentum's missing 1 / (1 - 0.9)), mean and zeno++ with one validator, under
+            sign flip x 10 per push with probability 0.2 and 0.4 (its nbyz / 10 for 2 and 4 liars).
+  speed     ddp on 8 processes, beside ps sync mean on one gradient a push (a push every step, as ddp's
+            allreduce) and on 8 local steps (an eighth of the pushes).
 Then, in the same part, scripts/bench_ps_byzfl.py: ByzFL's own benchmark on the same digits, into
-figures/data/ps_byzfl.csv. The robust rules are set for b = 2 Byzantine workers in every row (--zeno-b
-2). The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at a batch of 8
-per worker, for 5 epochs. Run processes are forked from a server that has imported torch once
-(measuring.run_forked): started by torchrun, each run would spend about 25 s importing. Each run
-keeps its final top-1, the update counts (rejections are shares of pushes: zenops judges tensor by
-tensor) and images/s in ps.csv, one row per run; a run that diverges (a non-finite loss: mean under
-N(0, 1), say) is a row with diverged = 1 and no top-1. Run directories go to runs/figures/ps/<name>-seed<S>; a run whose
-summary.json is complete is not trained again.
+figures/data/ps_byzfl.csv. The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at
+a batch of 8 per worker, for 5 epochs. Run processes are forked from a server that has imported torch once
+(measuring.run_forked). Each run keeps its final top-1, the update counts by pushes, tensors and parameters,
+and images/s in ps.csv, one row per run; a run that diverges (a non-finite loss) is a row with diverged = 1
+and no top-1. Run directories go to runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete is
+not trained again.
 """
 
 import argparse
@@ -41,56 +52,68 @@ sys.path.insert(0, str(ROOT))
 
 from scripts import bench_ps_byzfl, measuring  # noqa: E402
 
-WORKERS, BYZANTINE, VALIDATORS = 8, 2, 2
-HELD_OUT = 0.02  # the validators' share of train/ (--validation-split): small, so that it alone is a weak baseline
-LOCAL_STEPS = 8  # ZenoPS's workers' steps a push
-# (aggregation label, its flags): zeno and zeno++ judge gradients, as their authors ran them
-SYNC = [("mean", ["--aggregate", "mean", "--local-steps", "8"]),
-        ("median", ["--aggregate", "median", "--local-steps", "8"]),
-        ("trimmed-mean", ["--aggregate", "trimmed-mean", "--local-steps", "8"]),
-        ("phocas", ["--aggregate", "phocas", "--local-steps", "8"]),
-        ("zenops", ["--aggregate", "zenops", "--local-steps", "8"]),
-        ("mean, 1 step", ["--aggregate", "mean"]),
-        ("zeno, 1 step", ["--aggregate", "zeno"])]
-# Zeno++'s servers run SGD without momentum: its rows and their mean, at 10 times --lr (1 / (1 - 0.9))
-ASYNC = [("mean, 1 step", ["--aggregate", "mean", "--momentum", "0", "--lr", "1.0"]),
-         ("zeno++, 1 step", ["--aggregate", "zeno++", "--momentum", "0", "--lr", "1.0"]),
-         ("zenops", ["--aggregate", "zenops", "--local-steps", "8"])]
-SIGNFLIP_4 = ["--byzantine", "2", "--attack", "signflip", "--attack-scale", "4"]
-SYNC_ATTACKS = [("none", []), ("signflip x4, 2 of 8", SIGNFLIP_4),
-                ("signflip x6, p 0.2", ["--attack-prob", "0.2", "--attack", "signflip", "--attack-scale", "6",
-                                        "--attack-draw", "push"]),
-                ("N(0,1), p 0.2", ["--attack-prob", "0.2", "--attack", "gaussian", "--attack-scale", "1",
-                                   "--attack-draw", "push"])]
-ASYNC_ATTACKS = [("none", []),
-                 ("signflip x10, p 0.2", ["--attack-prob", "0.2", "--attack", "signflip", "--attack-scale", "10",
-                                          "--attack-draw", "push"]),
-                 ("signflip x10, p 0.4", ["--attack-prob", "0.4", "--attack", "signflip", "--attack-scale", "10",
-                                          "--attack-draw", "push"])]
+WORKERS = 8
+HELD_OUT = round(1 / (WORKERS + 1), 4)  # the validators' share of train/: a worker's (ZenoPS's)
+LOCAL = ["--local-steps", "8"]  # ZenoPS's workers' steps a push (--sync-interval 8)
+SUBSAMPLE = ["--worker-subsample", "0.5"]  # ZenoPS's one-validator runs
+
+
+def attack(kind, scale, draw="tensor", prob=0.2):
+    return ["--attack-prob", str(prob), "--attack", kind, "--attack-scale", str(scale), "--attack-draw", draw]
+
+
+ZENOPS_SYNC_ATTACKS = [("none", []), ("signflip x6", attack("signflip", 6)), ("N(0,1)", attack("gaussian", 1)),
+                       ("random x8", attack("random", 8))]
+ZENOPS_ASYNC_ATTACKS = [("none", []), ("signflip x2", attack("signflip", 2)), ("N(0,1)", attack("gaussian", 1)),
+                        ("random x8", attack("random", 8))]
+ZENO_LIARS, ZENO_B = 3, 5  # of 8: Zeno's 8 liars and b = 12 of 20, scaled
+ZENO_ATTACKS = [("none", []), ("3 of 8 flip x4", ["--byzantine", str(ZENO_LIARS), "--attack", "signflip",
+                                                   "--attack-scale", "4"])]
+ZENO_PP_ATTACKS = [("none", []), ("signflip x10, p 0.2 per push", attack("signflip", 10, "push", 0.2)),
+                   ("signflip x10, p 0.4 per push", attack("signflip", 10, "push", 0.4))]
+NO_MOMENTUM = ["--momentum", "0", "--lr", "1.0"]  # Zeno++'s servers
+# part: (the mode, its rules: (label, flags, validators), its attacks)
+PARTS = {
+    "sync-1v": ("sync", [("mean", [*LOCAL, *SUBSAMPLE], 0),
+                         ("trimmed-mean", ["--aggregate", "trimmed-mean", "--zeno-b", "1", *LOCAL, *SUBSAMPLE], 0),
+                         ("phocas", ["--aggregate", "phocas", "--zeno-b", "1", *LOCAL, *SUBSAMPLE], 0),
+                         ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)], ZENOPS_SYNC_ATTACKS),
+    "sync-2v": ("sync", [("mean", LOCAL, 0), ("zenops", ["--aggregate", "zenops", *LOCAL], 2)], ZENOPS_SYNC_ATTACKS),
+    "async-1v": ("async", [("naive-async", ["--aggregate", "naive-async", *LOCAL, *SUBSAMPLE], 0),
+                           ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)], ZENOPS_ASYNC_ATTACKS),
+    "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2)],
+             ZENO_ATTACKS),
+    "zeno++": ("async", [("mean, 1 step", NO_MOMENTUM, 0), ("zeno++, 1 step", ["--aggregate", "zeno++", *NO_MOMENTUM],
+                                                             1)], ZENO_PP_ATTACKS),
+}
 ETAS = [0.1, 0.01, 0.001, 0, -0.001, -0.01, -0.1]
-ETA_ATTACK = SYNC_ATTACKS[3]
+ETA_ATTACK = ZENOPS_SYNC_ATTACKS[2]  # N(0, 1), as experiments_sync_tune_rho.sh
+SPEED = [("ps sync, mean, 1 step", "sync", []), ("ps sync, mean, 8 local steps", "sync", LOCAL)]
 FIELDS = ["part", "mode", "aggregate", "attack", "zeno_eta", "seed", "processes", "epochs", "top1", "diverged",
-          "honest_pushed", "honest_rejected", "byzantine_pushed", "byzantine_rejected", "stale_dropped",
-          "images_per_s", "train_s", "cpu", "cores", "gpu", "torch"]
+          *(f"{who}{by}_{what}" for by in ("", "_tensors", "_params") for who in ("honest", "byzantine")
+            for what in ("pushed", "rejected")),
+          "stale_dropped", "images_per_s", "train_s", "cpu", "cores", "gpu", "torch"]
+COUNTS = FIELDS[10:23]  # (the update counts and stale_dropped, from summary.json)
 
 
 def plan(seeds, quick=False):
     """Every run of the table: (part, mode, aggregate label, attack label, zeno_eta, seed), seed by seed so that a
     stopped table leaves whole seeds of every row behind it. quick: a few of each part."""
-    sync, asynchronous = (SYNC, ASYNC) if not quick else ([SYNC[0], SYNC[4], SYNC[6]], [ASYNC[1]])
-    sync_attacks, async_attacks, etas = (SYNC_ATTACKS, ASYNC_ATTACKS, ETAS) if not quick else \
-        (SYNC_ATTACKS[:2], ASYNC_ATTACKS[::2], [0.1, 0])
+    parts = PARTS if not quick else {"sync-1v": (PARTS["sync-1v"][0], PARTS["sync-1v"][1][::3], ZENOPS_SYNC_ATTACKS[:2]),
+                                     "zeno++": (PARTS["zeno++"][0], PARTS["zeno++"][1][1:], ZENO_PP_ATTACKS[::2])}
+    etas = ETAS if not quick else [0.1, 0]
     runs = []
     for seed in seeds:
-        runs += [("sync", "sync", aggregate, attack, None, seed) for aggregate, _ in sync for attack, _ in sync_attacks]
-        runs += [("async", "async", aggregate, attack, None, seed) for aggregate, _ in asynchronous
-                 for attack, _ in async_attacks]
+        for part, (mode, rules, attacks) in parts.items():
+            runs += [(part, mode, label, name, None, seed) for label, *_ in rules for name, _ in attacks]
         runs += [("eta", "sync", "zenops", ETA_ATTACK[0], eta, seed) for eta in etas]
-        runs += [("eta", "nd", "validation data only", "none", None, seed), ("speed", "ddp", "ddp", "none", None, seed)]
+        runs += [("eta", "nd", "validation data only", "none", None, seed)]
+        runs += [("speed", mode, label, "none", None, seed) for label, mode, _ in SPEED[:1 if quick else 2]]
+        runs += [("speed", "ddp", "ddp", "none", None, seed)]
     return runs
 
 
-def flags_of(mode, aggregate, attack, zeno_eta, seed, args):
+def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
     """The recipe, its processes and its flags for one run."""
     model = measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY
     common = [*model, "--epochs", str(args.epochs), "--seed", str(seed), "-b", "8", "-p", "1000",
@@ -104,15 +127,19 @@ def flags_of(mode, aggregate, attack, zeno_eta, seed, args):
                  for previous, flag in zip(["", *model], model)]
         return "nd", 1, [folder, *model, "--epochs", str(round(args.epochs * scale)), "--seed", str(seed), "-b", "8",
                          "-p", "1000"]
-    rules = dict(SYNC if mode == "sync" else ASYNC)[aggregate]
-    validated = rules[1] in ("zeno", "zenops", "zeno++")
-    flags = [args.data, *common, "--mode", mode, *rules, "--zeno-b", str(BYZANTINE),
-             *dict(SYNC_ATTACKS + ASYNC_ATTACKS)[attack]]
-    if validated:
-        flags += ["--validators", str(VALIDATORS), "--validation-split", str(HELD_OUT)]
+    if part == "speed":
+        return "ps", 1 + WORKERS, [args.data, *common, "--mode", mode, *dict((label, flags) for label, _, flags
+                                                                          in SPEED)[aggregate]]
+    if part == "eta":
+        part, rule = "sync-2v", "zenops"
+    _, rules, attacks = PARTS[part]
+    flags, validators = next((flags, v) for label, flags, v in rules if label == aggregate)
+    flags = [args.data, *common, "--mode", mode, *flags, *dict(attacks + [ETA_ATTACK])[attack_label]]
+    if validators:
+        flags += ["--validators", str(validators), "--validation-split", str(HELD_OUT)]
     if zeno_eta is not None:
         flags += ["--zeno-eta", str(zeno_eta)]
-    return "ps", 1 + (VALIDATORS if validated else 0) + WORKERS, flags
+    return "ps", 1 + validators + WORKERS, flags
 
 
 def validation_only_data(data, seed, split, folder):
@@ -150,7 +177,7 @@ def main():
     for part, mode, aggregate, attack, zeno_eta, seed in plan(args.seeds, args.quick):
         name = f"{part}-{mode}-{aggregate}-{attack}" + (f"-eta{zeno_eta:g}" if zeno_eta is not None else "")
         out = runs / f"{re.sub(r'[^A-Za-z0-9.+-]+', '_', name)}-seed{seed}"
-        recipe, processes, flags = flags_of(mode, aggregate, attack, zeno_eta, seed, args)
+        recipe, processes, flags = flags_of(part, mode, aggregate, attack, zeno_eta, seed, args)
         summary = measuring.train(recipe, processes, flags, out, threads=1, forked=True, check=False)
         row = {"part": part, "mode": mode, "aggregate": aggregate, "attack": attack,
                "zeno_eta": "" if zeno_eta is None else zeno_eta, "seed": seed, "processes": processes, **machine}
@@ -162,11 +189,11 @@ def main():
             print(f"{name} seed {seed}: diverged (non-finite loss)", flush=True)
         else:
             rows.append({**row, "diverged": 0, "epochs": summary["epochs"], "top1": round(summary["top1"], 2),
-                         **{key: summary.get(key, "") for key in FIELDS[10:15]},
+                         **{key: summary.get(key, "") for key in COUNTS},
                          "images_per_s": round(summary["images_per_s"], 1),
                          "train_s": round(measuring.train_seconds(out), 2)})
             print(f"{name} seed {seed}: top-1 {summary['top1']:.2f} %  " + json.dumps(
-                {key: summary.get(key) for key in FIELDS[10:15]}), flush=True)
+                {key: summary.get(key) for key in COUNTS[:4]}), flush=True)
         measuring.write_csv(Path(args.figures_data) / "ps.csv", FIELDS, rows)
     # the outside reference, in the same part (its time counts in the part's)
     bench_ps_byzfl.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)

@@ -197,36 +197,40 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
     assert ("no native bf16" in text) != native_bf16
 
 
-def test_bench_ps_plans_every_attack_and_rule_for_each_seed(tiny_data, tmp_path):
+def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(tiny_data, tmp_path):
     runs = bench_ps.plan([0, 1, 2])
-    assert len(runs) == 3 * (7 * 4 + 3 * 3 + 7 + 2) and len(set(runs)) == len(runs)
-    sync = {(aggregate, attack) for part, _, aggregate, attack, _, seed in runs if part == "sync"}
-    assert len(sync) == 7 * 4 and ("zeno, 1 step", "N(0,1), p 0.2") in sync and ("phocas", "none") in sync
-    assert {seed for *_, seed in runs} == {0, 1, 2}
+    per_seed = 4 * 4 + 2 * 4 + 2 * 4 + 2 * 2 + 2 * 3 + 7 + 1 + 3  # sync-1v, sync-2v, async-1v, zeno, zeno++, eta, speed
+    assert len(runs) == 3 * per_seed and len(set(runs)) == len(runs) and {run[-1] for run in runs} == {0, 1, 2}
     args = bench_ps.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
 
     def value(flags, flag):
         return flags[flags.index(flag) + 1]
-    recipe, processes, flags = bench_ps.flags_of("sync", "zenops", "signflip x4, 2 of 8", None, 0, args)
-    assert (recipe, processes) == ("ps", 11) and value(flags, "--validators") == "2"
-    assert value(flags, "--local-steps") == "8" and value(flags, "--byzantine") == "2"
-    assert value(flags, "--attack-scale") == "4" and value(flags, "--validation-split") == "0.02"
-    recipe, processes, flags = bench_ps.flags_of("sync", "zeno, 1 step", "signflip x6, p 0.2", None, 0, args)
-    assert "--local-steps" not in flags and value(flags, "--attack-prob") == "0.2"
-    recipe, processes, flags = bench_ps.flags_of("async", "zeno++, 1 step", "signflip x10, p 0.4", None, 1, args)
-    assert (recipe, processes) == ("ps", 11) and value(flags, "--attack-prob") == "0.4"
-    assert value(flags, "--attack-scale") == "10" and value(flags, "--mode") == "async"
-    recipe, processes, flags = bench_ps.flags_of("sync", "zenops", "N(0,1), p 0.2", -0.01, 1, args)
+    recipe, processes, flags = bench_ps.flags_of("sync-1v", "sync", "zenops", "random x8", None, 0, args)
+    assert (recipe, processes) == ("ps", 10) and value(flags, "--validators") == "1"  # ZenoPS's one validator
+    assert value(flags, "--worker-subsample") == "0.5" and value(flags, "--local-steps") == "8"
+    assert value(flags, "--attack") == "random" and value(flags, "--attack-scale") == "8"
+    assert value(flags, "--attack-draw") == "tensor" and value(flags, "--attack-prob") == "0.2"
+    assert value(flags, "--validation-split") == "0.1111"  # a worker's share, 1 / (8 + 1)
+    recipe, processes, flags = bench_ps.flags_of("sync-2v", "sync", "zenops", "signflip x6", None, 0, args)
+    assert processes == 11 and "--worker-subsample" not in flags and value(flags, "--attack-scale") == "6"
+    recipe, processes, flags = bench_ps.flags_of("async-1v", "async", "naive-async", "signflip x2", None, 0, args)
+    assert processes == 9 and value(flags, "--aggregate") == "naive-async" and value(flags, "--attack-scale") == "2"
+    recipe, processes, flags = bench_ps.flags_of("zeno", "sync", "zeno, 1 step", "3 of 8 flip x4", None, 0, args)
+    assert value(flags, "--zeno-b") == "5" and value(flags, "--byzantine") == "3" and "--local-steps" not in flags
+    recipe, processes, flags = bench_ps.flags_of("zeno++", "async", "zeno++, 1 step", "signflip x10, p 0.4 per push",
+                                                 None, 1, args)
+    assert processes == 10 and value(flags, "--attack-draw") == "push" and value(flags, "--momentum") == "0"
+    recipe, processes, flags = bench_ps.flags_of("eta", "sync", "zenops", "N(0,1)", -0.01, 1, args)
     assert value(flags, "--zeno-eta") == "-0.01" and value(flags, "--attack") == "gaussian"
-    assert bench_ps.flags_of("sync", "median", "none", None, 0, args)[:2] == ("ps", 9)
-    assert bench_ps.flags_of("ddp", "ddp", "none", None, 0, args)[:2] == ("ddp", 8)
-    recipe, processes, flags = bench_ps.flags_of("nd", "validation data only", "none", None, 0, args)
+    assert value(flags, "--validators") == "2" and "--worker-subsample" not in flags  # the two-validator runs
+    assert bench_ps.flags_of("speed", "ddp", "ddp", "none", None, 0, args)[:2] == ("ddp", 8)
+    recipe, processes, flags = bench_ps.flags_of("speed", "sync", "ps sync, mean, 1 step", "none", None, 0, args)
+    assert (recipe, processes) == ("ps", 9) and "--local-steps" not in flags
+    recipe, processes, flags = bench_ps.flags_of("eta", "nd", "validation data only", "none", None, 0, args)
     assert (recipe, processes) == ("nd", 1) and value(flags, "-b") == "8"  # one worker's batch
-    assert value(flags, "--epochs") == "18"  # 6 times the epochs on a 49th of the data: a worker's steps
-    assert value(flags, "--warmup-epochs") == "6"  # and 6 times the warm-up
-    assert len(list((flags[0] / "train").rglob("*.png"))) == 1  # 2 % of the 48 train images
+    assert value(flags, "--epochs") == "3"  # a ninth of the data for as many steps as a worker on its ninth
     quick = bench_ps.plan([0], quick=True)
-    assert {part for part, *_ in quick} == {"sync", "async", "eta", "speed"} and len(quick) < 20
+    assert {part for part, *_ in quick} == {"sync-1v", "zeno++", "eta", "speed"} and len(quick) < 15
     folder = bench_ps.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
     assert len(list((folder / "train").rglob("*.png"))) == 24  # half of the 48 train images
     assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]

@@ -215,41 +215,52 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     data.mkdir()
     machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
     rows = []
-    flip = "signflip x4, 2 of 8"
+    flip, flip_pp = "signflip x6", "signflip x10, p 0.4 per push"
 
-    def add(part, mode, aggregate, attack, top1s, eta="", counts=(800, 0, 0, 0), rate=1000.0):
+    def add(part, mode, aggregate, attack, top1s, eta="", counts=(80, 0, 0, 0), rate=1000.0):
+        """counts: honest and poisoned tensors pushed, rejected (parameters: 10 times as many)."""
+        honest, poisoned, honest_rejected, poisoned_rejected = counts
         for seed, top1 in enumerate(top1s):
+            per_push = (lambda n: n / 8) if honest != "" else (lambda n: n)
             rows.append({"part": part, "mode": mode, "aggregate": aggregate, "attack": attack, "zeno_eta": eta,
-                         "seed": seed, "processes": 9, "epochs": 6, "top1": top1, "honest_pushed": counts[0],
-                         "honest_rejected": counts[1], "byzantine_pushed": counts[2], "byzantine_rejected": counts[3],
+                         "seed": seed, "processes": 10, "epochs": 6, "top1": top1, "honest_pushed": per_push(honest),
+                         "honest_rejected": 0, "byzantine_pushed": per_push(poisoned), "byzantine_rejected": 0,
+                         "honest_tensors_pushed": honest, "honest_tensors_rejected": honest_rejected,
+                         "byzantine_tensors_pushed": poisoned, "byzantine_tensors_rejected": poisoned_rejected,
+                         "honest_params_pushed": 10 * honest, "honest_params_rejected": 10 * honest_rejected,
+                         "byzantine_params_pushed": 10 * poisoned,
+                         "byzantine_params_rejected": 10 * poisoned_rejected,
                          "stale_dropped": 0, "images_per_s": rate, "train_s": 10, **machine})
-    add("sync", "sync", "mean", "none", (96, 97, 98), rate=1200.0)
-    add("sync", "sync", "mean", flip, (90, 91, 92), counts=(600, 0, 200, 0))
-    add("sync", "sync", "median", "none", (95, 95, 95))
-    add("sync", "sync", "median", flip, (94, 94.5, 95), counts=(600, 0, 200, 0))  # above mean's range
-    add("sync", "sync", "mean, 1 step", "none", (80, 81, 82), rate=1100.0)
-    add("sync", "sync", "zeno, 1 step", "none", (81, 81, 81), counts=(800, 200, 0, 0))  # inside its mean's range
-    add("sync", "sync", "zeno, 1 step", flip, (80, 81, 82), counts=(600, 60.5, 200, 150))  # no mean to compare
-    add("async", "async", "mean, 1 step", "none", (90, 90, 90), rate=900.0)
-    add("async", "async", "zeno++, 1 step", "signflip x10, p 0.2", (87, 87, 87), counts=(600, 30, 200, 180))
-    add("async", "async", "mean, 1 step", "signflip x10, p 0.2", ("", "", ""), counts=(600, 0, 200, 0))
+            if honest == "":  # (nd and ddp count no pushes)
+                rows[-1].update({key: "" for key in bench_ps.COUNTS})
+    add("sync-1v", "sync", "mean", "none", (96, 97, 98))
+    add("sync-1v", "sync", "mean", flip, (30, 31, 32), counts=(64, 16, 0, 0))
+    add("sync-1v", "sync", "trimmed-mean", "none", (95, 95, 95))
+    add("sync-1v", "sync", "trimmed-mean", flip, (94, 94.5, 95), counts=(64, 16, 0, 0))  # above mean's range
+    add("sync-1v", "sync", "zenops", "none", (96, 96, 96), counts=(80, 0, 4, 0))
+    add("sync-1v", "sync", "zenops", flip, (95, 95.5, 96), counts=(64, 16, 8, 16))
+    add("async-1v", "async", "naive-async", flip.replace("6", "2"), (80, 81, 82), counts=(64, 16, 0, 0))
+    add("async-1v", "async", "zenops", flip.replace("6", "2"), (90, 91, 92), counts=(64, 16, 6, 12))
+    add("zeno++", "async", "mean, 1 step", "none", (90, 90, 90))
+    add("zeno++", "async", "zeno++, 1 step", "none", (89, 89, 89), counts=(80, 0, 8, 0))
+    add("zeno++", "async", "mean, 1 step", flip_pp, (10, "", ""), counts=(48, 32, 0, 0))
+    add("zeno++", "async", "zeno++, 1 step", flip_pp, (91, 92, 93), counts=(48, 32, 0, 32))
     for eta, top1s in (("0.1", (70, 71, 72)), ("0", (80, 80, 80)), ("-0.1", (60, 60, 60))):
-        add("eta", "sync", "zenops", "N(0,1), p 0.2", top1s, eta=eta, counts=(600, 120, 200, 100))
+        add("eta", "sync", "zenops", "N(0,1)", top1s, eta=eta, counts=(64, 16, 16, 8))
     add("eta", "nd", "validation data only", "none", (85, 86, 87), counts=("", "", "", ""))
     add("speed", "ddp", "ddp", "none", (97, 97, 97), counts=("", "", "", ""))
-    add("async", "async", "mean, 1 step", "signflip x10, p 0.4", (10, "", ""), counts=(600, 0, 200, 0))
-    add("async", "async", "zeno++, 1 step", "signflip x10, p 0.4", ("", "", ""), counts=(600, 0, 200, 0))
+    add("speed", "sync", "ps sync, mean, 1 step", "none", (97, 97, 97), rate=1100.0)
     for row in rows:  # a run that diverged has no top-1 and no counts
         row["diverged"] = int(row["top1"] == "")
         if row["diverged"]:
-            row.update(honest_pushed="", honest_rejected="", byzantine_pushed="", byzantine_rejected="")
+            row.update({key: "" for key in bench_ps.COUNTS})
     with open(data / "ps.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=bench_ps.FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    theirs = []  # ByzFL's benchmark: mean and median, no attack and sign flip, 3 seeds
-    for rule, attack, top1s in (("mean", "none", (96, 96, 96)), ("median", "none", (95, 95, 95)),
-                                ("mean", "signflip", (93, 93.5, 94)), ("median", "signflip", (93, 93.5, 94))):
+    theirs = []  # ByzFL's benchmark: mean and trimmed mean, no attack and sign flip, 3 seeds
+    for rule, attack, top1s in (("mean", "none", (96, 96, 96)), ("trimmed-mean", "none", (95, 95, 95)),
+                                ("mean", "signflip", (93, 93.5, 94)), ("trimmed-mean", "signflip", (93, 93.5, 94))):
         theirs += [{"aggregator": rule.title(), "attack": attack, "aggregate": rule, "ps_attack": attack,
                     "byzantine": 2, "honest": 6, "workers": 8, "tolerated_f": 2, "seed": seed, "steps": 150,
                     "batch": 25, "lr": 0.1, "momentum": 0.9, "top1": top1, "diverged": 0, "train_s": 1,
@@ -260,29 +271,34 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
         writer.writerows(theirs)
     text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("ps", "ps_eta"))
     assert f"| rule | ByzFL: none | ours: none | ByzFL: signflip | ours: {flip} |" in text
-    assert ("| `median` | 95.0 (95.0\u201395.0) | 95.0 (95.0\u201395.0) | 93.5 (93.0\u201394.0) | "
+    assert ("| `trimmed-mean` | 95.0 (95.0\u201395.0) | 95.0 (95.0\u201395.0) | 93.5 (93.0\u201394.0) | "
             "94.5 (94.0\u201395.0) |") in text
-    # ours: median beats mean beyond the spread under the flip; ByzFL's cannot tell them apart
-    assert "0 not told apart; a run that diverged counts as chance, 10 %): median under signflip (ByzFL +0, " \
-           "ours +1)." in text
+    # ours: the trimmed mean beats mean beyond the spread under the flip; ByzFL's cannot tell them apart
+    assert "counts as chance, 10 %): trimmed-mean under signflip (ByzFL +0, ours +1)." in text
     assert f"| aggregation | none | {flip} |" in text
-    assert "| `mean` | 97.0 (96.0\u201398.0) | 91.0 (90.0\u201392.0) |" in text
-    assert "| `zeno, 1 step` | 81.0 (81.0\u201381.0) | 81.0 (80.0\u201382.0) |" in text
-    assert (f"Beyond the spread of `mean` (of the same local steps) under the same attack, better: median under "
-            f"{flip} (+3.5). Worse: median under none (-2.0).") in text
-    assert "| `zeno++, 1 step` |  | 87.0 (87.0\u201387.0) | diverged |" in text  # async: no row without an attack
-    assert "| `mean, 1 step` | 90.0 (90.0\u201390.0) | diverged | 10.0 (2 of 3 diverged) |" in text
-    assert "better: zeno++, 1 step under signflip x10, p 0.2 (the mean diverged). Worse: none." in text
-    assert "| sync | `zeno, 1 step` | 25 (25\u201325) | 10 (10\u201310) / 75 (75\u201375) |" in text
-    assert "| async | `zeno++, 1 step` |  | 5 (5\u20135) / 90 (90\u201390) |" in text
-    assert f"| mode | rule | none | {flip} / signflip x10, p 0.2 | signflip x10, p 0.4 |" in text
-    assert "| 0 | 80.0 (80.0\u201380.0) | 20 (20\u201320) | 50 (50\u201350) |" in text
+    assert "| `mean` | 97.0 (96.0\u201398.0) | 31.0 (30.0\u201332.0) |" in text
+    assert "experiments_sync_single_validator.sh). Final val top-1 (%) after 6 epochs" in text
+    assert ("better: trimmed-mean under signflip x6 (+63.5); zenops under signflip x6 (+64.5). Worse: "
+            "trimmed-mean under none (-2.0).") in text
+    assert "better: zenops under signflip x2 (+10.0). Worse: none." in text  # against naive-async
+    assert "| `mean, 1 step` | 90.0 (90.0\u201390.0) | 10.0 (2 of 3 diverged) |" in text
+    # rejections by tensors and by parameters, honest and poisoned apart
+    assert "| sync-1v | `zenops` | none | 5 (5\u20135) | 5 (5\u20135) |  |  |" in text
+    assert "| sync-1v | `zenops` | signflip x6 | 12 (12\u201312) | 12 (12\u201312) | 100 (100\u2013100) | 100" in text
+    assert "| async-1v | `zenops` | signflip x2 | 9 (9\u20139) | 9 (9\u20139) | 75 (75\u201375) |" in text
+    assert "| 0 | 80.0 (80.0\u201380.0) | 25 (25\u201325) | 50 (50\u201350) |" in text
     assert "| validation data only (nd) | 86.0 (85.0\u201387.0) |  |  |" in text
-    assert "The best eta: 0 (80.0 (80.0\u201380.0) %); within its spread (not told apart from it): none." in text
-    assert "| ps sync, `mean` | 3 | 1200 (1200\u20131200) | 1.20 (1.20\u20131.20) |" in text
-    assert "| ps sync, `mean, 1 step` | 3 | 1100 (1100\u20131100) | 1.10 (1.10\u20131.10) |" in text
-    assert "| ps async, `mean, 1 step` | 3 | 900 (900\u2013900) | 0.90 (0.90\u20130.90) |" in text
-    assert "| ddp | 3 | 1000 (1000\u20131000) | 1.00 (1.00\u20131.00) |" in text
+    assert "| ps sync, mean, 1 step | 3 | 1100 (1100\u20131100) | 1.10 (1.10\u20131.10) |" in text
+    # the targets
+    assert "| sync-1v, signflip x6: `mean` at most 50 % | 31.0 | yes |" in text
+    assert "| sync-1v, signflip x6: `zenops` within 2 points of its own no-attack top-1 | 95.5 against 96.0 | yes |" \
+        in text
+    assert "| sync-1v, no attack: `zenops` rejects at most 10 % of the honest parameters | 5.0 % | yes |" in text
+    assert ("| async-1v, signflip x2: `zenops` above `naive-async` beyond the seeds' spread | 91.0 (90.0\u201392.0) "
+            "against 81.0 (80.0\u201382.0) | yes |") in text
+    assert "| zeno++, no attack: `zeno++` within 2 points of `mean` | 89.0 against 90.0 | yes |" in text
+    assert f"| zeno++, {flip_pp}: `zeno++` at least 90 % | 92.0 | yes |" in text
+    assert (tmp_path / "ps.png").exists() and (tmp_path / "ps_eta.png").exists()
 
 
 def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):

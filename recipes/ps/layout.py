@@ -89,7 +89,8 @@ def add_args(parser):
                             "round otherwise (ZenoPS's --worker-subsample-rate; default: 1, every round)")
     group.add_argument("--zeno-b", type=int, help="pushes zeno and the trimming rules drop (default: K)")
     group.add_argument("--validation-split", type=float, default=0.1,
-                       help="share of train/ held out for the validators (default: 0.1)")
+                       help="share of train/ held out for the validators, each validator all of it (default: "
+                            "0.1; ZenoPS's: a worker's share, 1 / (workers + 1))")
     group.add_argument("--validator-batch", type=int,
                        help="images per step of a validator (default: zenops --batch-size, as ZenoPS; zeno and "
                             "zeno++ 4 x --batch-size, validators.py says why)")
@@ -189,15 +190,13 @@ def check_world(args, world_size):
 
 
 def check_data(args, layout, per_worker, held_out):
-    """Enough images for a round of every worker, and a batch of every validator."""
+    """Enough images for a round of every worker, and a batch for the validators."""
     if per_worker // args.batch_size < args.local_steps:
         raise RecipeError(f"train/ gives {per_worker} images per worker, fewer than one round of --batch-size "
                           f"{args.batch_size} x --local-steps {args.local_steps}")
-    shared = args.aggregate == "zeno"  # (its validators score on the same batches)
-    if held_out is not None and len(held_out) // (1 if shared else args.validators) < args.validator_batch:
+    if held_out is not None and len(held_out) < args.validator_batch:
         raise RecipeError(f"--validation-split {args.validation_split:g} holds out {len(held_out)} train images: "
-                          f"fewer than one batch of --validator-batch {args.validator_batch} for each of the "
-                          f"{1 if shared else args.validators} validator(s)")
+                          f"fewer than one batch of --validator-batch {args.validator_batch}")
 
 
 def with_batch(args, batch_size):

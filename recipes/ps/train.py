@@ -23,7 +23,7 @@ q every worker with probability q, per tensor of a push (--attack, --attack-scal
 Without validators the servers can aggregate robustly (sync): mean, median, trimmed-mean, krum,
 centered-clipping (byzfl's) or phocas (rules.py), for --zeno-b b liars; async: mean, or ZenoPS's
 naive-async (alpha u). With --validators V and --aggregate zenops|zeno|zeno++,
-each validator holds out its share of --validation-split of train/ and judges its workers' pushes
+the validators hold out --validation-split of train/ (each all of it) and judge their workers' pushes
 against what it computes there (validators.py: what each rule validates; rules.py: the formulas and
 their authors' defaults).
 
@@ -246,9 +246,8 @@ def main(args):
         run_server(args, layout, run, shard, optimizer, val_loader, sizes, chunks[rank])
     elif role == "validator":
         zeno = args.aggregate == "zeno"  # (every validator scores on the same batches)
-        index = 0 if zeno else rank - args.servers
-        sampler = DistributedSampler(held_out, num_replicas=1 if zeno else args.validators, rank=index,
-                                     seed=args.seed or 0)
+        index = 0 if zeno else rank - args.servers  # every validator all the held-out data (ZenoPS's hold one shard)
+        sampler = DistributedSampler(held_out, num_replicas=1, rank=0, seed=(args.seed or 0) + index)
         loader = data.train_loader(held_out, roles.with_batch(args, args.validator_batch), sampler)
         faults.catch_sigterm(args.out, rank)  # (a SIGTERM travels with its messages: the servers save, stop)
         batches = steps.forever(loader, sampler, start[0], args.seed, ctx.world_size + index)  # (a seed of its own)

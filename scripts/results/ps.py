@@ -1,17 +1,21 @@
-"""ps: the parameter server against Byzantine workers, per run and seed (scripts/bench_ps.py), its targets
-and ByzFL's benchmark beside it (ps_targets.py).
+"""ps: the parameter server against Byzantine workers, per figure of its authors, run and seed
+(scripts/bench_ps.py), its targets and ByzFL's benchmark beside it (ps_targets.py).
 
     reads    figures/data/ps.csv, ps_byzfl.csv
     draws    figures/ps.png, ps_eta.png (ps_targets.py)
-    writes   RESULTS.md's ps-sync, ps-async, ps-eta, ps-speed, ps-targets, ps-byzfl
+    writes   RESULTS.md's ps-sync-1v, ps-sync-2v, ps-async-1v, ps-zeno, ps-zeno-pp, ps-rejections, ps-eta,
+             ps-speed, ps-targets, ps-byzfl
 """
 
 from scripts.results.common import beyond_spread, read_csv, spread, table, targets_held, with_range
 
-
-def ps_attacks(rows, parts=("sync", "async")):
-    """The attacks of those parts of ps.csv, in the order the script ran them."""
-    return list(dict.fromkeys(r["attack"] for r in rows if r["part"] in parts))
+# each part of the table, the authors' runs it stands for (bench_ps.py says how it is scaled down)
+MATRICES = {"sync-1v": "ZenoPS, sync, one validator (zeno_ps launcher/experiments_sync_single_validator.sh)",
+            "sync-2v": "ZenoPS, sync, two validators (experiments_sync_two_validators.sh)",
+            "async-1v": "ZenoPS, async, one validator (experiments_async_single_validator.sh)",
+            "zeno": "Zeno (icml2019_zeno test_zeno_1.sh)",
+            "zeno++": "Zeno++ (AsyncByzGrad exp_*.sh)"}
+VALIDATED = ("zenops", "zeno, 1 step", "zeno++, 1 step")
 
 
 def ps_groups(rows, part):
@@ -35,17 +39,23 @@ def ps_top1(runs):
     return text + (f" ({len(runs) - len(done)} of {len(runs)} diverged)" if done and len(done) < len(runs) else "")
 
 
-def rejected(runs, who):
-    """'25 (20-30)': the share (%) of `who`'s (honest or byzantine) pushed updates that the rule dropped, its mean
-    over the seeds' runs and its range."""
-    rates = [100 * float(r[f"{who}_rejected"]) / int(r[f"{who}_pushed"]) for r in finished(runs)
-             if int(r[f"{who}_pushed"])]
+def rejected(runs, who, by="_params"):
+    """'25 (20-30)': the share (%) of `who`'s (honest or byzantine) pushed tensors (by="_tensors"), parameters
+    ("_params") or pushes ("") that the rule dropped, its mean over the seeds' runs and its range."""
+    rates = [100 * float(r[f"{who}{by}_rejected"]) / float(r[f"{who}{by}_pushed"]) for r in finished(runs)
+             if r.get(f"{who}{by}_pushed") not in (None, "", "0", "0.0")]
     return with_range(spread(rates), 0) if rates else ""
 
 
 def mean_of_its_kind(aggregate):
-    """The plain mean a rule is compared with: the one with the same local steps."""
+    """The plain rule a rule is compared with: the mean with the same local steps (async zenops: ZenoPS's own
+    baseline, naive-async)."""
     return "mean, 1 step" if aggregate.endswith("1 step") else "mean"
+
+
+def baseline_in(groups, aggregate):
+    plain = mean_of_its_kind(aggregate)
+    return plain if any(key[0] == plain for key in groups) else "naive-async"
 
 
 def ps_matrix(groups):
@@ -59,73 +69,68 @@ def ps_matrix(groups):
     header = ["aggregation", *attacks]
     better, worse = [], []
     for (aggregate, attack), result in top1.items():
-        mean = top1.get((mean_of_its_kind(aggregate), attack))
-        if not aggregate.startswith("mean") and (mean_of_its_kind(aggregate), attack) in groups and not mean:
-            better.append(f"{aggregate} under {attack} (the mean diverged)")
-        if not aggregate.startswith("mean") and mean and beyond_spread(result, mean):
+        plain = baseline_in(groups, aggregate)
+        mean = top1.get((plain, attack))
+        if aggregate != plain and (plain, attack) in groups and not mean:
+            better.append(f"{aggregate} under {attack} (`{plain}` diverged)")
+        if aggregate != plain and mean and beyond_spread(result, mean):
             (better if result["mean"] > mean["mean"] else worse).append(
                 f"{aggregate} under {attack} ({result['mean'] - mean['mean']:+.1f})")
     return table(header, body), better, worse
 
 
 def ps_tables(rows):
-    """RESULTS.md's parameter-server sections: sync and async top-1, the Zeno rules' rejections, the eta sweep
-    beside the validation-data-only baseline, and ps against ddp in images/s."""
+    """RESULTS.md's parameter-server sections: a top-1 table per figure of the authors, the validators' rejections,
+    the eta sweep beside the validation-data-only baseline, and ps against ddp in images/s."""
     sections, r = {}, rows[0]
     seeds = len({x["seed"] for x in rows})
-    for mode in ("sync", "async"):
-        text, better, worse = ps_matrix(ps_groups(rows, mode))
-        text += (f"\n\nFinal val top-1 (%) after {r['epochs']} epochs: the mean over {seeds} seed(s), in brackets the "
-                 f"lowest and highest. A run that diverged (a non-finite loss) has no top-1: it is counted beside "
-                 f"the others.")
+    for part, stands_for in MATRICES.items():
+        groups = ps_groups(rows, part)
+        if not groups:
+            continue
+        text, better, worse = ps_matrix(groups)
+        text += (f"\n\n{stands_for}. Final val top-1 (%) after {r['epochs']} epochs: the mean over {seeds} "
+                 f"seed(s), in brackets the lowest and highest. A run that diverged (a non-finite loss) has no top-1: "
+                 f"it is counted beside the others.")
         if seeds > 1:
-            text += (" Beyond the spread of `mean` (of the same local steps) under the same attack, better: " +
-                     ("; ".join(better) or "none") +
+            text += (" Beyond the spread of the plain rule beside it (`mean` of the same local steps; for async "
+                     "`zenops`, `naive-async`) under the same attack, better: " + ("; ".join(better) or "none") +
                      ". Worse: " + ("; ".join(worse) or "none") + ".")
-        sections[f"ps-{mode}"] = text
-    validated = [(mode, aggregate) for mode in ("sync", "async") for aggregate in
-                 dict.fromkeys(key[0] for key in ps_groups(rows, mode)) if aggregate.startswith("zeno")]
+        sections[f"ps-{part.replace('++', '-pp')}"] = text
     body = []
-    for mode, aggregate in validated:
-        groups = ps_groups(rows, mode)
-        attacks = ps_attacks(rows, (mode,))
-        body.append([mode, f"`{aggregate}`", *(
-            (rejected(groups[aggregate, a], "honest") +
-             ("" if a == "none" else f" / {rejected(groups[aggregate, a], 'byzantine')}"))
-            if (aggregate, a) in groups else "" for a in attacks)])
-    sync_attacks, async_attacks = ps_attacks(rows, ("sync",)), ps_attacks(rows, ("async",))
-    columns = max(len(sync_attacks), len(async_attacks))
-    header = ["mode", "rule", *(" / ".join(dict.fromkeys(names[i] for names in (sync_attacks, async_attacks)
-                                                          if i < len(names))) for i in range(columns))]
+    for part in MATRICES:
+        for (aggregate, attack), runs in ps_groups(rows, part).items():
+            if aggregate in VALIDATED:
+                body.append([part, f"`{aggregate}`", attack, *(rejected(runs, who, by) if who == "honest" or
+                                                              attack != "none" else "" for who in
+                                                              ("honest", "byzantine") for by in ("_tensors", "_params"))])
     sections["ps-rejections"] = (
-        table(header, [line + [""] * (len(header) - len(line)) for line in body]) +
-        "\n\nRejected updates (%): honest / Byzantine, of the updates each kind of worker pushed (zenops judges "
-        "tensor by tensor: a push counts as the share of its tensors rejected); the mean over the seeds and in "
-        "brackets the lowest and highest. `zeno` drops the b = 2 lowest-scoring of every 8, whatever they are, so "
-        "it rejects 25 % in all.")
-    eta = ps_groups(rows, "eta")
-    etas = sorted({x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float,
-                  reverse=True)
-    by_eta = {e: [x for x in rows if x["part"] == "eta" and x["zeno_eta"] == e] for e in etas}
+        table(["part", "rule", "attack", "honest tensors", "honest parameters", "poisoned tensors",
+               "poisoned parameters"], body) +
+        "\n\nRejected (%): the share of the honest and of the poisoned tensors the workers pushed, and of their "
+        "parameters, that the rule did not pass; the mean over the seeds and in brackets the lowest and highest. "
+        "Async `zenops` rejects nothing whole: what it counts as rejected is applied reversed or damped (its score "
+        "below eta: alpha s u). `zeno` and `zeno++` judge a push whole, so its tensors go together.")
+    by_eta = {e: [x for x in rows if x["part"] == "eta" and x["zeno_eta"] == e] for e in sorted(
+        {x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float, reverse=True)}
     top1 = {e: spread([float(x["top1"]) for x in finished(runs)]) for e, runs in by_eta.items() if finished(runs)}
     body = [[e, ps_top1(runs), rejected(runs, "honest"), rejected(runs, "byzantine")] for e, runs in by_eta.items()]
-    baseline_runs = eta.get(("validation data only", "none"), [])
+    baseline_runs = ps_groups(rows, "eta").get(("validation data only", "none"), [])
     baseline = spread([float(x["top1"]) for x in finished(baseline_runs)] or [float("nan")])
     body.append(["validation data only (nd)", ps_top1(baseline_runs) if baseline_runs else "", "", ""])
     best = max(top1, key=lambda e: top1[e]["mean"]) if top1 else None
-    text = table(["--zeno-eta", "val top-1 (%)", "honest rejected (%)", "Byzantine rejected (%)"], body)
+    text = table(["--zeno-eta", "val top-1 (%)", "honest parameters rejected (%)", "poisoned parameters rejected (%)"],
+                 body)
     if best is not None:
         tied = [e for e in top1 if e != best and not beyond_spread(top1[e], top1[best])]
-        text += (f"\n\nsync `zenops`, 8 local steps a push, each push N(0, 1) with probability 0.2. "
-                 f"The best eta: {best} "
-                 f"({with_range(top1[best], 1)} %); within its spread (not told apart from it): "
-                 f"{', '.join(tied) or 'none'}. Training on the validators' data alone: {with_range(baseline, 1)} %.")
+        text += (f"\n\nsync `zenops` with two validators, 8 local steps a push, each tensor N(0, 1) with probability "
+                 f"0.2 (ZenoPS's experiments_sync_tune_rho.sh). The best eta: {best} ({with_range(top1[best], 1)} %); "
+                 f"within its spread (not told apart from it): {', '.join(tied) or 'none'}. Training on the "
+                 f"validators' data alone: {with_range(baseline, 1)} %.")
     sections["ps-eta"] = text
-    speed = [(f"ps {mode}, `{aggregate}`", finished(ps_groups(rows, mode).get((aggregate, "none"), [])))
-             for mode in ("sync", "async") for aggregate in ("mean", "mean, 1 step")
-             if (aggregate, "none") in ps_groups(rows, mode)]
-    speed.append(("ddp", finished([x for x in rows if x["part"] == "speed"])))
-    ddp = {x["seed"]: float(x["images_per_s"]) for x in speed[-1][1]}
+    speed = [(x, finished([y for y in rows if y["part"] == "speed" and y["aggregate"] == x]))
+             for x in dict.fromkeys(y["aggregate"] for y in rows if y["part"] == "speed")]
+    ddp = {x["seed"]: float(x["images_per_s"]) for x in dict(speed).get("ddp", [])}
     body = []
     for name, runs in speed:
         ratios = [float(x["images_per_s"]) / ddp[x["seed"]] for x in runs if x["seed"] in ddp]
@@ -133,10 +138,11 @@ def ps_tables(rows):
                      with_range(spread(ratios), 2) if ratios else ""])
     sections["ps-speed"] = (table(["run", "seeds", "train images/s", "vs ddp, seed by seed"], body) +
                             f"\n\n8 workers (ddp: 8 processes), global batch 64, one thread per process, on "
-                            f"{r['cores']} cores; each run's images/s, the mean over the seeds and in brackets the "
-                            f"lowest and highest. ps: the runs without an attack of the tables above; ddp: its own "
-                            f"runs, each trained minutes after the ps runs of its seed, so the ratio (of the same "
-                            f"seed's runs) carries this shared machine's noise: read its range, not only its mean.")
+                            f"{r['cores']} cores, no attack; each run's images/s, the mean over the seeds and in "
+                            f"brackets the lowest and highest. ps on one gradient a push pushes every step, as ddp "
+                            f"allreduces every step; on 8 local steps, an eighth as often. Each seed's three runs "
+                            f"follow one another, so the ratio carries this shared machine's noise: read its "
+                            f"range, not only its mean.")
     return sections
 
 
