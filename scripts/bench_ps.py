@@ -24,7 +24,7 @@ train_cifar10_byteps_zeno_validator.py 210-220), each validator all of it.
             zenops; attacks: none, sign flip x 2, N(0, 1), random x 8.
   zeno      Zeno (icml2019_zeno test_zeno_1.sh: 8 of 20 lie, b = 12): 3 of 8 workers flip their gradient
             x 4 at every push (x 4: with Zeno's x 1, 3 of 8 leave the mean a descent), b = 5; mean and zeno
-            on one gradient a push.
+            on one gradient a push, zeno scoring on 4 x the workers' batch and on Zeno's own 4 images.
   zeno++    Zeno++ (AsyncByzGrad exp_*.sh): one gradient a push, SGD without momentum on the servers (at 10
             times --lr, for the momentum's missing 1 / (1 - 0.9)), mean and zeno++ with one validator, under
             sign flip x 10 per push with probability 0.2 and 0.4 (its nbyz / 10 for 2 and 4 liars).
@@ -81,8 +81,9 @@ PARTS = {
     "sync-2v": ("sync", [("mean", LOCAL, 0), ("zenops", ["--aggregate", "zenops", *LOCAL], 2)], ZENOPS_SYNC_ATTACKS),
     "async-1v": ("async", [("naive-async", ["--aggregate", "naive-async", *LOCAL, *SUBSAMPLE], 0),
                            ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)], ZENOPS_ASYNC_ATTACKS),
-    "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2)],
-             ZENO_ATTACKS),
+    "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2),
+                      ("zeno, 1 step, scoring batch 4", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B),
+                                                         "--validator-batch", "4"], 2)], ZENO_ATTACKS),
     "zeno++": ("async", [("mean, 1 step", NO_MOMENTUM, 0), ("zeno++, 1 step", ["--aggregate", "zeno++", *NO_MOMENTUM],
                                                              1)], ZENO_PP_ATTACKS),
 }

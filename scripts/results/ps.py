@@ -15,7 +15,7 @@ MATRICES = {"sync-1v": "ZenoPS, sync, one validator (zeno_ps launcher/experiment
             "async-1v": "ZenoPS, async, one validator (experiments_async_single_validator.sh)",
             "zeno": "Zeno (icml2019_zeno test_zeno_1.sh)",
             "zeno++": "Zeno++ (AsyncByzGrad exp_*.sh)"}
-VALIDATED = ("zenops", "zeno, 1 step", "zeno++, 1 step")
+VALIDATED = ("zenops", "zeno, 1 step", "zeno, 1 step, scoring batch 4", "zeno++, 1 step")
 
 
 def ps_groups(rows, part):
@@ -50,7 +50,7 @@ def rejected(runs, who, by="_params"):
 def mean_of_its_kind(aggregate):
     """The plain rule a rule is compared with: the mean with the same local steps (async zenops: ZenoPS's own
     baseline, naive-async)."""
-    return "mean, 1 step" if aggregate.endswith("1 step") else "mean"
+    return "mean, 1 step" if "1 step" in aggregate else "mean"
 
 
 def baseline_in(groups, aggregate):
