@@ -102,8 +102,8 @@ def add_args(parser):
     group.add_argument("--zeno-rho-ratio", type=float, default=200.0,
                        help="zeno: its penalty is lr / ratio x mean(g^2) (default: 200)")
     group.add_argument("--zeno-delay", type=int, metavar="K",
-                       help="async: pushes judged between refreshes of v (default: zeno++ 10; zenops, the "
-                            "validator's workers)")
+                       help="async: pushes between refreshes of v (default: zeno++ 10 of all validators'; zenops, "
+                            "a round of the validator's workers)")
     group.add_argument("--eps", type=float, default=0.0, help="zeno++ slack (default: 0)")
 
 

@@ -61,10 +61,10 @@ def parse_args(argv=None):
 
 # ---- workers: pull, compute an update, push ------------------------------------------------------------
 
-def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, device):
+def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, device, first_round=0):
     """Pull the weights that changed, compute an update from the next --local-steps batches, push it: to every
     server its chunks, or whole to this worker's validator. Sync: for `rounds` rounds; both: until a pull says
-    stop."""
+    stop. first_round: the rounds the run trained before this start (a resume), for --worker-subsample's draws."""
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     optimizer = steps.local_optimizer(args, model)  # (its local steps')
     vector = parameters_to_vector(model.parameters()).detach().cpu()  # this worker's copy of the weights
@@ -72,13 +72,13 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
     to_device = data.device_transform(args, device, num_classes)
     sizes, index = [p.numel() for p in model.parameters()], layout.worker_index(rank)
     validator, attacker = layout.validator_of(rank), attacks.Attacker(args, index, sizes)
-    residual = torch.zeros_like(vector)  # what this worker trained in rounds it sat out (--worker-subsample)
+    residual = torch.zeros_like(vector)  # what it trained in rounds it sat out (--worker-subsample; gradients: summed)
     model.train()
     for round_ in itertools.count() if rounds is None else range(rounds):
         stop, lr = pushpull.pull(vector, chunks, versions)
         if stop:  # the servers have trained enough (async), or reached --desired-acc
             break
-        pushes = steps.joins(args, index, round_)
+        pushes = steps.joins(args, index, first_round + round_)  # (counted from the run's start: a resume too)
         lies = attacker.next_push() if pushes else [False] * len(sizes)  # (which of its tensors)
         relabel = (lambda target: attacker.labels(target, num_classes, lies)) if any(lies) else None
         start = vector - residual if args.local_steps > 1 else vector  # (local steps: on from where it was)
@@ -259,7 +259,8 @@ def main(args):
         faults.catch_sigterm(args.out, rank)
         batches = steps.forever(loader, worker_sampler, start[0], args.seed, layout.worker_index(rank),
                                 start[1] * args.local_steps, rounds_per_epoch * args.local_steps)
-        run_worker(args, layout, rank, model, batches, chunks, remaining_rounds if sync else None, num_classes, device)
+        run_worker(args, layout, rank, model, batches, chunks, remaining_rounds if sync else None, num_classes, device,
+                   start[0] * rounds_per_epoch + start[1])
         stopped_for_sigterm(args)
     distributed.cleanup()
 
