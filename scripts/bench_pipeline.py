@@ -38,7 +38,6 @@ trained again. The processes are forked as scripts/measuring.py's run_forked for
 import argparse
 import csv
 import itertools
-import json
 import math
 import sys
 import time
@@ -150,10 +149,8 @@ def steps_of(rows):
                      for r in rows) / len(rows))
 
 
-def straggler_sleep(out):
-    """X for a layout and schedule: C_OVER_X of allreduce's step without stragglers (its run directory)."""
-    summary = json.loads((Path(out) / "summary.json").read_text())
-    step = measuring.train_seconds(out) * summary["replicas"] / sum(summary["updates_per_replica"])
+def straggler_sleep(step):
+    """X for a layout and schedule: C_OVER_X of allreduce's step (seconds per minibatch) without stragglers."""
     return round(step / C_OVER_X, 4)
 
 
@@ -177,12 +174,12 @@ def main():
         hetero = sleep[layout] if stragglers else 0.0
         processes, flags = flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args)
         summary = measuring.train("pipeline", processes, flags, out, threads=1, forked=True)
-        if part == "sync" and sync == "allreduce" and not stragglers and layout not in sleep:
-            sleep[layout] = straggler_sleep(out)
         points = curve(out)
         reached = [seconds for _, seconds, top1 in points if top1 >= TARGET]
         train_s = measuring.train_seconds(out)
         updates = sum(summary["updates_per_replica"])
+        if part == "sync" and sync == "allreduce" and not stragglers and layout not in sleep:
+            sleep[layout] = straggler_sleep(train_s * replicas / updates)
         rows.append({"part": part, "sync": sync, "hetero": hetero, "schedule": schedule, "microbatches": microbatches,
                      "batch": BATCH[part], "stages": stages, "replicas": summary["replicas"],
                      "processes": processes, "seed": seed, "epochs": summary["epochs"],

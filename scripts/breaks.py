@@ -122,7 +122,7 @@ BREAKS = [
          old="return args.worker_subsample >= 1 or", new="return True or",
          tests=["tests/test_ps.py::test_a_worker_pushes_in_a_round_with_the_subsample_probability_seeded"]),
     dict(name="subsample-without-the-residual", file="recipes/ps/train.py",
-         old="            residual = u\n", new="            residual = torch.zeros_like(vector)\n",
+         old="if pushes else u  # (sitting", new="if pushes else torch.zeros_like(vector)  # (sitting",
          tests=[NAIVE_ASYNC_TEST]),
     dict(name="zeno-plus-plus-v-refreshed-per-validator", file="recipes/ps/validators.py",
          old='if args.aggregate == "zeno++":\n        counted', new='if False:\n        counted',

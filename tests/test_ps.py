@@ -306,6 +306,17 @@ def test_validators_count_what_they_reject(tiny_data, tmp_path, aggregate, mode,
     assert summary["honest_rejected"] <= 1, summary  # the honest ones agree with v here: they pass
 
 
+def test_async_validators_forward_a_round_a_worker_sat_out_as_a_skip(tiny_data, tmp_path):
+    """Async zenops, 3 workers pushing in a round with probability 0.5: the validator passes each round a worker
+    sat out on as a skip, so the servers count 2 x 6 rounds (3 workers x 8 images / 4) and the run ends; fewer were
+    pushed."""
+    out = tmp_path / "ps"
+    run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "-b", "4", "--out", out, "--validators", "1", "--mode",
+                      "async", "--aggregate", "zenops", "--worker-subsample", "0.5", *VALIDATED], nproc=5)
+    summary = read_summary(out)
+    assert summary["epochs"] == 2 and 0 < summary["honest_pushed"] < 2 * 6, summary
+
+
 def test_async_zeno_plus_plus_with_two_servers_and_a_refresh_every_two_pushes_accepts_honest_pushes(tiny_data,
                                                                                                    tmp_path):
     """Each validator's first pull brings the weights, whatever the refresh period."""

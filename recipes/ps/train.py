@@ -84,9 +84,9 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
         start = vector - residual if args.local_steps > 1 else vector  # (local steps: on from where it was)
         u, stats = steps.local_update(model, optimizer, criterion, start, batches, args.local_steps, lr, to_device,
                                       relabel)
-        u, residual = u + residual, torch.zeros_like(vector)
-        if not pushes:  # it sits this round out, and keeps its update for the next it takes part in
-            residual = u
+        u = u + residual
+        residual = torch.zeros_like(vector) if pushes else u  # (sitting out, it keeps it for its next push)
+        if not pushes:
             for peer in [validator] if validator is not None else range(args.servers):
                 pushpull.send(pushpull.header(pushpull.SKIP, stats=stats), peer)
             continue

@@ -142,25 +142,20 @@ def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr,
         if message[pushpull.KIND] == pushpull.BYE:
             active.discard(sender)
             continue
-        if u is None:  # it sat this round out (--worker-subsample): the servers count its step
-            forward = pushpull.header(pushpull.SKIP, stats=message[pushpull.STATS])
-            for server in range(args.servers):
-                pushpull.send(forward, server)
-            scored, v = refresh(args, arrivals, scored, k, v)  # (ZenoPS's validators count those that sat out)
-            continue
-        u, lies = split_lies(u, sizes)
-        if args.aggregate == "zenops":  # applies alpha s u to what it rejects
+        u, lies = split_lies(u, sizes) if u is not None else (None, None)
+        if u is None:  # it sat this round out (--worker-subsample): a skip, so that the servers count its step
+            update, applied, counts, worker_versions = None, False, None, [0] * args.servers
+        elif args.aggregate == "zenops":  # applies alpha s u to what it rejects
             update, passed = rules.zenops_async(u, v, sizes, args.zeno_eta, args.zeno_alpha)
-            applied = True
+            applied, counts = True, attacks.counts(lies, sizes, passed)
         else:
             update, applied = rules.zeno_plus_plus(u, v, base_lr, rho, args.eps)
-            passed = [applied] * len(sizes)
-        counts = attacks.counts(lies, sizes, passed)
+            counts = attacks.counts(lies, sizes, [applied] * len(sizes))
         for server, server_chunks in enumerate(chunks):
             forward = pushpull.header(pushpull.PUSH if applied else pushpull.SKIP, worker_versions[server],
                                       message[pushpull.STATS], counts)
             pushpull.send(forward, server, pushpull.take(update, server_chunks) if applied else None)
-        scored, v = refresh(args, arrivals, scored, k, v)
+        scored, v = refresh(args, arrivals, scored, k, v)  # (ZenoPS's validators count those that sat out too)
 
 
 def refresh(args, arrivals, scored, k, v):
