@@ -4,32 +4,42 @@ down: accuracy, rejections and speed.
     python scripts/bench_ps.py     # figures/data/ps.csv (then plot_results.py draws it)
     python scripts/bench_ps.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
 
-On data/mnist5k, 8 workers (ZenoPS: 16, Zeno: 20, Zeno++: 10), 1 server, each row for every seed (3 by
-default). Every poisoning probability is 0.2 and drawn per tensor of a push as ZenoPS draws it (zeno_ps
-byteps/mxnet/__init__.py 406, 850), unless the row says per push (Zeno++'s, AsyncByzGrad train_cifar10.py
-259-265). The validators hold a worker's share of train/, 1 / 9 (ZenoPS's 1 / (W + 1),
-train_cifar10_byteps_zeno_validator.py 210-220), each validator all of it.
-  sync-1v   ZenoPS's sync runs with one validator (launcher/experiments_sync_single_validator.sh): half
-            of the workers sit each round out (--worker-subsample 0.5, __init__.py 381), 8 local steps a
-            push; mean, trimmed-mean and phocas (b = 1, a fifth of the 4 or so that push: ZenoPS's trim
-            ratio 0.2) and zenops; attacks: none, sign flip x 6, N(0, 1), a random direction at 8 x each
-            tensor's norm.
+On data/mnist5k, 8 workers (ZenoPS: 16 sync, 8 async; Zeno: 20; Zeno++: 10), 1 server, each row for every
+seed (3 by default). Every poisoning probability is 0.2 and drawn per tensor of a push as ZenoPS draws it
+(zeno_ps byteps/mxnet/__init__.py 406, 850), unless the row says per push (Zeno++'s, AsyncByzGrad
+train_cifar10.py 259-265). Every row of a part holds out a worker's share of train/, 1 / 9 (ZenoPS's
+1 / (W + 1), train_cifar10_byteps_zeno_validator.py 210-220), so that the rows without validators train
+on the same shards as those with them; each validator holds all of it.
+  sync-1v   ZenoPS's sync runs with one validator (launcher/experiments_sync_single_validator.sh): each
+            worker sits a round out with probability 0.5 (--worker-subsample, __init__.py 381), 8 local
+            steps a push; mean, trimmed-mean and phocas (b from each round's pushes at ZenoPS's ratio 0.2,
+            validator.py 66-90) and zenops; attacks: none, sign flip x 6, N(0, 1), a random direction at
+            8 x each tensor's norm.
   sync-2v   ZenoPS's sync runs with two validators (experiments_sync_two_validators.sh): every worker
-            every round; mean and zenops; the same attacks.
+            every round; the same rules and attacks.
   eta       ZenoPS's eta sweep (experiments_sync_tune_rho.sh, its Figure 7): sync-2v's zenops under N(0, 1),
-            --zeno-eta 0.1 ... -0.1, beside "validation data only": nd trained on the held-out share alone
-            (the split of the same seed), at one worker's batch for as many steps as one worker takes.
-  async-1v  ZenoPS's async runs (experiments_async_single_validator.sh): one validator, half of the
-            workers sitting each round out, 8 local steps; naive-async (alpha 0.4, its baseline) and
+            --zeno-eta 0.1 ... -0.1, beside "validation data only" (train_cifar10_serveronly.py): nd trained
+            on the held-out share alone (the split of the same seed), at one worker's batch for as many steps
+            as one worker takes, at half the workers' per-step learning rate (the authors': 0.1 against 0.2).
+  async-1v  ZenoPS's async runs (experiments_async_single_validator.sh): one validator, each worker sitting
+            a round out with probability 0.5, 8 local steps; naive-async (alpha 0.4, its baseline) and
             zenops; attacks: none, sign flip x 2, N(0, 1), random x 8.
   zeno      Zeno (icml2019_zeno test_zeno_1.sh: 8 of 20 lie, b = 12): 3 of 8 workers flip their gradient
-            x 4 at every push (x 4: with Zeno's x 1, 3 of 8 leave the mean a descent), b = 5; mean and zeno
-            on one gradient a push, zeno scoring on 4 x the workers' batch and on Zeno's own 4 images.
+            x 4 at every push, b = 5; mean and zeno on one gradient a push, zeno scoring on 4 x the workers'
+            batch and on Zeno's own 4 images. (x 4, where Zeno's liars push -1 x a gradient: 3 of 8 flipped
+            x 1 leave the mean (5 - 3) / 8 of the honest one in expectation, still a descent.)
   zeno++    Zeno++ (AsyncByzGrad exp_*.sh): one gradient a push, SGD without momentum on the servers (at 10
             times --lr, for the momentum's missing 1 / (1 - 0.9)), mean and zeno++ with one validator, under
-            sign flip x 10 per push with probability 0.2 and 0.4 (its nbyz / 10 for 2 and 4 liars).
+            sign flip x 10 per push with probability 0.2 and 0.4 (its nbyz / 10 for 2 and 4 liars), nobody
+            lying in the first epoch (its clean first epoch, train_cifar10.py 259).
   speed     ddp on 8 processes, beside ps sync mean on one gradient a push (a push every step, as ddp's
             allreduce) and on 8 local steps (an eighth of the pushes).
+Scaled, not copied (RESULTS.md lists each with the authors' file and line): a batch of 8 (theirs: 32 sync,
+64 async, 100 Zeno, 128 Zeno++); the recipe's learning rate (--lr 0.1 for 256 images, scaled to the
+update's batch) and cosine schedule after a warm-up epoch, where ZenoPS steps 0.2 (sync) and 0.4 x
+(1 / 9)^1/2 (async) down x 0.1 at epochs 100 and 150 of 200, and halves async alpha at epoch 100; 5 epochs.
+Not run: ZenoPS's async two-validator runs (experiments_async_two_validators.sh, Figure 6) and its two
+colocated servers in the two-validator runs: 12 processes on 2 cores, and the bench's time.
 Then, in the same part, scripts/bench_ps_byzfl.py: ByzFL's own benchmark on the same digits, into
 figures/data/ps_byzfl.csv. The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at
 a batch of 8 per worker, for 5 epochs. Run processes are forked from a server that has imported torch once
@@ -56,6 +66,7 @@ WORKERS = 8
 HELD_OUT = round(1 / (WORKERS + 1), 4)  # the validators' share of train/: a worker's (ZenoPS's)
 LOCAL = ["--local-steps", "8"]  # ZenoPS's workers' steps a push (--sync-interval 8)
 SUBSAMPLE = ["--worker-subsample", "0.5"]  # ZenoPS's one-validator runs
+TRIM = ["--trim-ratio", "0.2"]  # ZenoPS's trimmed mean's and phocas' b, from each round's pushes
 
 
 def attack(kind, scale, draw="tensor", prob=0.2):
@@ -71,21 +82,23 @@ ZENO_ATTACKS = [("none", []), ("3 of 8 flip x4", ["--byzantine", str(ZENO_LIARS)
                                                    "--attack-scale", "4"])]
 ZENO_PP_ATTACKS = [("none", []), ("signflip x10, p 0.2 per push", attack("signflip", 10, "push", 0.2)),
                    ("signflip x10, p 0.4 per push", attack("signflip", 10, "push", 0.4))]
-NO_MOMENTUM = ["--momentum", "0", "--lr", "1.0"]  # Zeno++'s servers
+NO_MOMENTUM = ["--momentum", "0", "--lr", "1.0", "--clean-epochs", "1"]  # Zeno++'s servers, its clean 1st epoch
 # part: (the mode, its rules: (label, flags, validators), its attacks)
 PARTS = {
     "sync-1v": ("sync", [("mean", [*LOCAL, *SUBSAMPLE], 0),
-                         ("trimmed-mean", ["--aggregate", "trimmed-mean", "--zeno-b", "1", *LOCAL, *SUBSAMPLE], 0),
-                         ("phocas", ["--aggregate", "phocas", "--zeno-b", "1", *LOCAL, *SUBSAMPLE], 0),
+                         ("trimmed-mean", ["--aggregate", "trimmed-mean", *TRIM, *LOCAL, *SUBSAMPLE], 0),
+                         ("phocas", ["--aggregate", "phocas", *TRIM, *LOCAL, *SUBSAMPLE], 0),
                          ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)], ZENOPS_SYNC_ATTACKS),
-    "sync-2v": ("sync", [("mean", LOCAL, 0), ("zenops", ["--aggregate", "zenops", *LOCAL], 2)], ZENOPS_SYNC_ATTACKS),
+    "sync-2v": ("sync", [("mean", LOCAL, 0), ("trimmed-mean", ["--aggregate", "trimmed-mean", *TRIM, *LOCAL], 0),
+                         ("phocas", ["--aggregate", "phocas", *TRIM, *LOCAL], 0),
+                         ("zenops", ["--aggregate", "zenops", *LOCAL], 2)], ZENOPS_SYNC_ATTACKS),
     "async-1v": ("async", [("naive-async", ["--aggregate", "naive-async", *LOCAL, *SUBSAMPLE], 0),
                            ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)], ZENOPS_ASYNC_ATTACKS),
     "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2),
                       ("zeno, 1 step, scoring batch 4", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B),
                                                          "--validator-batch", "4"], 2)], ZENO_ATTACKS),
-    "zeno++": ("async", [("mean, 1 step", NO_MOMENTUM, 0), ("zeno++, 1 step", ["--aggregate", "zeno++", *NO_MOMENTUM],
-                                                             1)], ZENO_PP_ATTACKS),
+    "zeno++": ("async", [("mean, 1 step", NO_MOMENTUM, 0),
+                         ("zeno++, 1 step", ["--aggregate", "zeno++", *NO_MOMENTUM], 1)], ZENO_PP_ATTACKS),
 }
 ETAS = [0.1, 0.01, 0.001, 0, -0.001, -0.01, -0.1]
 ETA_ATTACK = ZENOPS_SYNC_ATTACKS[2]  # N(0, 1), as experiments_sync_tune_rho.sh
@@ -100,8 +113,9 @@ COUNTS = FIELDS[10:23]  # (the update counts and stale_dropped, from summary.jso
 def plan(seeds, quick=False):
     """Every run of the table: (part, mode, aggregate label, attack label, zeno_eta, seed), seed by seed so that a
     stopped table leaves whole seeds of every row behind it. quick: a few of each part."""
-    parts = PARTS if not quick else {"sync-1v": (PARTS["sync-1v"][0], PARTS["sync-1v"][1][::3], ZENOPS_SYNC_ATTACKS[:2]),
-                                     "zeno++": (PARTS["zeno++"][0], PARTS["zeno++"][1][1:], ZENO_PP_ATTACKS[::2])}
+    parts = PARTS if not quick else {
+        "sync-1v": (PARTS["sync-1v"][0], PARTS["sync-1v"][1][::3], ZENOPS_SYNC_ATTACKS[:2]),
+        "zeno++": (PARTS["zeno++"][0], PARTS["zeno++"][1][1:], ZENO_PP_ATTACKS[::2])}
     etas = ETAS if not quick else [0.1, 0]
     runs = []
     for seed in seeds:
@@ -124,8 +138,9 @@ def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
     if mode == "nd":  # the validators' share alone, at one worker's batch, for as many steps as one worker takes
         folder = validation_only_data(args.data, seed, HELD_OUT, Path(args.runs) / f"validation-data-seed{seed}")
         scale = (1 - HELD_OUT) / (WORKERS * HELD_OUT)  # a worker's steps an epoch / nd's on the held-out share
-        model = [str(round(float(flag) * scale)) if previous == "--warmup-epochs" else flag
-                 for previous, flag in zip(["", *model], model)]
+        scaled = {"--warmup-epochs": lambda flag: str(round(float(flag) * scale)),
+                  "--lr": lambda flag: str(4 * float(flag))}  # (nd scales --lr to 8 images; a worker's step: to 64)
+        model = [scaled[previous](flag) if previous in scaled else flag for previous, flag in zip(["", *model], model)]
         return "nd", 1, [folder, *model, "--epochs", str(round(args.epochs * scale)), "--seed", str(seed), "-b", "8",
                          "-p", "1000"]
     if part == "speed":
@@ -136,8 +151,9 @@ def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
     _, rules, attacks = PARTS[part]
     flags, validators = next((flags, v) for label, flags, v in rules if label == aggregate)
     flags = [args.data, *common, "--mode", mode, *flags, *dict(attacks + [ETA_ATTACK])[attack_label]]
+    flags += ["--validation-split", str(HELD_OUT)]  # (every row: the same workers' shards beside validators or not)
     if validators:
-        flags += ["--validators", str(validators), "--validation-split", str(HELD_OUT)]
+        flags += ["--validators", str(validators)]
     if zeno_eta is not None:
         flags += ["--zeno-eta", str(zeno_eta)]
     return "ps", 1 + validators + WORKERS, flags

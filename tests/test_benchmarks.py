@@ -199,7 +199,7 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
 
 def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(tiny_data, tmp_path):
     runs = bench_ps.plan([0, 1, 2])
-    per_seed = 4 * 4 + 2 * 4 + 2 * 4 + 3 * 2 + 2 * 3 + 7 + 1 + 3  # sync-1v, sync-2v, async-1v, zeno, zeno++, eta, speed
+    per_seed = 4 * 4 + 4 * 4 + 2 * 4 + 3 * 2 + 2 * 3 + 7 + 1 + 3  # sync-1v, sync-2v, async-1v, zeno, zeno++, eta, speed
     assert len(runs) == 3 * per_seed and len(set(runs)) == len(runs) and {run[-1] for run in runs} == {0, 1, 2}
     args = bench_ps.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
 
@@ -215,11 +215,15 @@ def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(t
     assert processes == 11 and "--worker-subsample" not in flags and value(flags, "--attack-scale") == "6"
     recipe, processes, flags = bench_ps.flags_of("async-1v", "async", "naive-async", "signflip x2", None, 0, args)
     assert processes == 9 and value(flags, "--aggregate") == "naive-async" and value(flags, "--attack-scale") == "2"
+    assert value(flags, "--validation-split") == "0.1111"  # no validator, the same shards as the zenops row's
+    recipe, processes, flags = bench_ps.flags_of("sync-1v", "sync", "trimmed-mean", "none", None, 0, args)
+    assert value(flags, "--trim-ratio") == "0.2" and "--zeno-b" not in flags  # ZenoPS's b, from each round's n
     recipe, processes, flags = bench_ps.flags_of("zeno", "sync", "zeno, 1 step", "3 of 8 flip x4", None, 0, args)
     assert value(flags, "--zeno-b") == "5" and value(flags, "--byzantine") == "3" and "--local-steps" not in flags
     recipe, processes, flags = bench_ps.flags_of("zeno++", "async", "zeno++, 1 step", "signflip x10, p 0.4 per push",
                                                  None, 1, args)
     assert processes == 10 and value(flags, "--attack-draw") == "push" and value(flags, "--momentum") == "0"
+    assert value(flags, "--clean-epochs") == "1"  # Zeno++'s attack-free first epoch
     recipe, processes, flags = bench_ps.flags_of("eta", "sync", "zenops", "N(0,1)", -0.01, 1, args)
     assert value(flags, "--zeno-eta") == "-0.01" and value(flags, "--attack") == "gaussian"
     assert value(flags, "--validators") == "2" and "--worker-subsample" not in flags  # the two-validator runs
@@ -228,6 +232,7 @@ def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(t
     assert (recipe, processes) == ("ps", 9) and "--local-steps" not in flags
     recipe, processes, flags = bench_ps.flags_of("eta", "nd", "validation data only", "none", None, 0, args)
     assert (recipe, processes) == ("nd", 1) and value(flags, "-b") == "8"  # one worker's batch
+    assert flags.count("--lr") == 1 and value(flags, "--lr") == "0.4"  # half a worker's step: 0.4 x 8 = 0.1 x 64 / 2
     assert value(flags, "--epochs") == "3"  # a ninth of the data for as many steps as a worker on its ninth
     quick = bench_ps.plan([0], quick=True)
     assert {part for part, *_ in quick} == {"sync-1v", "zeno++", "eta", "speed"} and len(quick) < 15

@@ -160,6 +160,18 @@ def test_phocas_averages_the_values_nearest_the_trimmed_mean():
     assert torch.allclose(rules.phocas(vectors, 1), torch.tensor([2.0, 11.0]))
 
 
+def test_the_trim_ratio_draws_b_from_each_rounds_pushes_as_zenops_validators():
+    """ZenoPS's trimmed mean trims int(min((n - 2) // 2, 0.2 n)), its phocas int(max(1, 0.2 n)), and neither
+    applies anything from 2 pushes or fewer (zeno_ps byteps/mxnet/validator.py 66-90)."""
+    pushes = [torch.tensor([float(v)]) for v in (1, 2, 3, 100, -50)]
+    assert rules.aggregate("trimmed-mean", pushes[:4], 0, trim_ratio=0.2).item() == 26.5  # n 4: b 0, the mean
+    assert rules.aggregate("trimmed-mean", pushes, 0, trim_ratio=0.2).item() == 2.0  # n 5: b 1, of 1, 2, 3
+    assert rules.aggregate("phocas", pushes[:4], 0, trim_ratio=0.2).item() == 2.0  # n 4: b 1, the 3 nearest 2.5
+    assert rules.aggregate("trimmed-mean", pushes[:2], 0, trim_ratio=0.2).item() == 0.0
+    assert rules.aggregate("phocas", pushes[:2], 0, trim_ratio=0.2).item() == 0.0
+    assert rules.aggregate("trimmed-mean", pushes[:4], 1).item() == 2.5  # --zeno-b 1: b 1 whatever the round's n
+
+
 def test_phocas_rejects_a_sign_flip():
     honest = torch.tensor([[1.0, 2.0], [1.2, 2.2], [0.8, 1.8]])
     flipped = -4 * honest[:1]  # b = 1: trimmed means 0.9 and 1.9; the 3 nearest: the honest values
@@ -176,9 +188,9 @@ def test_phocas_rejects_a_sign_flip():
     assert torch.nn.functional.cosine_similarity(stacked.mean(dim=0), v, dim=0) < 0  # the plain mean turns round
 
 
-def attacker(attack, scale=2.0, byzantine=0, prob=0.0, index=0, seed=0, draw="tensor", sizes=(10000,)):
+def attacker(attack, scale=2.0, byzantine=0, prob=0.0, index=0, seed=0, draw="tensor", sizes=(10000,), clean=0):
     return attacks.Attacker(argparse.Namespace(attack=attack, attack_scale=scale, byzantine=byzantine, attack_prob=prob,
-                                               attack_draw=draw, seed=seed), index, list(sizes))
+                                               attack_draw=draw, seed=seed), index, list(sizes), clean)
 
 
 def test_each_attack_pushes_what_its_paper_says_tensor_by_tensor():
@@ -201,16 +213,20 @@ def test_each_attack_pushes_what_its_paper_says_tensor_by_tensor():
 
 def test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability():
     always = attacker("signflip", byzantine=1, index=0, sizes=(3, 4, 5))
-    assert all(always.next_push() == [True] * 3 for _ in range(100))
-    assert not any(any(attacker("signflip", byzantine=1, index=1).next_push()) for _ in range(100))
+    assert all(always.next_push(r) == [True] * 3 for r in range(100))
+    assert not any(any(attacker("signflip", byzantine=1, index=1).next_push(r)) for r in range(100))
     workers = [attacker("signflip", prob=0.2, index=i, draw="push", sizes=(3, 4)) for i in range(3)]
-    draws = [[worker.next_push() for _ in range(2000)] for worker in workers]
+    draws = [[worker.next_push(r) for r in range(2000)] for worker in workers]
     assert all(lies[0] == lies[1] for d in draws for lies in d)  # --attack-draw push: the whole push, or none of it
     assert all(0.17 < sum(lies[0] for lies in d) / 2000 < 0.23 for d in draws) and draws[0] != draws[1]
     again = attacker("signflip", prob=0.2, index=0, draw="push", sizes=(3, 4))
-    assert draws[0] == [again.next_push() for _ in range(2000)]  # seeded: a generator per worker
+    assert draws[0] == [again.next_push(r) for r in range(2000)]  # seeded: by worker and round
+    resumed = attacker("signflip", prob=0.2, index=0, draw="push", sizes=(3, 4))  # (a resumed run's, at round 1000)
+    assert [resumed.next_push(r) for r in range(1000, 2000)] == draws[0][1000:]
+    clean = attacker("signflip", byzantine=1, sizes=(3, 4), clean=5)  # --clean-epochs: nobody lies in those rounds
+    assert [any(clean.next_push(r)) for r in range(8)] == [False] * 5 + [True] * 3
     # per tensor (ZenoPS's): each of 10 tensors on its own, so most pushes are partly poisoned, few whole
-    pushes = [attacker("signflip", prob=0.2, sizes=[1] * 10, seed=seed).next_push() for seed in range(300)]
+    pushes = [attacker("signflip", prob=0.2, sizes=[1] * 10, seed=seed).next_push(0) for seed in range(300)]
     tensors = [lie for lies in pushes for lie in lies]
     assert 0.17 < sum(tensors) / len(tensors) < 0.23 and sum(any(lies) for lies in pushes) / 300 > 0.8
     assert not any(all(lies) for lies in pushes)  # (0.2^10 per push)
@@ -328,6 +344,13 @@ def test_async_zeno_plus_plus_with_two_servers_and_a_refresh_every_two_pushes_ac
     assert summary["honest_pushed"] == 2 * 3 * 2
     # v on 4 images, up to 2 pushes old, disagrees with a few pushes
     assert summary["honest_rejected"] <= 6, summary  # at least half of them pass
+
+
+def test_a_validation_split_without_validators_is_held_out_all_the_same(tiny_data, tmp_path):
+    """A run without validators beside one with them trains on the same shards: 24 of the 48 images held out,
+    12 a worker, 1 round of 8 an epoch (without the split: 3, test_sync_mean_ends_with_ddps_weights)."""
+    run_recipe("ps", [tiny_data, *TINY, "--epochs", "1", "--out", tmp_path, *VALIDATED], nproc=3)
+    assert read_summary(tmp_path)["honest_pushed"] == 2
 
 
 def test_local_steps_with_one_worker_train_nds_model_and_naive_async_moves_alpha_of_it(tiny_data, tmp_path):
@@ -460,6 +483,10 @@ def test_impossible_roles_are_one_line(flags, world_size, phrase):
     (["--validators", "1", "--aggregate", "zeno", "--worker-subsample", "0.5"], "not with --worker-subsample"),
     (["--aggregate", "naive-async"], "naive-async is ZenoPS's asynchronous baseline: use --mode async"),
     (["--aggregate", "naive-async", "--mode", "async", "--validators", "1"], "--validators score pushes with a Zeno"),
+    (["--aggregate", "trimmed-mean", "--trim-ratio", "0.5"], "--trim-ratio is a fraction in (0, 0.5), got 0.5"),
+    (["--trim-ratio", "0.2"], "--trim-ratio sets the trim of --aggregate trimmed-mean or phocas, not mean"),
+    (["--aggregate", "phocas", "--trim-ratio", "0.2", "--zeno-b", "1"], "not with --zeno-b"),
+    (["--clean-epochs", "-1"], "--clean-epochs must be 0 or more, got -1"),
 ])
 def test_impossible_flags_are_one_line(flags, phrase):
     with pytest.raises(RecipeError) as error:

@@ -24,18 +24,23 @@ import torch
 
 
 class Attacker:
-    """Decides which tensors of one worker's pushes lie, and what they push. Reproducible: the draws come from a
-    generator of the worker's own, seeded by --seed and its index."""
+    """Decides which tensors of one worker's pushes lie, and what they push. Reproducible: each round's draws
+    come from a generator seeded by --seed, the worker's index and the round (counted from the run's start,
+    so that a resumed run draws on as the straight one). clean_rounds: the rounds in which nobody lies."""
 
-    def __init__(self, args, index, sizes):
+    def __init__(self, args, index, sizes, clean_rounds=0):
         self.attack, self.scale, self.prob, self.sizes = args.attack, args.attack_scale, args.attack_prob, sizes
-        self.always = index < args.byzantine
+        self.always, self.seed, self.index = index < args.byzantine, args.seed or 0, index
+        self.clean_rounds = clean_rounds
         self.per_tensor = args.attack_draw == "tensor" and args.attack != "labelflip"  # (a data attack: whole)
-        self.generator = torch.Generator().manual_seed(1_000_003 * (args.seed or 0) + index)
+        self.generator = torch.Generator().manual_seed(1_000_003 * self.seed + index)  # (reseeded each round)
 
-    def next_push(self):
-        """Which tensors of this worker's next push lie, one bool each (one draw per push, or per tensor,
-        whatever the answer)."""
+    def next_push(self, round_):
+        """Which tensors of this worker's push in round `round_` lie, one bool each (one draw per push, or per
+        tensor, whatever the answer)."""
+        self.generator.manual_seed((1_000_003 * self.seed + self.index) * 1_000_003 + round_)
+        if round_ < self.clean_rounds:
+            return [False] * len(self.sizes)
         draws = torch.rand(len(self.sizes) if self.per_tensor else 1, generator=self.generator) < self.prob
         lies = [self.attack != "none" and (self.always or bool(draw)) for draw in draws.tolist()]
         return lies if self.per_tensor else lies * len(self.sizes)

@@ -86,11 +86,19 @@ def add_args(parser):
                        help="signflip: -S u; gaussian: N(0, S^2); random: a random direction at S ||u||")
     group.add_argument("--worker-subsample", type=float, default=1.0, metavar="P",
                        help="each worker pushes in a round with probability P, and keeps its update for a later "
-                            "round otherwise (ZenoPS's --worker-subsample-rate; default: 1, every round)")
+                            "round otherwise (--local-steps 1: the gradients add up, as accumulated) (ZenoPS's "
+                            "--worker-subsample-rate; default: 1, every round)")
     group.add_argument("--zeno-b", type=int, help="pushes zeno and the trimming rules drop (default: K)")
-    group.add_argument("--validation-split", type=float, default=0.1,
-                       help="share of train/ held out for the validators, each validator all of it (default: "
-                            "0.1; ZenoPS's: a worker's share, 1 / (workers + 1))")
+    group.add_argument("--trim-ratio", type=float, metavar="R",
+                       help="trimmed-mean and phocas: b from each round's n pushes, as ZenoPS (rules.py), in place "
+                            "of --zeno-b (ZenoPS's: 0.2)")
+    group.add_argument("--clean-epochs", type=int, default=0, metavar="E",
+                       help="no worker lies in its first E epochs of rounds (Zeno++'s: 1; default: 0)")
+    group.add_argument("--validation-split", type=float,
+                       help="share of train/ held out for the validators, each validator all of it; given "
+                            "without validators, held out all the same, so that the workers train on the same "
+                            "shards as beside validators (default: 0.1 with validators; ZenoPS's: a worker's "
+                            "share, 1 / (workers + 1))")
     group.add_argument("--validator-batch", type=int,
                        help="images per step of a validator (default: zenops --batch-size, as ZenoPS; zeno and "
                             "zeno++ 4 x --batch-size, validators.py says why)")
@@ -130,6 +138,8 @@ def check_flags(args):
                             "--zeno-alpha": (lambda v: v > 0, "must be positive"),
                             "--eps": (lambda v: v >= 0, "must be 0 or more"),
                             "--zeno-b": (lambda v: v >= 0, "must be 0 or more"),
+                            "--trim-ratio": (lambda v: 0 < v < 0.5, "is a fraction in (0, 0.5)"),
+                            "--clean-epochs": (lambda v: v >= 0, "must be 0 or more"),
                             "--worker-subsample": (lambda v: 0 < v <= 1, "is a probability in (0, 1]")})
     if args.attack == "labelflip" and (args.mixup_alpha or args.cutmix_alpha):
         raise RecipeError("--attack labelflip flips class labels: not with --mixup-alpha or --cutmix-alpha")
@@ -155,11 +165,17 @@ def check_flags(args):
     if args.aggregate in ("zeno", "zeno++") and args.local_steps != 1:
         raise RecipeError(f"--aggregate {args.aggregate} judges gradients, as its authors: --local-steps 1, "
                           f"not {args.local_steps}")
-    if args.attack_prob and args.zeno_b is None and args.aggregate in ("median", "trimmed-mean", "phocas", "krum",
-                                                                        "zeno"):
+    if args.trim_ratio is not None and args.aggregate not in ("trimmed-mean", "phocas"):
+        raise RecipeError(f"--trim-ratio sets the trim of --aggregate trimmed-mean or phocas, not {args.aggregate}")
+    if args.trim_ratio is not None and args.zeno_b is not None:
+        raise RecipeError("--trim-ratio draws b from each round's pushes: not with --zeno-b")
+    if args.attack_prob and args.zeno_b is None and args.trim_ratio is None and \
+            args.aggregate in ("median", "trimmed-mean", "phocas", "krum", "zeno"):
         raise RecipeError(f"--attack-prob leaves the number of liars to chance: give --aggregate {args.aggregate} "
-                          f"its --zeno-b b")
+                          f"its --zeno-b b (or trimmed-mean and phocas a --trim-ratio)")
     args.zeno_b = args.byzantine if args.zeno_b is None else args.zeno_b
+    if args.validation_split is None and args.validators:
+        args.validation_split = 0.1
     if args.validator_batch is None:
         args.validator_batch = args.batch_size if args.aggregate == "zenops" else 4 * args.batch_size
     if args.zeno_eta is None:
@@ -194,7 +210,7 @@ def check_data(args, layout, per_worker, held_out):
     if per_worker // args.batch_size < args.local_steps:
         raise RecipeError(f"train/ gives {per_worker} images per worker, fewer than one round of --batch-size "
                           f"{args.batch_size} x --local-steps {args.local_steps}")
-    if held_out is not None and len(held_out) < args.validator_batch:
+    if args.validators and len(held_out) < args.validator_batch:
         raise RecipeError(f"--validation-split {args.validation_split:g} holds out {len(held_out)} train images: "
                           f"fewer than one batch of --validator-batch {args.validator_batch}")
 

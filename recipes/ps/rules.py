@@ -91,10 +91,16 @@ def phocas(vectors, b):
     return torch.gather(vectors, 0, nearest).mean(dim=0)
 
 
-def aggregate(rule, updates, b, clipping=None):
+def aggregate(rule, updates, b, clipping=None, trim_ratio=None):
     """The servers' rule over the workers' pushes of one sync step (no validators). A round with fewer pushes
-    (--worker-subsample) trims at most what it can: b below half of them (krum: n > 2 b + 2)."""
+    (--worker-subsample) trims at most what it can: b below half of them (krum: n > 2 b + 2). trim_ratio r:
+    b from each round's n instead, as ZenoPS's trimmed mean and phocas (zeno_ps byteps/mxnet/validator.py
+    66-90): int(min((n - 2) // 2, r n)) and int(max(1, r n)), and no update at all from 2 pushes or fewer."""
     stacked, n = torch.stack(updates), len(updates)
+    if trim_ratio is not None:
+        if n <= 2:
+            return torch.zeros_like(stacked[0])
+        b = int(min((n - 2) // 2, n * trim_ratio)) if rule == "trimmed-mean" else int(max(1, n * trim_ratio))
     b = max(0, min(b, (n - 3) // 2 if rule == "krum" else (n - 1) // 2))
     if rule == "mean":
         return stacked.mean(dim=0)

@@ -1,6 +1,6 @@
-"""The servers' bookkeeping around their loops (train.py): whose statistics each keeps, the counts of the
-summary, the goodbye after training, the whole model put together for evaluation and checkpoints, and
-a server's share of a resumed checkpoint."""
+"""The servers' work around their loops (train.py): an update applied to a shard, whose statistics each
+keeps, the counts of the summary, the goodbye after training, the whole model put together for
+evaluation and checkpoints, and a server's share of a resumed checkpoint."""
 
 import torch
 import torch.distributed as dist
@@ -8,6 +8,17 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from recipes.common import pushpull
+
+
+def apply(args, shard, optimizer, update, tally):
+    """One update of this server's chunks, a new version: an SGD step along a gradient, or (local steps) the
+    weights moved by the workers' change of them."""
+    if args.local_steps == 1:
+        shard.grad = update
+        optimizer.step()
+    else:
+        shard.data -= update
+    tally["version"] += 1
 
 
 def record(run, message, sender, senders, tally):

@@ -7,7 +7,7 @@ import time
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from recipes.common import data, metrics, pushpull
+from recipes.common import data, faults, metrics, pushpull
 
 
 def local_update(model, optimizer, criterion, vector, batches, steps, lr, to_device, relabel=None):
@@ -63,3 +63,9 @@ def forever(loader, sampler, first_epoch, seed, rank, first_step=0, per_epoch=No
         skipped = first_step if epoch == first_epoch else 0
         batches = data.skip_batches(loader, skipped)
         yield from batches if per_epoch is None else itertools.islice(batches, per_epoch - skipped)
+
+
+def stopped_for_sigterm(args):
+    """A client told to stop after a SIGTERM (its own, or a peer's): the servers have saved; exit 75 as they do."""
+    if faults.sigterm_received():
+        raise faults.Preempted(f"preempted: SIGTERM received; the servers saved {args.out}/checkpoint.pt")

@@ -19,13 +19,11 @@ to the batch of all workers). --mode async: each push is applied as it arrives (
 one worker's batch); --max-staleness D drops an update more than D versions old.
 
 Byzantine workers (attacks.py): --byzantine K makes workers 0..K-1 lie at every push, --attack-prob
-q every worker with probability q, per tensor of a push (--attack, --attack-scale, --attack-draw).
-Without validators the servers can aggregate robustly (sync): mean, median, trimmed-mean, krum,
-centered-clipping (byzfl's) or phocas (rules.py), for --zeno-b b liars; async: mean, or ZenoPS's
-naive-async (alpha u). With --validators V and --aggregate zenops|zeno|zeno++,
-the validators hold out --validation-split of train/ (each all of it) and judge their workers' pushes
-against what it computes there (validators.py: what each rule validates; rules.py: the formulas and
-their authors' defaults).
+q every worker with probability q, per tensor of a push. Without validators the servers can aggregate
+robustly (rules.py; sync: median, trimmed-mean, krum, centered-clipping, phocas; async: ZenoPS's
+naive-async). With --validators V and --aggregate zenops|zeno|zeno++, the validators hold out
+--validation-split of train/ and judge their workers' pushes against what they compute on it
+(validators.py).
 
 A lost process: torchrun ends the job (the servers save after their step; a rank left waiting on a
 dead peer gives up within about a second, exit 75), and --max-restarts N with --auto-resume starts
@@ -47,7 +45,7 @@ from torch.utils.data import DistributedSampler
 
 from recipes.common import bookkeeping, cli, data, distributed, faults, launch, models, pushpull, runlog, schedule
 from recipes.ps import attacks, layout as roles, rules, steps, validators
-from recipes.ps.server import counts_of_every_server, drain, gather, record, server_state
+from recipes.ps.server import apply, counts_of_every_server, drain, gather, record, server_state
 
 
 def parse_args(argv=None):
@@ -61,17 +59,17 @@ def parse_args(argv=None):
 
 # ---- workers: pull, compute an update, push ------------------------------------------------------------
 
-def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, device, first_round=0):
+def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, device, first_round, attacker):
     """Pull the weights that changed, compute an update from the next --local-steps batches, push it: to every
     server its chunks, or whole to this worker's validator. Sync: for `rounds` rounds; both: until a pull says
-    stop. first_round: the rounds the run trained before this start (a resume), for --worker-subsample's draws."""
+    stop. first_round: the rounds the run trained before this start (a resume), for the draws of who pushes
+    (--worker-subsample) and who lies (the attacker's)."""
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     optimizer = steps.local_optimizer(args, model)  # (its local steps')
     vector = parameters_to_vector(model.parameters()).detach().cpu()  # this worker's copy of the weights
     versions = [-1] * args.servers  # of this worker's copy of each server's chunks: none yet
     to_device = data.device_transform(args, device, num_classes)
-    sizes, index = [p.numel() for p in model.parameters()], layout.worker_index(rank)
-    validator, attacker = layout.validator_of(rank), attacks.Attacker(args, index, sizes)
+    sizes, index, validator = attacker.sizes, layout.worker_index(rank), layout.validator_of(rank)
     residual = torch.zeros_like(vector)  # what it trained in rounds it sat out (--worker-subsample; gradients: summed)
     model.train()
     for round_ in itertools.count() if rounds is None else range(rounds):
@@ -79,7 +77,7 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
         if stop:  # the servers have trained enough (async), or reached --desired-acc
             break
         pushes = steps.joins(args, index, first_round + round_)  # (counted from the run's start: a resume too)
-        lies = attacker.next_push() if pushes else [False] * len(sizes)  # (which of its tensors)
+        lies = attacker.next_push(first_round + round_) if pushes else [False] * len(sizes)  # (which tensors)
         relabel = (lambda target: attacker.labels(target, num_classes, lies)) if any(lies) else None
         start = vector - residual if args.local_steps > 1 else vector  # (local steps: on from where it was)
         u, stats = steps.local_update(model, optimizer, criterion, start, batches, args.local_steps, lr, to_device,
@@ -122,7 +120,8 @@ def sync_step(args, run, shard, optimizer, layout, tally):
     if args.validators:
         apply(args, shard, optimizer, validators.accepted_mean(updates, shard.numel(), tally["tensor_of"]), tally)
     elif updates:
-        apply(args, shard, optimizer, rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"]), tally)
+        apply(args, shard, optimizer, rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"],
+                                                                 args.trim_ratio), tally)
     losses = [record(run, message, sender, layout.senders, tally) for (message, _), sender in
               zip(received, layout.senders)]
     return [loss for loss in losses if loss is not None]
@@ -146,17 +145,6 @@ def async_step(args, run, shard, optimizer, layout, tally):
             tally["oldest"] = max(tally["oldest"], staleness)
     loss = record(run, message, sender, layout.senders, tally)
     return [] if loss is None else [loss]
-
-
-def apply(args, shard, optimizer, update, tally):
-    """One update of this server's chunks, a new version: an SGD step along a gradient, or (local steps) the
-    weights moved by the workers' change of them."""
-    if args.local_steps == 1:
-        shard.grad = update
-        optimizer.step()
-    else:
-        shard.data -= update
-    tally["version"] += 1
 
 
 def run_server(args, layout, run, shard, optimizer, val_loader, sizes, server_chunks):
@@ -198,9 +186,9 @@ def main(args):
         if args.validators else None
 
     train_set, val_set, num_classes = data.build_datasets(args)
-    held_out = None
-    if args.validators:  # the validators' own data: a part of train/ that no worker sees
-        train_set, held_out = data.hold_out(train_set, args.validation_split, args.seed)
+    # the validators' own data: a part of train/ that no worker sees
+    train_set, held_out = data.hold_out(train_set, args.validation_split, args.seed) if args.validation_split \
+        else (train_set, None)
     worker_sampler = DistributedSampler(train_set, num_replicas=layout.workers,
                                         rank=max(layout.worker_index(rank), 0), seed=args.seed or 0)
     rounds_per_epoch = len(worker_sampler) // args.batch_size // args.local_steps  # (ddp's rank i's shard)
@@ -245,30 +233,21 @@ def main(args):
     elif role == "server":
         run_server(args, layout, run, shard, optimizer, val_loader, sizes, chunks[rank])
     elif role == "validator":
-        zeno = args.aggregate == "zeno"  # (every validator scores on the same batches)
-        index = 0 if zeno else rank - args.servers  # every validator all the held-out data (ZenoPS's hold one shard)
-        sampler = DistributedSampler(held_out, num_replicas=1, rank=0, seed=(args.seed or 0) + index)
-        loader = data.train_loader(held_out, roles.with_batch(args, args.validator_batch), sampler)
+        batches = validators.held_out_batches(args, held_out, rank, start[0], ctx.world_size)
         faults.catch_sigterm(args.out, rank)  # (a SIGTERM travels with its messages: the servers save, stop)
-        batches = steps.forever(loader, sampler, start[0], args.seed, ctx.world_size + index)  # (a seed of its own)
         validators.run_validator(args, layout, rank, model, batches, chunks, remaining_rounds, lr, validators_control,
                                  data.device_transform(args, device, num_classes))
-        stopped_for_sigterm(args)
+        steps.stopped_for_sigterm(args)
     else:
         loader = data.train_loader(train_set, args, worker_sampler)
         faults.catch_sigterm(args.out, rank)
         batches = steps.forever(loader, worker_sampler, start[0], args.seed, layout.worker_index(rank),
                                 start[1] * args.local_steps, rounds_per_epoch * args.local_steps)
+        attacker = attacks.Attacker(args, layout.worker_index(rank), sizes, args.clean_epochs * rounds_per_epoch)
         run_worker(args, layout, rank, model, batches, chunks, remaining_rounds if sync else None, num_classes, device,
-                   start[0] * rounds_per_epoch + start[1])
-        stopped_for_sigterm(args)
+                   start[0] * rounds_per_epoch + start[1], attacker)
+        steps.stopped_for_sigterm(args)
     distributed.cleanup()
-
-
-def stopped_for_sigterm(args):
-    """A client told to stop after a SIGTERM (its own, or a peer's): the servers have saved; exit 75 as they do."""
-    if faults.sigterm_received():
-        raise faults.Preempted(f"preempted: SIGTERM received; the servers saved {args.out}/checkpoint.pt")
 
 
 if __name__ == "__main__":
