@@ -70,7 +70,7 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
     versions = [-1] * args.servers  # of this worker's copy of each server's chunks: none yet
     to_device = data.device_transform(args, device, num_classes)
     sizes, index, validator = attacker.sizes, layout.worker_index(rank), layout.validator_of(rank)
-    residual = torch.zeros_like(vector)  # what it trained in rounds it sat out (--worker-subsample; gradients: summed)
+    residual = torch.zeros_like(vector)  # what it trained in the round it last sat out (--worker-subsample)
     model.train()
     for round_ in itertools.count() if rounds is None else range(rounds):
         stop, lr = pushpull.pull(vector, chunks, versions)
@@ -79,11 +79,12 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
         pushes = steps.joins(args, index, first_round + round_)  # (counted from the run's start: a resume too)
         lies = attacker.next_push(first_round + round_) if pushes else [False] * len(sizes)  # (which tensors)
         relabel = (lambda target: attacker.labels(target, num_classes, lies)) if any(lies) else None
-        start = vector - residual if args.local_steps > 1 else vector  # (local steps: on from where it was)
+        start = vector - residual  # (after a round it sat out: on from where it was)
         u, stats = steps.local_update(model, optimizer, criterion, start, batches, args.local_steps, lr, to_device,
                                       relabel)
-        u = u + residual
-        residual = torch.zeros_like(vector) if pushes else u  # (sitting out, it keeps it for its next push)
+        # sitting out, it starts its next round from its own weights, but pushes that round's change alone: what
+        # it trained meanwhile is never sent (ZenoPS's "error reset", zeno_ps byteps/mxnet/__init__.py 388, 413-425)
+        residual = torch.zeros_like(vector) if pushes or args.local_steps == 1 else u  # (sitting out: its change)
         if not pushes:
             for peer in [validator] if validator is not None else range(args.servers):
                 pushpull.send(pushpull.header(pushpull.SKIP, stats=stats), peer)

@@ -32,6 +32,11 @@ def finished(runs):
     return [r for r in runs if r.get("diverged", "0") != "1"]
 
 
+def top1_or_chance(run):
+    """A run's top-1, or chance (10 %) where it diverged: for judging, not for the tables' means."""
+    return float(run["top1"]) if run.get("diverged", "0") != "1" else 10.0
+
+
 def ps_top1(runs):
     """'91.0 (90.0-92.0)' over the seeds that finished, and how many diverged."""
     done = finished(runs)
@@ -63,7 +68,7 @@ def ps_matrix(groups):
     rule with the mean (of the same local steps) under the same attack (beyond the spread only)."""
     aggregates = list(dict.fromkeys(aggregate for aggregate, _ in groups))
     attacks = list(dict.fromkeys(attack for _, attack in groups))
-    top1 = {key: spread([float(r["top1"]) for r in finished(runs)]) for key, runs in groups.items() if finished(runs)}
+    top1 = {key: spread([top1_or_chance(r) for r in runs]) for key, runs in groups.items()}  # (for judging)
     body = [[f"`{aggregate}`", *(ps_top1(groups[aggregate, attack]) if (aggregate, attack) in groups else ""
                                  for attack in attacks)] for aggregate in aggregates]
     header = ["aggregation", *attacks]
@@ -71,8 +76,6 @@ def ps_matrix(groups):
     for (aggregate, attack), result in top1.items():
         plain = baseline_in(groups, aggregate)
         mean = top1.get((plain, attack))
-        if aggregate != plain and (plain, attack) in groups and not mean:
-            better.append(f"{aggregate} under {attack} (`{plain}` diverged)")
         if aggregate != plain and mean and beyond_spread(result, mean):
             (better if result["mean"] > mean["mean"] else worse).append(
                 f"{aggregate} under {attack} ({result['mean'] - mean['mean']:+.1f})")
@@ -94,23 +97,27 @@ def ps_tables(rows):
                  f"it is counted beside the others.")
         if seeds > 1:
             text += (" Beyond the spread of the plain rule beside it (`mean` of the same local steps; for async "
-                     "`zenops`, `naive-async`) under the same attack, better: " + ("; ".join(better) or "none") +
+                     "`zenops`, `naive-async`) under the same attack, a diverged run counted as chance (10 %), "
+                     "better: " + ("; ".join(better) or "none") +
                      ". Worse: " + ("; ".join(worse) or "none") + ".")
         sections[f"ps-{part.replace('++', '-pp')}"] = text
     body = []
     for part in MATRICES:
         for (aggregate, attack), runs in ps_groups(rows, part).items():
             if aggregate in VALIDATED:
-                body.append([part, f"`{aggregate}`", attack, *(rejected(runs, who, by) if who == "honest" or
-                                                              attack != "none" else "" for who in
-                                                              ("honest", "byzantine") for by in ("_tensors", "_params"))])
+                rule = f"`{aggregate}`" + (" (reversed or damped, not dropped)" if part.startswith("async") else "")
+                body.append([part, rule, attack, *(rejected(runs, who, by) if who == "honest" or attack != "none"
+                                                   else "" for who in ("honest", "byzantine")
+                                                   for by in ("_tensors", "_params"))])
     sections["ps-rejections"] = (
         table(["part", "rule", "attack", "honest tensors", "honest parameters", "poisoned tensors",
                "poisoned parameters"], body) +
         "\n\nRejected (%): the share of the honest and of the poisoned tensors the workers pushed, and of their "
         "parameters, that the rule did not pass; the mean over the seeds and in brackets the lowest and highest. "
         "Async `zenops` rejects nothing whole: what it counts as rejected is applied reversed or damped (its score "
-        "below eta: alpha s u). `zeno` and `zeno++` judge a push whole, so its tensors go together.")
+        "below eta: alpha s u). `zeno` and `zeno++` judge a push whole, so its tensors go together; `zeno` drops "
+        "the b lowest-scoring of every round's pushes whatever they are, so without an attack it rejects b of the "
+        "8 honest pushes by construction.")
     by_eta = {e: [x for x in rows if x["part"] == "eta" and x["zeno_eta"] == e] for e in sorted(
         {x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float, reverse=True)}
     top1 = {e: spread([float(x["top1"]) for x in finished(runs)]) for e, runs in by_eta.items() if finished(runs)}

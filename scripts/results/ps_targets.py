@@ -8,12 +8,7 @@
 import statistics
 
 from scripts.results.common import beyond_spread, plt, save, spread, table, with_range
-from scripts.results.ps import MATRICES, finished, ps_groups, ps_top1
-
-
-def top1_or_chance(run):
-    """A run's top-1, or chance (10 %) where it diverged: for judging, not for the tables' means."""
-    return float(run["top1"]) if run.get("diverged", "0") != "1" else 10.0
+from scripts.results.ps import MATRICES, finished, ps_groups, ps_top1, top1_or_chance
 
 
 def ps_targets(rows):
@@ -30,24 +25,37 @@ def ps_targets(rows):
     def check(target, value, holds):
         body.append([target, "not measured" if value is None else value, "" if value is None else
                      ("yes" if holds else "no")])
-    attacks = [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "sync-1v")) if a != "none"]
-    clean = top1("sync-1v", "zenops", "none")
-    for attack in attacks:
-        mean, zenops = top1("sync-1v", "mean", attack), top1("sync-1v", "zenops", attack)
-        check(f"sync-1v, {attack}: `mean` at most 50 %", mean and f"{mean['mean']:.1f}", mean and mean["mean"] <= 50)
-        check(f"sync-1v, {attack}: `zenops` within 2 points of its own no-attack top-1",
-              zenops and clean and f"{zenops['mean']:.1f} against {clean['mean']:.1f}",
-              zenops and clean and clean["mean"] - zenops["mean"] <= 2)
-    honest = [r for r in finished(runs_of("sync-1v", "zenops", "none"))]
-    rate = 100 * sum(float(r["honest_params_rejected"]) for r in honest) / max(1, sum(
-        float(r["honest_params_pushed"]) for r in honest)) if honest else None
-    check("sync-1v, no attack: `zenops` rejects at most 10 % of the honest parameters",
-          rate is not None and f"{rate:.1f} %", rate is not None and rate <= 10)
+    def share(runs, who):  # the share (%) of `who`'s parameters that were pushed and rejected, over the runs
+        pushed = sum(float(r[f"{who}_params_pushed"]) for r in finished(runs))
+        return 100 * sum(float(r[f"{who}_params_rejected"]) for r in finished(runs)) / pushed if pushed else None
+    for part in ("sync-1v", "sync-2v"):
+        clean = top1(part, "zenops", "none")
+        for attack in [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, part)) if a != "none"]:
+            mean, zenops = top1(part, "mean", attack), top1(part, "zenops", attack)
+            check(f"{part}, {attack}: `mean` at most 50 %", mean and f"{mean['mean']:.1f}", mean and mean["mean"] <= 50)
+            check(f"{part}, {attack}: `zenops` within 2 points of its own no-attack top-1",
+                  zenops and clean and f"{zenops['mean']:.1f} against {clean['mean']:.1f}",
+                  zenops and clean and clean["mean"] - zenops["mean"] <= 2)
+            honest, poisoned = (share(runs_of(part, "zenops", attack), who) for who in ("honest", "byzantine"))
+            check(f"{part}, {attack}: `zenops` rejects a larger share of the poisoned parameters than of the honest",
+                  poisoned is not None and f"{poisoned:.1f} % against {honest:.1f} %",
+                  poisoned is not None and poisoned > honest)
+        rate = share(runs_of(part, "zenops", "none"), "honest")
+        check(f"{part}, no attack: `zenops` rejects at most 10 % of the honest parameters",
+              rate is not None and f"{rate:.1f} %", rate is not None and rate <= 10)
     for attack in [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "async-1v")) if a != "none"]:
         zenops, naive = top1("async-1v", "zenops", attack), top1("async-1v", "naive-async", attack)
         check(f"async-1v, {attack}: `zenops` above `naive-async` beyond the seeds' spread",
               zenops and naive and f"{with_range(zenops, 1)} against {with_range(naive, 1)}",
               zenops and naive and zenops["mean"] > naive["mean"] and beyond_spread(zenops, naive))
+    zeno_attacks = [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "zeno")) if a != "none"]
+    clean = top1("zeno", "zeno, 1 step", "none")
+    for attack in zeno_attacks:
+        mean, zeno = top1("zeno", "mean, 1 step", attack), top1("zeno", "zeno, 1 step", attack)
+        check(f"zeno, {attack}: `mean` at most 50 %", mean and f"{mean['mean']:.1f}", mean and mean["mean"] <= 50)
+        check(f"zeno, {attack}: `zeno` within 2 points of its own no-attack top-1",
+              zeno and clean and f"{zeno['mean']:.1f} against {clean['mean']:.1f}",
+              zeno and clean and clean["mean"] - zeno["mean"] <= 2)
     zpp, mean = top1("zeno++", "zeno++, 1 step", "none"), top1("zeno++", "mean, 1 step", "none")
     check("zeno++, no attack: `zeno++` within 2 points of `mean`", zpp and mean and
           f"{zpp['mean']:.1f} against {mean['mean']:.1f}", zpp and mean and mean["mean"] - zpp["mean"] <= 2)
@@ -107,7 +115,10 @@ def ps_byzfl_table(byzfl, rows):
             f"benchmark ({r['byzfl']}: cnn_mnist, {r['steps']} steps of {r['batch']} images a client, lr {r['lr']}, "
             f"client momentum {r['momentum']}, {r['honest']} honest and {r['byzantine']} Byzantine clients when "
             f"attacked, every rule set for f = {r['tolerated_f']}), beside ours (sync-1v: 8 local steps a push, "
-            f"half of the workers a round, each tensor poisoned with probability 0.2; the nearest attack). Where the two disagree on a rule against the mean under the same attack "
+            f"each worker a round with probability 0.5, each tensor poisoned with probability 0.2, trimmed-mean's "
+            f"b from each round's pushes at ratio 0.2; the nearest attack; no `median`, `krum` or "
+            f"`centered-clipping` of ours in ZenoPS's regime). Where the two disagree on a rule against the mean "
+            f"under the same attack "
             f"(+1 better beyond the spread, -1 worse, 0 not told apart; a run that diverged counts as chance, 10 %): " +
             ("; ".join(disagree) or "nowhere") + ".")
 
