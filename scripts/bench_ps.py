@@ -24,6 +24,10 @@ on the same shards as those with them; each validator holds all of it.
   async-1v  ZenoPS's async runs (experiments_async_single_validator.sh): one validator, each worker sitting
             a round out with probability 0.5, 8 local steps; naive-async (alpha 0.4, its baseline) and
             zenops; attacks: none, sign flip x 2, N(0, 1), random x 8.
+  async-2v  ZenoPS's async runs with two validators and two servers (experiments_async_two_validators.sh,
+            its Figure 6): every worker every round; naive-async and zenops; async-1v's attacks.
+  batch     sync-1v's zenops without an attack at a batch of 16 and 32 (ZenoPS's), for as many rounds as at 8
+            (2 and 4 x the epochs, the warm-up with them): its honest rejections against the batch.
   zeno      Zeno (icml2019_zeno test_zeno_1.sh: 8 of 20 lie, b = 12): 3 of 8 workers flip their gradient
             x 4 at every push, b = 5; mean and zeno on one gradient a push, zeno scoring on 4 x the workers'
             batch and on Zeno's own 4 images. (x 4, where Zeno's liars push -1 x a gradient: 3 of 8 flipped
@@ -36,10 +40,9 @@ on the same shards as those with them; each validator holds all of it.
             allreduce) and on 8 local steps (an eighth of the pushes).
 Scaled, not copied (RESULTS.md lists each with the authors' file and line): a batch of 8 (theirs: 32 sync,
 64 async, 100 Zeno, 128 Zeno++); the recipe's learning rate (--lr 0.1 for 256 images, scaled to the
-update's batch) and cosine schedule after a warm-up epoch, where ZenoPS steps 0.2 (sync) and 0.4 x
-(1 / 9)^1/2 (async) down x 0.1 at epochs 100 and 150 of 200, and halves async alpha at epoch 100; 5 epochs.
-Not run: ZenoPS's async two-validator runs (experiments_async_two_validators.sh, Figure 6) and its two
-colocated servers in the two-validator runs: 12 processes on 2 cores, and the bench's time.
+update's batch) and cosine schedule after a warm-up epoch, where ZenoPS steps 0.2 (sync) down x 0.1 and
+0.4 x (1 / 9)^1/2 (async) down x 0.2 at epochs 100 and 150 of 200, and halves async alpha at both; 5 epochs.
+sync-2v runs 1 server where ZenoPS's two-validator runs have 2: in sync, 2 servers apply the same updates.
 Then, in the same part, scripts/bench_ps_byzfl.py: ByzFL's own benchmark on the same digits, into
 figures/data/ps_byzfl.csv. The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at
 a batch of 8 per worker, for 5 epochs. Run processes are forked from a server that has imported torch once
@@ -66,6 +69,7 @@ WORKERS = 8
 HELD_OUT = round(1 / (WORKERS + 1), 4)  # the validators' share of train/: a worker's (ZenoPS's)
 LOCAL = ["--local-steps", "8"]  # ZenoPS's workers' steps a push (--sync-interval 8)
 SUBSAMPLE = ["--worker-subsample", "0.5"]  # ZenoPS's one-validator runs
+TWO_SERVERS = ["--servers", "2"]  # ZenoPS's two-validator async runs
 TRIM = ["--trim-ratio", "0.2"]  # ZenoPS's trimmed mean's and phocas' b, from each round's pushes
 
 
@@ -94,12 +98,15 @@ PARTS = {
                          ("zenops", ["--aggregate", "zenops", *LOCAL], 2)], ZENOPS_SYNC_ATTACKS),
     "async-1v": ("async", [("naive-async", ["--aggregate", "naive-async", *LOCAL, *SUBSAMPLE], 0),
                            ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)], ZENOPS_ASYNC_ATTACKS),
+    "async-2v": ("async", [("naive-async", ["--aggregate", "naive-async", *LOCAL, *TWO_SERVERS], 0),
+                           ("zenops", ["--aggregate", "zenops", *LOCAL, *TWO_SERVERS], 2)], ZENOPS_ASYNC_ATTACKS),
     "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2),
                       ("zeno, 1 step, scoring batch 4", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B),
                                                          "--validator-batch", "4"], 2)], ZENO_ATTACKS),
     "zeno++": ("async", [("mean, 1 step", NO_MOMENTUM, 0),
                          ("zeno++, 1 step", ["--aggregate", "zeno++", *NO_MOMENTUM], 1)], ZENO_PP_ATTACKS),
 }
+BATCHES = [16, 32]  # sync-1v's zenops without an attack at larger batches (ZenoPS's: 32), for as many rounds
 ETAS = [0.1, 0.01, 0.001, 0, -0.001, -0.01, -0.1]
 ETA_ATTACK = ZENOPS_SYNC_ATTACKS[2]  # N(0, 1), as experiments_sync_tune_rho.sh
 SPEED = [("ps sync, mean, 1 step", "sync", []), ("ps sync, mean, 8 local steps", "sync", LOCAL)]
@@ -123,6 +130,7 @@ def plan(seeds, quick=False):
             runs += [(part, mode, label, name, None, seed) for label, *_ in rules for name, _ in attacks]
         runs += [("eta", "sync", "zenops", ETA_ATTACK[0], eta, seed) for eta in etas]
         runs += [("eta", "nd", "validation data only", "none", None, seed)]
+        runs += [("batch", "sync", f"zenops, batch {b}", "none", None, seed) for b in ([] if quick else BATCHES)]
         runs += [("speed", mode, label, "none", None, seed) for label, mode, _ in SPEED[:1 if quick else 2]]
         runs += [("speed", "ddp", "ddp", "none", None, seed)]
     return runs
@@ -146,8 +154,13 @@ def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
     if part == "speed":
         return "ps", 1 + WORKERS, [args.data, *common, "--mode", mode, *dict((label, flags) for label, _, flags
                                                                           in SPEED)[aggregate]]
+    if part == "batch":  # sync-1v's zenops at a larger batch, for as many rounds as at 8
+        batch = int(aggregate.split()[-1])
+        recipe, processes, flags = flags_of("sync-1v", mode, "zenops", attack_label, None, seed, args)
+        return recipe, processes, flags + ["-b", str(batch), "--epochs", str(args.epochs * batch // 8),
+                                           "--warmup-epochs", str(batch // 8)]
     if part == "eta":
-        part, rule = "sync-2v", "zenops"
+        part = "sync-2v"
     _, rules, attacks = PARTS[part]
     flags, validators = next((flags, v) for label, flags, v in rules if label == aggregate)
     flags = [args.data, *common, "--mode", mode, *flags, *dict(attacks + [ETA_ATTACK])[attack_label]]
@@ -156,7 +169,8 @@ def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
         flags += ["--validators", str(validators)]
     if zeno_eta is not None:
         flags += ["--zeno-eta", str(zeno_eta)]
-    return "ps", 1 + validators + WORKERS, flags
+    servers = int(flags[flags.index("--servers") + 1]) if "--servers" in flags else 1
+    return "ps", servers + validators + WORKERS, flags
 
 
 def validation_only_data(data, seed, split, folder):

@@ -199,7 +199,8 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
 
 def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(tiny_data, tmp_path):
     runs = bench_ps.plan([0, 1, 2])
-    per_seed = 4 * 4 + 4 * 4 + 2 * 4 + 3 * 2 + 2 * 3 + 7 + 1 + 3  # sync-1v, sync-2v, async-1v, zeno, zeno++, eta, speed
+    per_seed = 4 * 4 + 4 * 4 + 2 * 4 + 2 * 4 + 3 * 2 + 2 * 3 + 7 + 1 + 2 + 3  # sync-1v, sync-2v, async-1v, async-2v,
+    # zeno, zeno++, eta and its baseline, batch, speed
     assert len(runs) == 3 * per_seed and len(set(runs)) == len(runs) and {run[-1] for run in runs} == {0, 1, 2}
     args = bench_ps.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
 
@@ -218,6 +219,11 @@ def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(t
     assert value(flags, "--validation-split") == "0.1111"  # no validator, the same shards as the zenops row's
     recipe, processes, flags = bench_ps.flags_of("sync-1v", "sync", "trimmed-mean", "none", None, 0, args)
     assert value(flags, "--trim-ratio") == "0.2" and "--zeno-b" not in flags  # ZenoPS's b, from each round's n
+    recipe, processes, flags = bench_ps.flags_of("async-2v", "async", "zenops", "N(0,1)", None, 0, args)
+    assert processes == 12 and value(flags, "--servers") == "2" and value(flags, "--validators") == "2"
+    recipe, processes, flags = bench_ps.flags_of("batch", "sync", "zenops, batch 32", "none", None, 0, args)
+    assert value(flags, "--worker-subsample") == "0.5" and processes == 10  # sync-1v's zenops
+    assert flags[-6:] == ["-b", "32", "--epochs", "12", "--warmup-epochs", "4"]  # (the last flags win)
     recipe, processes, flags = bench_ps.flags_of("zeno", "sync", "zeno, 1 step", "3 of 8 flip x4", None, 0, args)
     assert value(flags, "--zeno-b") == "5" and value(flags, "--byzantine") == "3" and "--local-steps" not in flags
     recipe, processes, flags = bench_ps.flags_of("zeno++", "async", "zeno++, 1 step", "signflip x10, p 0.4 per push",

@@ -239,6 +239,7 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     add("sync-1v", "sync", "trimmed-mean", flip, (94, 94.5, 95), counts=(64, 16, 0, 0))  # above mean's range
     add("sync-1v", "sync", "zenops", "none", (96, 96, 96), counts=(80, 0, 4, 0))
     add("sync-1v", "sync", "zenops", flip, (95, 95.5, 96), counts=(64, 16, 8, 16))
+    add("batch", "sync", "zenops, batch 32", "none", (97, 97, 97), counts=(80, 0, 2, 0))
     add("async-1v", "async", "naive-async", flip.replace("6", "2"), (80, 81, 82), counts=(64, 16, 0, 0))
     add("async-1v", "async", "zenops", flip.replace("6", "2"), (90, 91, 92), counts=(64, 16, 6, 12))
     add("zeno", "sync", "mean, 1 step", "3 of 8 flip x4", (40, 45, 50), counts=(60, 36, 0, 0))
@@ -285,6 +286,9 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
             "trimmed-mean under none (-2.0).") in text
     assert "better: zenops under signflip x2 (+10.0). Worse: none." in text  # against naive-async
     assert "| `mean, 1 step` | 90.0 (90.0\u201390.0) | 10.0 (2 of 3 diverged) |" in text
+    # zenops' honest rejections against the batch: sync-1v's row at 8, the batch part's at 32
+    assert "| 8 | 6 | 96.0 (96.0\u201396.0) | 5 (5\u20135) | 5 (5\u20135) |\n| 32 | 6 | 97.0 (97.0\u201397.0) | 2 (2\u20132) |" \
+        in text
     # rejections by tensors and by parameters, honest and poisoned apart
     assert "| sync-1v | `zenops` | none | 5 (5\u20135) | 5 (5\u20135) |  |  |" in text
     assert "| sync-1v | `zenops` | signflip x6 | 12 (12\u201312) | 12 (12\u201312) | 100 (100\u2013100) | 100" in text

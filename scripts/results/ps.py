@@ -3,8 +3,8 @@
 
     reads    figures/data/ps.csv, ps_byzfl.csv
     draws    figures/ps.png, ps_eta.png (ps_targets.py)
-    writes   RESULTS.md's ps-sync-1v, ps-sync-2v, ps-async-1v, ps-zeno, ps-zeno-pp, ps-rejections, ps-eta,
-             ps-speed, ps-targets, ps-byzfl
+    writes   RESULTS.md's ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
+             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl
 """
 
 from scripts.results.common import beyond_spread, read_csv, spread, table, targets_held, with_range
@@ -13,6 +13,7 @@ from scripts.results.common import beyond_spread, read_csv, spread, table, targe
 MATRICES = {"sync-1v": "ZenoPS, sync, one validator (zeno_ps launcher/experiments_sync_single_validator.sh)",
             "sync-2v": "ZenoPS, sync, two validators (experiments_sync_two_validators.sh)",
             "async-1v": "ZenoPS, async, one validator (experiments_async_single_validator.sh)",
+            "async-2v": "ZenoPS, async, two validators and two servers (experiments_async_two_validators.sh)",
             "zeno": "Zeno (icml2019_zeno test_zeno_1.sh)",
             "zeno++": "Zeno++ (AsyncByzGrad exp_*.sh)"}
 VALIDATED = ("zenops", "zeno, 1 step", "zeno, 1 step, scoring batch 4", "zeno++, 1 step")
@@ -118,6 +119,7 @@ def ps_tables(rows):
         "below eta: alpha s u). `zeno` and `zeno++` judge a push whole, so its tensors go together; `zeno` drops "
         "the b lowest-scoring of every round's pushes whatever they are, so without an attack it rejects b of the "
         "8 honest pushes by construction.")
+    sections["ps-batch"] = ps_batch(rows)
     by_eta = {e: [x for x in rows if x["part"] == "eta" and x["zeno_eta"] == e] for e in sorted(
         {x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float, reverse=True)}
     top1 = {e: spread([float(x["top1"]) for x in finished(runs)]) for e, runs in by_eta.items() if finished(runs)}
@@ -151,6 +153,20 @@ def ps_tables(rows):
                             f"follow one another, so the ratio carries this shared machine's noise: read its "
                             f"range, not only its mean.")
     return sections
+
+
+def ps_batch(rows):
+    """sync-1v's zenops without an attack at the workers' batch of 8, 16 and 32: its honest rejections."""
+    runs = [("8", ps_groups(rows, "sync-1v").get(("zenops", "none"), []))]
+    runs += [(aggregate.split()[-1], group) for (aggregate, _), group in ps_groups(rows, "batch").items()]
+    body = [[batch, group[0]["epochs"], ps_top1(group), rejected(group, "honest", "_tensors"),
+             rejected(group, "honest")] for batch, group in runs if group]
+    return (table(["batch", "epochs", "val top-1 (%)", "honest tensors rejected (%)", "honest parameters rejected (%)"],
+                  body) +
+            "\n\nsync `zenops`, one validator, each worker a round with probability 0.5, 8 local steps a push, no "
+            "attack, at the workers' (and the validator's) batch; at 16 and 32, 2 and 4 times the epochs (and the "
+            "warm-up), so that every batch trains as many rounds. ZenoPS's runs use 32. The mean over the seeds, in "
+            "brackets the lowest and highest.")
 
 
 def render(data, figures, missing):
