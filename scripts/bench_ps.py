@@ -4,10 +4,10 @@ down: accuracy, rejections and speed.
     python scripts/bench_ps.py     # figures/data/ps.csv (then plot_results.py draws it)
     python scripts/bench_ps.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
 
-On data/mnist5k, 8 workers (ZenoPS: 16 sync, 8 async; Zeno: 20; Zeno++: 10), 1 server, each row for every
+On data/mnist5k, 8 workers (ZenoPS: 16 sync, 8 async; Zeno: 20; Zeno++: 10), 1 server (async-2v: 2), each row for every
 seed (3 by default). Every poisoning probability is 0.2 and drawn per tensor of a push as ZenoPS draws it
 (zeno_ps byteps/mxnet/__init__.py 406, 850), unless the row says per push (Zeno++'s, AsyncByzGrad
-train_cifar10.py 259-265). Every row of a part holds out a worker's share of train/, 1 / 9 (ZenoPS's
+train_cifar10.py 259-265). Every accuracy row holds out a worker's share of train/, 1 / 9 (ZenoPS's
 1 / (W + 1), train_cifar10_byteps_zeno_validator.py 210-220), so that the rows without validators train
 on the same shards as those with them; each validator holds all of it.
   sync-1v   ZenoPS's sync runs with one validator (launcher/experiments_sync_single_validator.sh): each
@@ -20,7 +20,8 @@ on the same shards as those with them; each validator holds all of it.
   eta       ZenoPS's eta sweep (experiments_sync_tune_rho.sh, its Figure 7): sync-2v's zenops under N(0, 1),
             --zeno-eta 0.1 ... -0.1, beside "validation data only" (train_cifar10_serveronly.py): nd trained
             on the held-out share alone (the split of the same seed), at one worker's batch for as many steps
-            as one worker takes, at half the workers' per-step learning rate (the authors': 0.1 against 0.2).
+            as one worker takes, at half the workers' per-step learning rate (the script's default 0.1, its
+            line 56, against the workers' 0.2).
   async-1v  ZenoPS's async runs (experiments_async_single_validator.sh): one validator, each worker sitting
             a round out with probability 0.5, 8 local steps; naive-async (alpha 0.4, its baseline) and
             zenops; attacks: none, sign flip x 2, N(0, 1), random x 8.
@@ -30,18 +31,18 @@ on the same shards as those with them; each validator holds all of it.
             (2 and 4 x the epochs, the warm-up with them): its honest rejections against the batch.
   zeno      Zeno (icml2019_zeno test_zeno_1.sh: 8 of 20 lie, b = 12): 3 of 8 workers flip their gradient
             x 4 at every push, b = 5; mean and zeno on one gradient a push, zeno scoring on 4 x the workers'
-            batch and on Zeno's own 4 images. (x 4, where Zeno's liars push -1 x a gradient: 3 of 8 flipped
-            x 1 leave the mean (5 - 3) / 8 of the honest one in expectation, still a descent.)
+            batch and on Zeno's own 4 images. (x 4, where Zeno's liars push -1 x a gradient, so that the mean
+            fails: 3 of 8 flipped x 1 leave it (5 - 3) / 8 of the honest mean, Zeno's 8 of 20 (12 - 8) / 20.)
   zeno++    Zeno++ (AsyncByzGrad exp_*.sh): one gradient a push, SGD without momentum on the servers (at 10
             times --lr, for the momentum's missing 1 / (1 - 0.9)), mean and zeno++ with one validator, under
             sign flip x 10 per push with probability 0.2 and 0.4 (its nbyz / 10 for 2 and 4 liars), nobody
-            lying in the first epoch (its clean first epoch, train_cifar10.py 259).
+            lying in the first epoch (its clean first epoch, train_cifar10.py 259; 1 of 5 here, 1 of 200 there).
   speed     ddp on 8 processes, beside ps sync mean on one gradient a push (a push every step, as ddp's
             allreduce) and on 8 local steps (an eighth of the pushes).
 Scaled, not copied (RESULTS.md lists each with the authors' file and line): a batch of 8 (theirs: 32 sync,
 64 async, 100 Zeno, 128 Zeno++); the recipe's learning rate (--lr 0.1 for 256 images, scaled to the
 update's batch) and cosine schedule after a warm-up epoch, where ZenoPS steps 0.2 (sync) down x 0.1 and
-0.4 x (1 / 9)^1/2 (async) down x 0.2 at epochs 100 and 150 of 200, and halves async alpha at both; 5 epochs.
+0.4 x (1 / 9)^1/2 (async) down x 0.2 at epochs 100 and 150 of 200, and halves async alpha at 100; 5 epochs.
 sync-2v runs 1 server where ZenoPS's two-validator runs have 2: in sync, 2 servers apply the same updates.
 Then, in the same part, scripts/bench_ps_byzfl.py: ByzFL's own benchmark on the same digits, into
 figures/data/ps_byzfl.csv. The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at

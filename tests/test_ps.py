@@ -356,18 +356,21 @@ def test_a_validation_split_without_validators_is_held_out_all_the_same(tiny_dat
 def test_local_steps_with_one_worker_train_nds_model_and_naive_async_moves_alpha_of_it(tiny_data, tmp_path):
     """One worker taking 3 SGD steps a push, the server moving by its change: nd's weights after the same steps.
     ZenoPS's naive_async, one push of 6 steps at alpha 0.5: halfway to nd's weights. --worker-subsample, one round
-    an epoch (seed 0: sits the first out, pushes the second): the worker goes on from its own weights (nd's after
-    epoch 1) but pushes epoch 2's change alone, so the server ends at its start + (nd's 2 epochs - nd's 1)."""
-    nd_out, nd2_out, ps_out, naive_out, sub_out = (tmp_path / name for name in ("nd", "nd2", "ps", "naive", "sub"))
+    an epoch (seed 0: sits the first out, pushes the second): the worker goes on from the servers' weights plus
+    its change of epoch 1 (here nd's after epoch 1); sync, it pushes epoch 2's change alone, so the server ends at
+    its start + (nd's 2 epochs - nd's 1); async, it pushes all it trained since its pull: nd's 2 epochs."""
+    nd_out, nd2_out, ps_out, naive_out, sub_out, async_out = (tmp_path / name for name in
+                                                              ("nd", "nd2", "ps", "naive", "sub", "async"))
     run_recipe("nd", [tiny_data, *TINY, "--epochs", "1", "--out", nd_out])
     run_recipe("nd", [tiny_data, *TINY, "--epochs", "2", "--out", nd2_out])
     run_recipe("ps", [tiny_data, *TINY, "--epochs", "1", "--out", ps_out, "--local-steps", "3"], nproc=2)
     run_recipe("ps", [tiny_data, *TINY, "--epochs", "1", "--out", naive_out, "--local-steps", "6", "--mode", "async",
                       "--aggregate", "naive-async", "--zeno-alpha", "0.5"], nproc=2)
-    run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", sub_out, "--local-steps", "6", "--worker-subsample",
-                      "0.5"], nproc=2)
+    for out, mode in ((sub_out, "sync"), (async_out, "async")):
+        run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", out, "--local-steps", "6", "--worker-subsample",
+                          "0.5", "--mode", mode], nproc=2)
     nd_state, ps_state, naive_state = weights(nd_out), weights(ps_out), weights(naive_out)
-    nd2_state, sub_state = weights(nd2_out), weights(sub_out)
+    nd2_state, sub_state, async_state = weights(nd2_out), weights(sub_out), weights(async_out)
     torch.manual_seed(0)
     initial = models.build_model("lenet", 3).state_dict()
     for key, value in nd_state["model"].items():
@@ -376,6 +379,7 @@ def test_local_steps_with_one_worker_train_nds_model_and_naive_async_moves_alpha
         torch.testing.assert_close(naive_state["model"][key], (initial[key] + value) / 2, atol=1e-5, rtol=0, msg=key)
         torch.testing.assert_close(sub_state["model"][key], initial[key] + nd2_state["model"][key] - value, atol=1e-5,
                                    rtol=0, msg=key)
+        torch.testing.assert_close(async_state["model"][key], nd2_state["model"][key], atol=1e-5, rtol=0, msg=key)
     assert [steps.joins(argparse.Namespace(worker_subsample=0.5, seed=0), 0, r) for r in (0, 1)] == [False, True]
     assert read_summary(sub_out)["honest_pushed"] == 1  # 1 round an epoch, the first sat out
 

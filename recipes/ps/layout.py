@@ -85,9 +85,11 @@ def add_args(parser):
     group.add_argument("--attack-scale", type=float, default=1.0, metavar="S",
                        help="signflip: -S u; gaussian: N(0, S^2); random: a random direction at S ||u||")
     group.add_argument("--worker-subsample", type=float, default=1.0, metavar="P",
-                       help="each worker pushes in a round with probability P; sitting out, it starts its next "
-                            "round from its own weights, and pushes that round's change alone (--local-steps 1: its "
-                            "gradient is dropped) (ZenoPS's --worker-subsample-rate; default: 1, every round)")
+                       help="each worker pushes in a round with probability P; after a round it sat out, sync: "
+                            "it starts from the new weights plus that round's change and pushes the next round's "
+                            "alone; async: it goes on from its own weights and pushes all it trained since its "
+                            "last pull (--local-steps 1: a sat-out gradient is dropped) (ZenoPS's "
+                            "--worker-subsample-rate; default: 1, every round)")
     group.add_argument("--zeno-b", type=int, help="pushes zeno and the trimming rules drop (default: K)")
     group.add_argument("--trim-ratio", type=float, metavar="R",
                        help="trimmed-mean and phocas: b from each round's n pushes, as ZenoPS (rules.py), in place "

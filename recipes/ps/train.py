@@ -9,10 +9,9 @@ chunks of about --partition-bytes, dealt to the servers balanced by bytes; each 
 updates to its chunks and bumps a version per update. Workers pull the chunks that changed, compute
 an update on their shard of train/ and push it, by point-to-point send/recv (common/pushpull.py).
 
---local-steps 1 (default): the update is a gradient, and the servers apply SGD to it (momentum,
-weight decay, the schedule flags): sync with mean trains ddp's model. --local-steps H: each worker
-takes H SGD steps of its own (its momentum kept from round to round) and pushes the change of its
-weights; the servers move by the mean change (local SGD, as ZenoPS's workers run with H = 8).
+--local-steps 1 (default): the update is a gradient, and the servers apply SGD to it (momentum, weight
+decay, the schedule flags): sync with mean trains ddp's model. --local-steps H: each worker takes H SGD
+steps of its own (its momentum kept) and pushes the change of its weights (ZenoPS's workers: H = 8).
 
 --mode sync: each round waits for every worker's push and applies their aggregate (--lr is scaled
 to the batch of all workers). --mode async: each push is applied as it arrives (--lr is scaled to
@@ -25,10 +24,8 @@ naive-async). With --validators V and --aggregate zenops|zeno|zeno++, the valida
 --validation-split of train/ and judge their workers' pushes against what they compute on it
 (validators.py).
 
-A lost process: torchrun ends the job (the servers save after their step; a rank left waiting on a
-dead peer gives up within about a second, exit 75), and --max-restarts N with --auto-resume starts
-it again. Launched with --dist-url, one command per process, async goes on when a worker dies (the
-others train its share); sync ends with the lost-peer line, as does every rank when a server dies.
+A lost process ends a torchrun job within about a second (exit 75; --max-restarts N with --auto-resume
+starts it again); launched with --dist-url, async goes on without a dead worker (README.md).
 """
 
 import itertools
@@ -70,21 +67,25 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
     versions = [-1] * args.servers  # of this worker's copy of each server's chunks: none yet
     to_device = data.device_transform(args, device, num_classes)
     sizes, index, validator = attacker.sizes, layout.worker_index(rank), layout.validator_of(rank)
-    residual = torch.zeros_like(vector)  # what it trained in the round it last sat out (--worker-subsample)
+    residual, pulls = torch.zeros_like(vector), True  # residual: what it trained and did not push (--worker-subsample)
     model.train()
     for round_ in itertools.count() if rounds is None else range(rounds):
-        stop, lr = pushpull.pull(vector, chunks, versions)
-        if stop:  # the servers have trained enough (async), or reached --desired-acc
-            break
+        if pulls:
+            stop, lr = pushpull.pull(vector, chunks, versions)
+            if stop:  # the servers have trained enough (async), or reached --desired-acc
+                break
         pushes = steps.joins(args, index, first_round + round_)  # (counted from the run's start: a resume too)
         lies = attacker.next_push(first_round + round_) if pushes else [False] * len(sizes)  # (which tensors)
         relabel = (lambda target: attacker.labels(target, num_classes, lies)) if any(lies) else None
-        start = vector - residual  # (after a round it sat out: on from where it was)
+        start = vector - residual
         u, stats = steps.local_update(model, optimizer, criterion, start, batches, args.local_steps, lr, to_device,
                                       relabel)
-        # sitting out, it starts its next round from its own weights, but pushes that round's change alone: what
-        # it trained meanwhile is never sent (ZenoPS's "error reset", zeno_ps byteps/mxnet/__init__.py 388, 413-425)
-        residual = torch.zeros_like(vector) if pushes or args.local_steps == 1 else u  # (sitting out: its change)
+        # after a round it sat out, as ZenoPS's workers (zeno_ps byteps/mxnet/__init__.py): sync, the new weights
+        # plus that round's change, pushing the next round's alone (388, 413-425); async, on from its own weights,
+        # no pull, pushing all it trained since its last (824-871)
+        u = u + residual if args.mode == "async" else u
+        residual = torch.zeros_like(vector) if pushes or args.local_steps == 1 else u
+        pulls = pushes or args.mode == "sync"
         if not pushes:
             for peer in [validator] if validator is not None else range(args.servers):
                 pushpull.send(pushpull.header(pushpull.SKIP, stats=stats), peer)
@@ -121,8 +122,8 @@ def sync_step(args, run, shard, optimizer, layout, tally):
     if args.validators:
         apply(args, shard, optimizer, validators.accepted_mean(updates, shard.numel(), tally["tensor_of"]), tally)
     elif updates:
-        apply(args, shard, optimizer, rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"],
-                                                                 args.trim_ratio), tally)
+        update = rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"], args.trim_ratio)
+        apply(args, shard, optimizer, update, tally)
     losses = [record(run, message, sender, layout.senders, tally) for (message, _), sender in
               zip(received, layout.senders)]
     return [loss for loss in losses if loss is not None]

@@ -29,9 +29,10 @@ Where this departs from the authors' code (xcgoner/zeno_ps, icml2019_zeno, Async
   accepted (its gradient is 0), as to every step, and to a round in which every worker sat out;
   ZenoPS, on local steps, leaves them where they are.
 - ZenoPS's asynchronous workers also pull 20 % back towards the last weights after each local
-  step and scale their learning rate by (n + 1)^-1/2, and its validators halve alpha at epochs
-  100 and 150 of 200 (validator.py 278-284); here async runs on the recipe's rule (the learning rate of one
-  worker's batch) and a constant alpha, as the other async rows, so that the rows compare rules.
+  step and scale their learning rate by (n + 1)^-1/2, and its validators halve alpha at epoch 100
+  of 200 (train_cifar10_byteps_zeno_validator.py 276-284); here async runs on the recipe's rule
+  (the learning rate of one worker's batch) and a constant alpha, as the other async rows, so that
+  the rows compare rules.
 - Zeno's own runs use plain SGD (no momentum, no weight decay) at a constant learning rate; here the
   recipe's SGD and schedule, as the sync rows it is compared with.
 - Zeno scores gradients that are sums over its batch (lr / B applied): its penalty is, in this
@@ -44,8 +45,8 @@ Where this departs from the authors' code (xcgoner/zeno_ps, icml2019_zeno, Async
   attacks (train_cifar10.py 172-185, 243-251); --clean-epochs 1 keeps the attack-free epoch, and the
   recipe's learning-rate warm-up stands for the sequential one. Its v is refreshed every k arrivals
   counted from each epoch's start (its i, 302); here counted from the run's start.
-- --validator-batch: zenops's v is computed as a push is, on the workers' batch (ZenoPS's): a larger
-  one averages away more of v's noise, which lowers the norm test's bar, 1.6 ||v||^2. zeno and
+- --validator-batch: zenops's v is computed as a push is, on the workers' batch (ZenoPS's); a larger
+  one would average away more of v's noise, and lower with it the norm test's bar, 1.6 ||v||^2. zeno and
   zeno++ score on 4 x --batch-size (Zeno++'s authors score on the workers' batch of 128): a gradient
   of 8 images has 4 times the variance of one of 32. RESULTS.md's zeno table measures Zeno's own scoring batch of 4.
 - The held-out data is a share of train/ for every rule, and every validator trains on all of it,
@@ -57,7 +58,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector
-
 from torch.utils.data import DistributedSampler
 
 from recipes.common import RunFailed, data, faults, pushpull
@@ -100,8 +100,9 @@ def validator_sync(args, layout, rank, model, batches, chunks, rounds, base_lr, 
             v, _ = steps.local_update(model, optimizer, criterion, vector, batches, args.local_steps, lr, to_device)
         candidates = [pushpull.recv_candidate(w, args.servers, vector.numel() + len(sizes))
                       for w in layout.workers_of(rank)]  # (--worker-subsample: some sit out, a skip)
-        if any(message[pushpull.KIND] == pushpull.BYE for message, *_ in candidates):  # (died mid-message)
-            raise RunFailed(f"rank {rank} lost a worker during training: sync waits for every worker's push")
+        lost = [sender for message, sender, *_ in candidates if message[pushpull.KIND] == pushpull.BYE]
+        if lost:  # (it died mid-message)
+            raise RunFailed(f"rank {rank} lost worker rank(s) {lost} during training: sync waits for every push")
         pushed = [split_lies(g, sizes) for *_, g in candidates if g is not None]
         updates, lies = [u for u, _ in pushed], [lying for _, lying in pushed]
         if args.aggregate == "zenops":

@@ -25,9 +25,14 @@ def ps_targets(rows):
     def check(target, value, holds):
         body.append([target, "not measured" if value is None else value, "" if value is None else
                      ("yes" if holds else "no")])
-    def share(runs, who):  # the share (%) of `who`'s parameters that were pushed and rejected, over the runs
-        pushed = sum(float(r[f"{who}_params_pushed"]) for r in finished(runs))
-        return 100 * sum(float(r[f"{who}_params_rejected"]) for r in finished(runs)) / pushed if pushed else None
+
+    def share(runs, who):  # the share (%) of `who`'s pushed parameters rejected, the mean over the finished runs
+        rates = [100 * float(r[f"{who}_params_rejected"]) / float(r[f"{who}_params_pushed"]) for r in finished(runs)
+                 if float(r[f"{who}_params_pushed"] or 0)]
+        return statistics.mean(rates) if rates else None
+
+    def or_diverged(runs, text):  # what a target shows: its measure, or that every run of it diverged
+        return text if text is not None else ("every run diverged" if runs else None)
     for part in ("sync-1v", "sync-2v"):
         clean = top1(part, "zenops", "none")
         for attack in [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, part)) if a != "none"]:
@@ -36,18 +41,22 @@ def ps_targets(rows):
             check(f"{part}, {attack}: `zenops` within 2 points of its own no-attack top-1",
                   zenops and clean and f"{zenops['mean']:.1f} against {clean['mean']:.1f}",
                   zenops and clean and clean["mean"] - zenops["mean"] <= 2)
-            honest, poisoned = (share(runs_of(part, "zenops", attack), who) for who in ("honest", "byzantine"))
+            runs = runs_of(part, "zenops", attack)
+            honest, poisoned = (share(runs, who) for who in ("honest", "byzantine"))
+            both = honest is not None and poisoned is not None
             check(f"{part}, {attack}: `zenops` rejects a larger share of the poisoned parameters than of the honest",
-                  poisoned is not None and f"{poisoned:.1f} % against {honest:.1f} %",
-                  poisoned is not None and poisoned > honest)
-        rate = share(runs_of(part, "zenops", "none"), "honest")
+                  or_diverged(runs, f"{poisoned:.1f} % against {honest:.1f} %" if both else None),
+                  both and poisoned > honest)
+        runs = runs_of(part, "zenops", "none")
+        rate = share(runs, "honest")
         check(f"{part}, no attack: `zenops` rejects at most 10 % of the honest parameters",
-              rate is not None and f"{rate:.1f} %", rate is not None and rate <= 10)
-    for attack in [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "async-1v")) if a != "none"]:
-        zenops, naive = top1("async-1v", "zenops", attack), top1("async-1v", "naive-async", attack)
-        check(f"async-1v, {attack}: `zenops` above `naive-async` beyond the seeds' spread",
-              zenops and naive and f"{with_range(zenops, 1)} against {with_range(naive, 1)}",
-              zenops and naive and zenops["mean"] > naive["mean"] and beyond_spread(zenops, naive))
+              or_diverged(runs, None if rate is None else f"{rate:.1f} %"), rate is not None and rate <= 10)
+    for part in ("async-1v", "async-2v"):
+        for attack in [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, part)) if a != "none"]:
+            zenops, naive = top1(part, "zenops", attack), top1(part, "naive-async", attack)
+            check(f"{part}, {attack}: `zenops` above `naive-async` beyond the seeds' spread",
+                  zenops and naive and f"{with_range(zenops, 1)} against {with_range(naive, 1)}",
+                  zenops and naive and zenops["mean"] > naive["mean"] and beyond_spread(zenops, naive))
     zeno_attacks = [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "zeno")) if a != "none"]
     clean = top1("zeno", "zeno, 1 step", "none")
     for attack in zeno_attacks:
@@ -63,9 +72,9 @@ def ps_targets(rows):
         zpp = top1("zeno++", "zeno++, 1 step", attack)
         check(f"zeno++, {attack}: `zeno++` at least 90 %", zpp and f"{zpp['mean']:.1f}", zpp and zpp["mean"] >= 90)
     by_eta = {}
-    for x in finished([r for r in rows if r["part"] == "eta" and r["zeno_eta"] != ""]):
-        by_eta.setdefault(x["zeno_eta"], []).append(float(x["top1"]))
-    base = [float(x["top1"]) for x in finished(runs_of("eta", "validation data only", "none"))]
+    for x in [r for r in rows if r["part"] == "eta" and r["zeno_eta"] != ""]:
+        by_eta.setdefault(x["zeno_eta"], []).append(top1_or_chance(x))
+    base = [top1_or_chance(x) for x in runs_of("eta", "validation data only", "none")]
     target = "the eta sweep's best eta beats training on the validators' data alone by more than the spread"
     if by_eta and base:
         best = max(by_eta, key=lambda e: statistics.mean(by_eta[e]))
