@@ -27,12 +27,14 @@ on the same shards as those with them; each validator holds all of it.
             zenops; attacks: none, sign flip x 2, N(0, 1), random x 8.
   async-2v  ZenoPS's async runs with two validators and two servers (experiments_async_two_validators.sh,
             its Figure 6): every worker every round; naive-async and zenops; async-1v's attacks.
-  batch     sync-1v's zenops without an attack at a batch of 16 and 32 (ZenoPS's), for as many rounds as at 8
-            (2 and 4 x the epochs, the warm-up with them): its honest rejections against the batch.
+  batch     sync-1v's zenops without an attack at a batch of 16 and 32 (ZenoPS's), for as many rounds as at 8,
+            at the same learning rate a step (--lr x 8 / batch; the epochs and the warm-up scaled to the
+            rounds): its honest rejections against the batch, that is, against the noise of u and v.
   zeno      Zeno (icml2019_zeno test_zeno_1.sh: 8 of 20 lie, b = 12): 3 of 8 workers flip their gradient
             x 4 at every push, b = 5; mean and zeno on one gradient a push, zeno scoring on 4 x the workers'
-            batch and on Zeno's own 4 images. (x 4, where Zeno's liars push -1 x a gradient, so that the mean
-            fails: 3 of 8 flipped x 1 leave it (5 - 3) / 8 of the honest mean, Zeno's 8 of 20 (12 - 8) / 20.)
+            batch and on Zeno's own 4 images; and mean and zeno at a batch of 32 (Zeno's: 100). (x 4,
+            where Zeno's liars push -1 x a gradient, so that the mean fails: 3 of 8 flipped x 1 leave it
+            (5 - 3) / 8 of the honest mean, Zeno's 8 of 20 (12 - 8) / 20.)
   zeno++    Zeno++ (AsyncByzGrad exp_*.sh): one gradient a push, SGD without momentum on the servers (at 10
             times --lr, for the momentum's missing 1 / (1 - 0.9)), mean and zeno++ with one validator, under
             sign flip x 10 per push with probability 0.2 and 0.4 (its nbyz / 10 for 2 and 4 liars), nobody
@@ -55,6 +57,7 @@ not trained again.
 
 import argparse
 import json
+import math
 import re
 import shutil
 import sys
@@ -103,7 +106,10 @@ PARTS = {
                            ("zenops", ["--aggregate", "zenops", *LOCAL, *TWO_SERVERS], 2)], ZENOPS_ASYNC_ATTACKS),
     "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2),
                       ("zeno, 1 step, scoring batch 4", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B),
-                                                         "--validator-batch", "4"], 2)], ZENO_ATTACKS),
+                                                         "--validator-batch", "4"], 2),
+                      ("mean, 1 step, batch 32", ["-b", "32"], 0),
+                      ("zeno, 1 step, batch 32", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B), "-b", "32"], 2)],
+             ZENO_ATTACKS),
     "zeno++": ("async", [("mean, 1 step", NO_MOMENTUM, 0),
                          ("zeno++, 1 step", ["--aggregate", "zeno++", *NO_MOMENTUM], 1)], ZENO_PP_ATTACKS),
 }
@@ -155,11 +161,13 @@ def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
     if part == "speed":
         return "ps", 1 + WORKERS, [args.data, *common, "--mode", mode, *dict((label, flags) for label, _, flags
                                                                           in SPEED)[aggregate]]
-    if part == "batch":  # sync-1v's zenops at a larger batch, for as many rounds as at 8
+    if part == "batch":  # sync-1v's zenops at a larger batch: as many rounds at the same lr a step as at 8
         batch = int(aggregate.split()[-1])
         recipe, processes, flags = flags_of("sync-1v", mode, "zenops", attack_label, None, seed, args)
-        return recipe, processes, flags + ["-b", str(batch), "--epochs", str(args.epochs * batch // 8),
-                                           "--warmup-epochs", str(batch // 8)]
+        more = rounds_per_epoch(args.data, 8) / rounds_per_epoch(args.data, batch)
+        return recipe, processes, flags + ["-b", str(batch), "--epochs", str(math.ceil(args.epochs * more)),
+                                           "--warmup-epochs", str(round(more)),
+                                           "--lr", str(float(model[model.index("--lr") + 1]) * 8 / batch)]
     if part == "eta":
         part = "sync-2v"
     _, rules, attacks = PARTS[part]
@@ -172,6 +180,14 @@ def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
         flags += ["--zeno-eta", str(zeno_eta)]
     servers = int(flags[flags.index("--servers") + 1]) if "--servers" in flags else 1
     return "ps", servers + validators + WORKERS, flags
+
+
+def rounds_per_epoch(data, batch):
+    """A worker's rounds of 8 local steps an epoch at this batch, as the recipe counts them (its shard: train/
+    less the held-out share, split in 8 and padded)."""
+    images = sum(1 for path in (Path(data) / "train").rglob("*") if path.is_file())
+    per_worker = math.ceil((images - max(1, round(HELD_OUT * images))) / WORKERS)
+    return max(1, per_worker // batch // 8)
 
 
 def validation_only_data(data, seed, split, folder):

@@ -199,7 +199,7 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
 
 def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(tiny_data, tmp_path):
     runs = bench_ps.plan([0, 1, 2])
-    per_seed = 4 * 4 + 4 * 4 + 2 * 4 + 2 * 4 + 3 * 2 + 2 * 3 + 7 + 1 + 2 + 3  # sync-1v, sync-2v, async-1v, async-2v,
+    per_seed = 4 * 4 + 4 * 4 + 2 * 4 + 2 * 4 + 5 * 2 + 2 * 3 + 7 + 1 + 2 + 3  # sync-1v, sync-2v, async-1v, async-2v,
     # zeno, zeno++, eta and its baseline, batch, speed
     assert len(runs) == 3 * per_seed and len(set(runs)) == len(runs) and {run[-1] for run in runs} == {0, 1, 2}
     args = bench_ps.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
@@ -223,7 +223,12 @@ def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(t
     assert processes == 12 and value(flags, "--servers") == "2" and value(flags, "--validators") == "2"
     recipe, processes, flags = bench_ps.flags_of("batch", "sync", "zenops, batch 32", "none", None, 0, args)
     assert value(flags, "--worker-subsample") == "0.5" and processes == 10  # sync-1v's zenops
-    assert flags[-6:] == ["-b", "32", "--epochs", "12", "--warmup-epochs", "4"]  # (the last flags win)
+    # (the last flags win) the tiny data's 1 round an epoch at any batch: as many epochs; the same lr a step
+    assert flags[-8:] == ["-b", "32", "--epochs", "3", "--warmup-epochs", "1", "--lr", "0.025"]
+    for index in range(4000):  # the digits' 4000: 445 images a worker, 6 rounds of 8 steps at 8, 3 at 16, 1 at 32
+        (tmp_path / "digits" / "train" / "0").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "digits" / "train" / "0" / f"{index}.png").touch()
+    assert [bench_ps.rounds_per_epoch(tmp_path / "digits", b) for b in (8, 16, 32)] == [6, 3, 1]
     recipe, processes, flags = bench_ps.flags_of("zeno", "sync", "zeno, 1 step", "3 of 8 flip x4", None, 0, args)
     assert value(flags, "--zeno-b") == "5" and value(flags, "--byzantine") == "3" and "--local-steps" not in flags
     recipe, processes, flags = bench_ps.flags_of("zeno++", "async", "zeno++, 1 step", "signflip x10, p 0.4 per push",

@@ -10,10 +10,12 @@
 from scripts.results.common import beyond_spread, read_csv, spread, table, targets_held, with_range
 
 # each part of the table, the authors' runs it stands for (bench_ps.py says how it is scaled down)
-MATRICES = {"sync-1v": "ZenoPS, sync, one validator (zeno_ps launcher/experiments_sync_single_validator.sh)",
-            "sync-2v": "ZenoPS, sync, two validators (experiments_sync_two_validators.sh)",
-            "async-1v": "ZenoPS, async, one validator (experiments_async_single_validator.sh)",
-            "async-2v": "ZenoPS, async, two validators and two servers (experiments_async_two_validators.sh)",
+MATRICES = {"sync-1v": "ZenoPS, sync, one validator (its Figure 3: zeno_ps "
+                       "launcher/experiments_sync_single_validator.sh)",
+            "sync-2v": "ZenoPS, sync, two validators (its Figure 4: experiments_sync_two_validators.sh)",
+            "async-1v": "ZenoPS, async, one validator (its Figure 5: experiments_async_single_validator.sh)",
+            "async-2v": "ZenoPS, async, two validators and two servers (its Figure 6: "
+                        "experiments_async_two_validators.sh)",
             "zeno": "Zeno (icml2019_zeno test_zeno_1.sh)",
             "zeno++": "Zeno++ (AsyncByzGrad exp_*.sh)"}
 VALIDATED = ("zenops", "zeno, 1 step", "zeno, 1 step, scoring batch 4", "zeno++, 1 step")
@@ -53,15 +55,14 @@ def rejected(runs, who, by="_params"):
     return with_range(spread(rates), 0) if rates else ""
 
 
-def mean_of_its_kind(aggregate):
-    """The plain rule a rule is compared with: the mean with the same local steps (async zenops: ZenoPS's own
-    baseline, naive-async)."""
-    return "mean, 1 step" if "1 step" in aggregate else "mean"
-
-
 def baseline_in(groups, aggregate):
-    plain = mean_of_its_kind(aggregate)
-    return plain if any(key[0] == plain for key in groups) else "naive-async"
+    """The plain rule a rule is compared with: the mean with the same local steps and batch, where there is one
+    (async zenops: ZenoPS's own baseline, naive-async)."""
+    same = "mean" + aggregate[aggregate.index(","):] if "," in aggregate else "mean"
+    for plain in (same, "mean, 1 step" if "1 step" in aggregate else "mean", "naive-async"):
+        if any(key[0] == plain for key in groups):
+            return plain
+    return "naive-async"
 
 
 def ps_matrix(groups):
