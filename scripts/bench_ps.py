@@ -29,10 +29,12 @@ on the same shards as those with them; each validator holds all of it.
             its Figure 6): every worker every round; naive-async and zenops; async-1v's attacks.
   batch     sync-1v's zenops without an attack at a batch of 16 and 32 (ZenoPS's), for as many rounds as at 8,
             at the same learning rate a step (--lr x 8 / batch; the epochs and the warm-up scaled to the
-            rounds): its honest rejections against the batch, that is, against the noise of u and v.
+            rounds; so every row labelled ", batch B"): its honest rejections against the batch, that is,
+            against the noise of u and v.
   zeno      Zeno (icml2019_zeno test_zeno_1.sh: 8 of 20 lie, b = 12): 3 of 8 workers flip their gradient
             x 4 at every push, b = 5; mean and zeno on one gradient a push, zeno scoring on 4 x the workers'
-            batch and on Zeno's own 4 images; and mean and zeno at a batch of 32 (Zeno's: 100). (x 4,
+            batch and on Zeno's own 4 images; and mean and zeno at a batch of 32 (Zeno's: 100; as the batch
+            part scales it). (x 4,
             where Zeno's liars push -1 x a gradient, so that the mean fails: 3 of 8 flipped x 1 leave it
             (5 - 3) / 8 of the honest mean, Zeno's 8 of 20 (12 - 8) / 20.)
   zeno++    Zeno++ (AsyncByzGrad exp_*.sh): one gradient a push, SGD without momentum on the servers (at 10
@@ -108,13 +110,13 @@ PARTS = {
     "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2),
                       ("zeno, 1 step, scoring batch 4", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B),
                                                          "--validator-batch", "4"], 2),
-                      ("mean, 1 step, batch 32", ["-b", "32"], 0),
-                      ("zeno, 1 step, batch 32", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B), "-b", "32"], 2)],
+                      ("mean, 1 step, batch 32", [], 0),
+                      ("zeno, 1 step, batch 32", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2)],
              ZENO_ATTACKS),
     "zeno++": ("async", [("mean, 1 step", NO_MOMENTUM, 0),
                          ("zeno++, 1 step", ["--aggregate", "zeno++", *NO_MOMENTUM], 1),
-                         ("mean, 1 step, batch 32", [*NO_MOMENTUM, "-b", "32"], 0),
-                         ("zeno++, 1 step, batch 32", ["--aggregate", "zeno++", *NO_MOMENTUM, "-b", "32"], 1)],
+                         ("mean, 1 step, batch 32", NO_MOMENTUM, 0),
+                         ("zeno++, 1 step, batch 32", ["--aggregate", "zeno++", *NO_MOMENTUM], 1)],
                ZENO_PP_ATTACKS),
 }
 BATCHES = [16, 32]  # sync-1v's zenops without an attack at larger batches (ZenoPS's: 32), for as many rounds
@@ -165,33 +167,35 @@ def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
     if part == "speed":
         return "ps", 1 + WORKERS, [args.data, *common, "--mode", mode, *dict((label, flags) for label, _, flags
                                                                           in SPEED)[aggregate]]
-    if part == "batch":  # sync-1v's zenops at a larger batch: as many rounds at the same lr a step as at 8
-        batch = int(aggregate.split()[-1])
-        recipe, processes, flags = flags_of("sync-1v", mode, "zenops", attack_label, None, seed, args)
-        more = rounds_per_epoch(args.data, 8) / rounds_per_epoch(args.data, batch)
-        return recipe, processes, flags + ["-b", str(batch), "--epochs", str(math.ceil(args.epochs * more)),
-                                           "--warmup-epochs", str(round(more)),
-                                           "--lr", str(float(model[model.index("--lr") + 1]) * 8 / batch)]
+    if part == "batch":  # sync-1v's zenops at a larger batch
+        return flags_of("sync-1v", mode, aggregate, attack_label, None, seed, args)
     if part == "eta":
         part = "sync-2v"
     _, rules, attacks = PARTS[part]
-    flags, validators = next((flags, v) for label, flags, v in rules if label == aggregate)
+    flags, validators = next((flags, v) for label, flags, v in rules if label == aggregate.split(", batch ")[0]
+                             or label == aggregate)
     flags = [args.data, *common, "--mode", mode, *flags, *dict(attacks + [ETA_ATTACK])[attack_label]]
     flags += ["--validation-split", str(HELD_OUT)]  # (every row: the same workers' shards beside validators or not)
     if validators:
         flags += ["--validators", str(validators)]
     if zeno_eta is not None:
         flags += ["--zeno-eta", str(zeno_eta)]
+    if ", batch " in aggregate:  # as many steps as at 8, at the same lr a step (the last flags win)
+        batch, local = int(aggregate.split()[-1]), 8 if "--local-steps" in flags else 1
+        more = rounds_per_epoch(args.data, 8, local) / rounds_per_epoch(args.data, batch, local)
+        lr = float(flags[len(flags) - 1 - flags[::-1].index("--lr") + 1])
+        flags += ["-b", str(batch), "--epochs", str(math.ceil(args.epochs * more)), "--warmup-epochs", str(round(more)),
+                  "--lr", str(lr * 8 / batch)]
     servers = int(flags[flags.index("--servers") + 1]) if "--servers" in flags else 1
     return "ps", servers + validators + WORKERS, flags
 
 
-def rounds_per_epoch(data, batch):
-    """A worker's rounds of 8 local steps an epoch at this batch, as the recipe counts them (its shard: train/
+def rounds_per_epoch(data, batch, local=8):
+    """A worker's rounds of `local` steps an epoch at this batch, as the recipe counts them (its shard: train/
     less the held-out share, split in 8 and padded)."""
     images = sum(1 for path in (Path(data) / "train").rglob("*") if path.is_file())
     per_worker = math.ceil((images - max(1, round(HELD_OUT * images))) / WORKERS)
-    return max(1, per_worker // batch // 8)
+    return max(1, per_worker // batch // local)
 
 
 def validation_only_data(data, seed, split, folder):

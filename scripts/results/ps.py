@@ -98,8 +98,8 @@ def ps_tables(rows):
                  f"seed(s), in brackets the lowest and highest. A run that diverged (a non-finite loss) has no top-1: "
                  f"it is counted beside the others.")
         if seeds > 1:
-            text += (" Beyond the spread of the plain rule beside it (`mean` of the same local steps; for async "
-                     "`zenops`, `naive-async`) under the same attack, a diverged run counted as chance (10 %), "
+            text += (" Beyond the spread of the plain rule beside it (`mean` of the same local steps and batch; for "
+                     "async `zenops`, `naive-async`) under the same attack, a diverged run counted as chance (10 %), "
                      "better: " + ("; ".join(better) or "none") +
                      ". Worse: " + ("; ".join(worse) or "none") + ".")
         sections[f"ps-{part.replace('++', '-pp')}"] = text
