@@ -57,20 +57,26 @@ def ps_targets(rows):
             check(f"{part}, {attack}: `zenops` above `naive-async` beyond the seeds' spread",
                   zenops and naive and f"{with_range(zenops, 1)} against {with_range(naive, 1)}",
                   zenops and naive and zenops["mean"] > naive["mean"] and beyond_spread(zenops, naive))
-    zeno_attacks = [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "zeno")) if a != "none"]
-    clean = top1("zeno", "zeno, 1 step", "none")
-    for attack in zeno_attacks:
-        mean, zeno = top1("zeno", "mean, 1 step", attack), top1("zeno", "zeno, 1 step", attack)
-        check(f"zeno, {attack}: `mean` at most 50 %", mean and f"{mean['mean']:.1f}", mean and mean["mean"] <= 50)
-        check(f"zeno, {attack}: `zeno` within 2 points of its own no-attack top-1",
-              zeno and clean and f"{zeno['mean']:.1f} against {clean['mean']:.1f}",
-              zeno and clean and clean["mean"] - zeno["mean"] <= 2)
-    zpp, mean = top1("zeno++", "zeno++, 1 step", "none"), top1("zeno++", "mean, 1 step", "none")
-    check("zeno++, no attack: `zeno++` within 2 points of `mean`", zpp and mean and
-          f"{zpp['mean']:.1f} against {mean['mean']:.1f}", zpp and mean and mean["mean"] - zpp["mean"] <= 2)
-    for attack in [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "zeno++")) if a != "none"]:
-        zpp = top1("zeno++", "zeno++, 1 step", attack)
-        check(f"zeno++, {attack}: `zeno++` at least 90 %", zpp and f"{zpp['mean']:.1f}", zpp and zpp["mean"] >= 90)
+    runs = runs_of("batch", "zenops, batch 32", "none")  # (the authors' batch: the same target, measured there)
+    rate = share(runs, "honest")
+    check("sync-1v at a batch of 32, no attack: `zenops` rejects at most 10 % of the honest parameters",
+          or_diverged(runs, None if rate is None else f"{rate:.1f} %"), rate is not None and rate <= 10)
+    for batch in ("", ", batch 32"):  # Zeno's and Zeno++'s rows at 8 and at 32
+        clean = top1("zeno", f"zeno, 1 step{batch}", "none")
+        for attack in [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "zeno")) if a != "none"]:
+            mean, zeno = top1("zeno", f"mean, 1 step{batch}", attack), top1("zeno", f"zeno, 1 step{batch}", attack)
+            check(f"zeno{batch}, {attack}: `mean` at most 50 %", mean and f"{mean['mean']:.1f}",
+                  mean and mean["mean"] <= 50)
+            check(f"zeno{batch}, {attack}: `zeno` within 2 points of its own no-attack top-1",
+                  zeno and clean and f"{zeno['mean']:.1f} against {clean['mean']:.1f}",
+                  zeno and clean and clean["mean"] - zeno["mean"] <= 2)
+        zpp, mean = top1("zeno++", f"zeno++, 1 step{batch}", "none"), top1("zeno++", f"mean, 1 step{batch}", "none")
+        check(f"zeno++{batch}, no attack: `zeno++` within 2 points of `mean`", zpp and mean and
+              f"{zpp['mean']:.1f} against {mean['mean']:.1f}", zpp and mean and mean["mean"] - zpp["mean"] <= 2)
+        for attack in [a for a in dict.fromkeys(key[1] for key in ps_groups(rows, "zeno++")) if a != "none"]:
+            zpp = top1("zeno++", f"zeno++, 1 step{batch}", attack)
+            check(f"zeno++{batch}, {attack}: `zeno++` at least 90 %", zpp and f"{zpp['mean']:.1f}",
+                  zpp and zpp["mean"] >= 90)
     by_eta = {}
     for x in [r for r in rows if r["part"] == "eta" and r["zeno_eta"] != ""]:
         by_eta.setdefault(x["zeno_eta"], []).append(top1_or_chance(x))
@@ -84,7 +90,10 @@ def ps_targets(rows):
     else:
         check(target, None, False)
     return (table(["target", "measured (mean over the seeds)", "holds"], body) +
-            "\n\nThe targets this table was set against; a run that diverged counts as chance (10 %).")
+            "\n\nThe targets this table was set against; a run that diverged counts as chance (10 %). The rows "
+            "\"at a batch of 32\" hold the same rule to the same target at the authors' batch (ZenoPS's 32; "
+            "Zeno's 100, Zeno++'s 128), as many steps at the same learning rate a step: where a target fails at 8, "
+            "whether the batch is why.")
 
 
 BYZFL_NEAREST = {"none": "none", "signflip": "signflip x6", "gaussian": "N(0,1)"}  # ours nearest (sync-1v)
