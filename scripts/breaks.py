@@ -122,7 +122,7 @@ BREAKS = [
          old="return args.worker_subsample >= 1 or", new="return True or",
          tests=["tests/test_ps.py::test_a_worker_pushes_in_a_round_with_the_subsample_probability_seeded"]),
     dict(name="subsample-without-the-residual", file="recipes/ps/train.py",
-         old="if pushes or args.local_steps == 1 else u  #", new="if True else u  #", tests=[NAIVE_ASYNC_TEST]),
+         old="if pushes or args.local_steps == 1 else u\n", new="if True else u\n", tests=[NAIVE_ASYNC_TEST]),
     dict(name="subsample-pushes-the-sat-out-change-too", file="recipes/ps/train.py",
          old='u = u + residual if args.mode == "async" else u', new="u = u + residual",
          tests=[NAIVE_ASYNC_TEST]),

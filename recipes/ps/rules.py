@@ -91,6 +91,15 @@ def phocas(vectors, b):
     return torch.gather(vectors, 0, nearest).mean(dim=0)
 
 
+def clipping(rule):
+    """byzfl's centered clipping keeps its centre from round to round: one per server (tau 10), or None."""
+    if rule != "centered-clipping":
+        return None
+    import byzfl
+
+    return byzfl.CenteredClipping(tau=10.0)
+
+
 def aggregate(rule, updates, b, clipping=None, trim_ratio=None):
     """The servers' rule over the workers' pushes of one sync step (no validators). A round with fewer pushes
     (--worker-subsample) trims at most what it can: b below half of them (krum: n > 2 b + 2). trim_ratio r:

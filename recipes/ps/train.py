@@ -3,11 +3,10 @@ Byzantine workers, Zeno validators between them that drop the updates that would
 
     torchrun --nproc_per_node=9 recipes/ps/train.py data/mnist5k -a lenet --image-size 28 -b 8 --epochs 4
 
-Roles by rank (layout.py): 0..S-1 are servers (--servers S), the next V validators (--validators V),
-the rest workers; one command on each node, as for ddp. The flat vector of the parameters is cut into
-chunks of about --partition-bytes, dealt to the servers balanced by bytes; each server applies its
-updates to its chunks and bumps a version per update. Workers pull the chunks that changed, compute
-an update on their shard of train/ and push it, by point-to-point send/recv (common/pushpull.py).
+Roles by rank (layout.py): 0..S-1 are servers (--servers S), the next V validators (--validators V), the
+rest workers; one command on each node, as for ddp. The parameters are cut into chunks of about
+--partition-bytes, dealt to the servers by bytes; each applies its updates to its chunks, a version per
+update. Workers pull the chunks that changed, compute an update on their shard of train/ and push it.
 
 --local-steps 1 (default): the update is a gradient, and the servers apply SGD to it (momentum, weight
 decay, the schedule flags): sync with mean trains ddp's model. --local-steps H: each worker takes H SGD
@@ -80,9 +79,8 @@ def run_worker(args, layout, rank, model, batches, chunks, rounds, num_classes, 
         start = vector - residual
         u, stats = steps.local_update(model, optimizer, criterion, start, batches, args.local_steps, lr, to_device,
                                       relabel)
-        # after a round it sat out, as ZenoPS's workers (zeno_ps byteps/mxnet/__init__.py): sync, the new weights
-        # plus that round's change, pushing the next round's alone (388, 413-425); async, on from its own weights,
-        # no pull, pushing all it trained since its last (824-871)
+        # after a round it sat out, as ZenoPS's (zeno_ps byteps/mxnet/__init__.py): sync, the new weights plus that
+        # round's change, pushing the next alone (413-425); async, no pull, all it trained since its last (824-871)
         u = u + residual if args.mode == "async" else u
         residual = torch.zeros_like(vector) if pushes or args.local_steps == 1 else u
         pulls = pushes or args.mode == "sync"
@@ -119,11 +117,10 @@ def sync_step(args, run, shard, optimizer, layout, tally):
         pushed = message[pushpull.KIND] == pushpull.PUSH
         received.append((message, pushpull.recv_payload(sender, shard.numel() + accepted_counts) if pushed else None))
     updates = [u for _, u in received if u is not None]
-    if args.validators:
-        apply(args, shard, optimizer, validators.accepted_mean(updates, shard.numel(), tally["tensor_of"]), tally)
-    elif updates:
-        update = rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"], args.trim_ratio)
-        apply(args, shard, optimizer, update, tally)
+    if args.validators or updates:  # (validators: tensor by tensor, the mean of the pushes they accepted)
+        apply(args, shard, optimizer, validators.accepted_mean(updates, shard.numel(), tally["tensor_of"]) if
+              args.validators else rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"],
+                                                   args.trim_ratio), tally)
     losses = [record(run, message, sender, layout.senders, tally) for (message, _), sender in
               zip(received, layout.senders)]
     return [loss for loss in losses if loss is not None]
@@ -154,11 +151,8 @@ def run_server(args, layout, run, shard, optimizer, val_loader, sizes, server_ch
     pulls until the next push arrives, apply it unless it is too stale. At each epoch's end, evaluate and
     save. Then tell every client to stop, and write the counts into summary.json."""
     tally = {"version": 0, "stale": 0, "oldest": 0, "left": set(), "counts": torch.zeros(12, dtype=torch.float64),
-             "workers": layout.workers, "clipping": None, "sizes": sizes,
+             "workers": layout.workers, "clipping": rules.clipping(args.aggregate), "sizes": sizes,
              "tensor_of": validators.tensor_of(sizes, server_chunks) if args.validators else None}
-    if args.aggregate == "centered-clipping":
-        import byzfl
-        tally["clipping"] = byzfl.CenteredClipping(tau=10.0)
     step = sync_step if args.mode == "sync" else async_step
     try:
         for epoch in run.epochs():
