@@ -117,10 +117,11 @@ def sync_step(args, run, shard, optimizer, layout, tally):
         pushed = message[pushpull.KIND] == pushpull.PUSH
         received.append((message, pushpull.recv_payload(sender, shard.numel() + accepted_counts) if pushed else None))
     updates = [u for _, u in received if u is not None]
-    if args.validators or updates:  # (validators: tensor by tensor, the mean of the pushes they accepted)
-        apply(args, shard, optimizer, validators.accepted_mean(updates, shard.numel(), tally["tensor_of"]) if
-              args.validators else rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"],
-                                                   args.trim_ratio), tally)
+    if args.validators:  # (tensor by tensor, the mean of the pushes they accepted)
+        apply(args, shard, optimizer, validators.accepted_mean(updates, shard.numel(), tally["tensor_of"]), tally)
+    elif updates:
+        update = rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"], args.trim_ratio)
+        apply(args, shard, optimizer, update, tally)
     losses = [record(run, message, sender, layout.senders, tally) for (message, _), sender in
               zip(received, layout.senders)]
     return [loss for loss in losses if loss is not None]
