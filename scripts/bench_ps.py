@@ -50,10 +50,11 @@ update's batch) and cosine schedule after a warm-up epoch, where ZenoPS steps 0.
 0.4 x (1 / 9)^1/2 (async) down x 0.2 at epochs 100 and 150 of 200, and halves async alpha at 100; 5 epochs.
 sync-2v runs 1 server where ZenoPS's two-validator runs have 2: in sync, 2 servers apply the same updates.
 Then, in the same part, scripts/bench_ps_byzfl.py: ByzFL's own benchmark on the same digits, into
-figures/data/ps_byzfl.csv. The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at
-a batch of 8 per worker, for 5 epochs. Run processes are forked from a server that has imported torch once
-(measuring.run_forked). Each run keeps its final top-1, the update counts by pushes, tensors and parameters,
-and images/s in ps.csv, one row per run; a run that diverges (a non-finite loss) is a row with diverged = 1
+figures/data/ps_byzfl.csv; and scripts/bench_ps_why.py: why the targets that miss do, into ps_why.csv.
+The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at a batch of 8 per worker, for
+5 epochs. Run processes are forked from a server that has imported torch once (measuring.run_forked). Each
+run keeps its final top-1, the update counts by pushes, tensors and parameters, and images/s in ps.csv, one row
+per run; a run that diverges (a non-finite loss) is a row with diverged = 1
 and no top-1. Run directories go to runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete is
 not trained again.
 """
@@ -70,7 +71,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts import bench_ps_byzfl, measuring  # noqa: E402
+from scripts import bench_ps_byzfl, bench_ps_why, measuring  # noqa: E402
 
 WORKERS = 8
 HELD_OUT = round(1 / (WORKERS + 1), 4)  # the validators' share of train/: a worker's (ZenoPS's)
@@ -253,6 +254,9 @@ def main():
         measuring.write_csv(Path(args.figures_data) / "ps.csv", FIELDS, rows)
     # the outside reference, in the same part (its time counts in the part's)
     bench_ps_byzfl.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)
+    # why the targets that miss do: the recipe under scripts/probe_ps.py
+    bench_ps_why.run(args.data, Path(args.runs).parent / "ps-why", args.figures_data, args.seeds, args.epochs,
+                     args.quick)
     measuring.record_part(args.figures_data, "ps", started)
 
 

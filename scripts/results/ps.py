@@ -1,10 +1,10 @@
 """ps: the parameter server against Byzantine workers, per figure of its authors, run and seed
 (scripts/bench_ps.py), its targets and ByzFL's benchmark beside it (ps_targets.py).
 
-    reads    figures/data/ps.csv, ps_byzfl.csv
+    reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (ps_why.py)
     draws    figures/ps.png, ps_eta.png (ps_targets.py)
     writes   RESULTS.md's ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
-             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl
+             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (ps_why.py)
 """
 
 from scripts.results.common import beyond_spread, read_csv, spread, table, targets_held, with_range
@@ -173,6 +173,7 @@ def ps_batch(rows):
 
 def render(data, figures, missing):
     from scripts.results.ps_targets import plot_ps, ps_byzfl_table, ps_targets  # (the part's second half)
+    from scripts.results.ps_why import why_sections  # (and why its misses miss)
 
     rows = read_csv(data / "ps.csv") if (data / "ps.csv").exists() else []
     if not rows:
@@ -184,7 +185,7 @@ def render(data, figures, missing):
         sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "ps_byzfl.csv"), rows)
     else:
         missing.append("ps_byzfl.csv (scripts/bench_ps_byzfl.py)")
-    return sections
+    return {**sections, **why_sections(data, missing)}
 
 
 def headline(data):

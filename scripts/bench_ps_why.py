@@ -1,0 +1,192 @@
+"""Why three kinds of the parameter server's targets miss (bench_ps.py's table), each measured on the table's
+own flags with the recipe run under scripts/probe_ps.py, which writes down every judgement of its validators.
+
+    python scripts/bench_ps_why.py     # figures/data/ps_why.csv (bench_ps.py runs it too, after its table)
+
+  rejections  sync zenops without an attack (sync-1v; sync-2v at a batch of 8 and of 32, as bench_ps.py's
+              batch part scales it): the honest parameters that fail ZenoPS's sign test (mean(u v) <= eta
+              mean(v^2)) and its norm test (mean(u^2) >= (1 + rho) mean(v^2)); in the first and the last
+              third of the rounds; with one validator, the pushes that follow a round their worker sat out
+              (which ZenoPS's worker starts from the new weights plus its sat-out change) apart from the others.
+  zeno++      without an attack, with 2 more seeds (its runs vary from run to run as much as from seed to
+              seed): the mean; Zeno++ as its authors wrote it (an accepted g applied at the length of v), also
+              with v on the workers' batch (its authors' ratio: both on 128); the same test with g applied as
+              pushed, and at v's length only where that shortens it; the accepted pushes that v's length
+              lengthened, and the longest step the servers applied over the median one. At a batch of 32 (3
+              seeds: each run is 4 x as long), the mean, Zeno++ and g as pushed, and the latter two under the
+              sign flip x 10 at p 0.2. And the mean and Zeno++ at its authors' learning rate an image (0.1 for
+              128), a fifth of the zeno++ table's, also for 4 x the epochs (3 seeds), and at a batch of 32, also
+              under the sign flip.
+  async-2v    zenops and naive-async for 4 x the table's epochs; what zenops applies of each push (clipped to
+              ||v_t||, times cos where cos < eta) against naive-async's alpha u: by norm, and projected on alpha u;
+              and naive-async at alpha times that mean projection: naive-async's direction at zenops' mean step
+              along it; zenops at eta -1, which reverses nothing (cos >= -1): its clipping alone; and alpha u
+              forwarded by zenops' validators (probe_ps.py --zenops-async-step alpha-u): their path, not their rule.
+Every row for each seed (3 by default). Run directories go to runs/figures/ps-why/<name>-seed<S> (with the
+probe's lines under probe/); a run whose summary.json is complete is not trained again.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from recipes.ps import rules, steps  # noqa: E402
+from scripts import bench_ps, measuring  # noqa: E402
+
+# (study, label, bench_ps.py's part, aggregate and attack labels, the probe's flags, more recipe flags, epochs x the
+# table's)
+PLUS_PLUS, AS_PUSHED, SIGN_FLIP = "zeno++, 1 step", ["--zeno-plus-plus-step", "g"], "signflip x10, p 0.2 per push"
+AUTHORS_LR = ["--lr", "0.2"]  # 0.1 for 128 images (AsyncByzGrad exp_*.sh): the zeno++ table's --lr 1.0 is 5 x that
+AUTHORS = "at its authors' learning rate an image"
+RUNS = [("rejections", "sync-1v", "sync-1v", "zenops", "none", [], [], 1),
+        ("rejections", "sync-2v", "sync-2v", "zenops", "none", [], [], 1),
+        ("rejections", "sync-2v, batch 32", "sync-2v", "zenops, batch 32", "none", [], [], 1),
+        ("zeno++", "mean", "zeno++", "mean, 1 step", "none", [], [], 1),
+        ("zeno++", "g at the length of v (Zeno++)", "zeno++", PLUS_PLUS, "none", [], [], 1),
+        ("zeno++", "g at the length of v, v on the workers' batch of 8 (its authors' ratio)", "zeno++", PLUS_PLUS,
+         "none", [], ["--validator-batch", "8"], 1),
+        ("zeno++", "g as pushed", "zeno++", PLUS_PLUS, "none", AS_PUSHED, [], 1),
+        ("zeno++", "g at the length of v where that shortens it", "zeno++", PLUS_PLUS, "none",
+         ["--zeno-plus-plus-step", "at-most-v"], [], 1),
+        ("zeno++", f"mean, {AUTHORS}", "zeno++", "mean, 1 step", "none", [], AUTHORS_LR, 1),
+        ("zeno++", f"g at the length of v (Zeno++), {AUTHORS}", "zeno++", PLUS_PLUS, "none", [], AUTHORS_LR, 1),
+        ("zeno++", f"mean, {AUTHORS}, 20 epochs", "zeno++", "mean, 1 step", "none", [], AUTHORS_LR, 4),
+        ("zeno++", f"g at the length of v (Zeno++), {AUTHORS}, 20 epochs", "zeno++", PLUS_PLUS, "none", [],
+         AUTHORS_LR, 4),
+        ("zeno++", "mean, batch 32", "zeno++", "mean, 1 step, batch 32", "none", [], [], 1),
+        ("zeno++", "g at the length of v (Zeno++), batch 32", "zeno++", f"{PLUS_PLUS}, batch 32", "none", [], [], 1),
+        ("zeno++", "g as pushed, batch 32", "zeno++", f"{PLUS_PLUS}, batch 32", "none", AS_PUSHED, [], 1),
+        ("zeno++", f"g at the length of v (Zeno++), batch 32, {SIGN_FLIP}", "zeno++", f"{PLUS_PLUS}, batch 32",
+         SIGN_FLIP, [], [], 1),
+        ("zeno++", f"g as pushed, batch 32, {SIGN_FLIP}", "zeno++", f"{PLUS_PLUS}, batch 32", SIGN_FLIP, AS_PUSHED,
+         [], 1),
+        ("zeno++", f"mean, batch 32, {AUTHORS}", "zeno++", "mean, 1 step, batch 32", "none", [], AUTHORS_LR, 1),
+        ("zeno++", f"g at the length of v (Zeno++), batch 32, {AUTHORS}", "zeno++", f"{PLUS_PLUS}, batch 32", "none",
+         [], AUTHORS_LR, 1),
+        ("zeno++", f"g at the length of v (Zeno++), batch 32, {AUTHORS}, {SIGN_FLIP}", "zeno++",
+         f"{PLUS_PLUS}, batch 32", SIGN_FLIP, [], AUTHORS_LR, 1),
+        ("async-2v", "zenops", "async-2v", "zenops", "none", [], [], 4),
+        ("async-2v", "naive-async", "async-2v", "naive-async", "none", [], [], 4),
+        ("async-2v", "naive-async at zenops' mean step", "async-2v", "naive-async", "none", [], [], 4),
+        ("async-2v", "zenops at eta -1: clipped, nothing reversed", "async-2v", "zenops", "none", [],
+         ["--zeno-eta", "-1"], 4),
+        ("async-2v", "alpha u through the validators (their path, not their rule)", "async-2v", "zenops", "none",
+         ["--zenops-async-step", "alpha-u"], [], 4)]
+QUICK = ["sync-1v", "g as pushed", "zenops", "naive-async at zenops' mean step"]  # (a row of each study)
+FIELDS = ["study", "label", "seed", "epochs", "top1", "diverged", "honest_params_rejected", "sign_failed",
+          "norm_failed", "first_third_rejected", "last_third_rejected", "after_sit_out_rejected",
+          "after_push_rejected", "accepted", "lengthened", "longest_step", "mean_step", "mean_along", "alpha",
+          "cpu", "cores", "gpu", "torch"]
+
+
+def probe_lines(out):
+    return [json.loads(line) for path in sorted((out / "probe").glob("rank*.jsonl")) for line in path.open()]
+
+
+def percent(part, whole):
+    return round(100 * part / whole, 1) if whole else ""
+
+
+def rejections(lines, seed, subsample):
+    """Honest parameters failing each of sync zenops' tests (%), by third of the rounds and by what the pushing
+    worker did the round before (--worker-subsample: sat out or pushed; sync-1v's server and validator are ranks
+    0 and 1)."""
+    tensors = [t for t in lines if t["rule"] == "zenops"]
+    failed = {id(t): t["dot"] <= rules.ZENOPS_SYNC_ETA or t["square"] >= 1 + rules.ZENOPS_RHO for t in tensors}
+    rounds = max(t["round"] for t in tensors) + 1
+
+    def share(subset):
+        return percent(sum(t["numel"] for t in subset if failed[id(t)]), sum(t["numel"] for t in subset))
+
+    drawn = argparse.Namespace(seed=seed, worker_subsample=subsample)
+
+    def sat_out(t):  # the draw of the worker's previous round (its index: its rank less 1 server, 1 validator)
+        return t["round"] > 0 and not steps.joins(drawn, t["sender"] - 2, t["round"] - 1)
+    whole = sum(t["numel"] for t in tensors)
+    row = {"honest_params_rejected": share(tensors),
+           "sign_failed": percent(sum(t["numel"] for t in tensors if t["dot"] <= rules.ZENOPS_SYNC_ETA), whole),
+           "norm_failed": percent(sum(t["numel"] for t in tensors if t["square"] >= 1 + rules.ZENOPS_RHO), whole),
+           "first_third_rejected": share([t for t in tensors if t["round"] < rounds / 3]),
+           "last_third_rejected": share([t for t in tensors if t["round"] >= 2 * rounds / 3])}
+    if subsample < 1:  # (round 0 follows nothing)
+        row.update(after_sit_out_rejected=share([t for t in tensors if sat_out(t)]),
+                   after_push_rejected=share([t for t in tensors if t["round"] > 0 and not sat_out(t)]))
+    return row
+
+
+def zeno_plus_plus(lines, step):
+    """Zeno++'s pushes accepted (%), those of them whose rescaling to ||v|| lengthened (%), and the longest step the
+    servers applied over the median one (step: the probe's --zeno-plus-plus-step: which length they applied)."""
+    accepted = [p for p in lines if p["rule"] == "zeno++" and p["accepted"]]
+    if not accepted:
+        return {"accepted": 0.0} if lines else {}
+    lengths = [p["g"] if step == "g" else min(p["g"], p["v"]) if step == "at-most-v" else p["v"] for p in accepted]
+    return {"accepted": percent(len(accepted), sum(p["rule"] == "zeno++" for p in lines)),
+            "lengthened": percent(sum(p["v"] > p["g"] for p in accepted), len(accepted)),
+            "longest_step": round(max(lengths) / max(statistics.median(lengths), 1e-30), 1)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="data/mnist5k")
+    parser.add_argument("--epochs", type=int, default=5, help="the table's epochs")
+    parser.add_argument("--quick", action="store_true", help="lenet at 16 px, one row of each study, for tests")
+    parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
+    parser.add_argument("--runs", default="runs/figures/ps-why", help="where the run directories go")
+    parser.add_argument("--figures-data", default="figures/data", help="where ps_why.csv goes")
+    args = parser.parse_args()
+    measuring.require_digits(args.data)
+    run(args.data, args.runs, args.figures_data, args.seeds, args.epochs, args.quick)
+
+
+def run(data, runs, figures_data, seeds, epochs, quick=False):
+    """Every row, seed by seed, into <figures_data>/ps_why.csv (bench_ps.py runs it after its table)."""
+    machine, rows, pushed_steps = measuring.hardware(), [], []
+    plan = RUNS if not quick else [run for run in RUNS if run[1] in QUICK]
+    for study, label, part, aggregate, attack, probe, extra, more in plan:
+        more_seeds = study == "zeno++" and "batch 32" not in label and more == 1 and not quick  # (5: batch 8)
+        for seed in seeds + ([max(seeds) + 1, max(seeds) + 2] if more_seeds else []):
+            mode = bench_ps.PARTS[part][0]
+            table = argparse.Namespace(quick=quick, epochs=epochs * more, data=data, runs=runs)
+            _, processes, flags = bench_ps.flags_of(part, mode, aggregate, attack, None, seed, table)
+            flags += extra
+            alpha = rules.ZENOPS_ALPHA if study == "async-2v" else ""
+            if label == "naive-async at zenops' mean step":  # (zenops' runs come first)
+                alpha = round(rules.ZENOPS_ALPHA * statistics.mean(pushed_steps), 3)
+                flags += ["--zeno-alpha", str(alpha)]
+            name = f"{study}-{label}".replace("||", "").replace("'", "")
+            out = Path(runs) / f"{''.join(c if c.isalnum() or c in '.+-' else '_' for c in name)}-seed{seed}"
+            launcher = [ROOT / "scripts" / "probe_ps.py", "--judgements", out / "probe", *probe, "--"]
+            summary = measuring.train("ps", processes, flags, out, threads=1, forked=True, check=False,
+                                      launcher=launcher)
+            row = {"study": study, "label": label, "seed": seed, "epochs": epochs * more, "alpha": alpha,
+                   **machine}
+            if summary is None:
+                failure = (out / "failed.log").read_text()
+                if "non-finite loss" not in failure:
+                    sys.exit(f"error: {name} seed {seed} failed:\n{failure[-3000:]}")
+                rows.append({**row, "diverged": 1})
+                continue
+            lines = probe_lines(out)
+            row.update(diverged=0, top1=round(summary["top1"], 2), epochs=summary["epochs"])  # (batch 32: more)
+            if study == "rejections":
+                row.update(rejections(lines, seed, 0.5 if part == "sync-1v" else 1.0))
+            elif study == "zeno++":
+                row.update(zeno_plus_plus(lines, probe[1] if probe else None))
+            elif any(line["rule"] == "zenops async" for line in lines) and not probe:  # (alpha-u: the rule unused)
+                pushed = [line for line in lines if line["rule"] == "zenops async"]
+                pushed_steps += [line["along"] for line in pushed] if label == "zenops" else []
+                row.update(mean_step=round(statistics.mean(line["step"] for line in pushed), 3),
+                           mean_along=round(statistics.mean(line["along"] for line in pushed), 3))
+            rows.append(row)
+            print(f"{study}, {label}, seed {seed}: top-1 {row['top1']} %", flush=True)
+            measuring.write_csv(Path(figures_data) / "ps_why.csv", FIELDS, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""scripts/probe_ps.py and scripts/bench_ps_why.py: the validators' judgements written down as the recipe makes
+them, and what the why-table computes from them."""
+
+import argparse
+import statistics
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, TINY, child_env, launch_ranks, read_summary, recipe_command
+
+from recipes.ps import steps
+from scripts import bench_ps_why, probe_ps
+
+# 1 server, 1 validator, 2 workers on 24 of the 48 tiny images (12 each): 3 rounds of 2 steps of 2 an epoch
+PS = ["--epochs", "2", "-b", "2", "--validators", "1", "--validation-split", "0.5", "--local-steps", "2"]
+
+
+def probed(tiny_data, out, probe_flags, flags):
+    """The recipe on 4 ranks under the probe (and, as every ps test, under scripts/nccl_rules.py)."""
+    recipe = recipe_command("ps", [tiny_data, *TINY, *PS, *flags, "--out", out])
+    command = [sys.executable, str(ROOT / "scripts" / "probe_ps.py"), "--judgements", str(out / "probe"),
+               *probe_flags, "--", *recipe[1:]]
+    result = launch_ranks(command, 4, child_env(), 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return bench_ps_why.probe_lines(out), read_summary(out)
+
+
+def test_the_probe_writes_down_every_tensor_sync_zenops_judges_as_the_run_counts_it(tiny_data, tmp_path):
+    lines, summary = probed(tiny_data, tmp_path / "sync", [],
+                            ["--mode", "sync", "--aggregate", "zenops", "--worker-subsample", "0.5", "--byzantine",
+                             "1", "--attack", "signflip", "--attack-scale", "10"])  # (worker 0, rank 2, lies)
+    tensors = [t for t in lines if t["rule"] == "zenops"]
+    assert len(tensors) == summary["honest_tensors_pushed"] + summary["byzantine_tensors_pushed"]
+    assert summary["honest_tensors_pushed"] > 0 and summary["byzantine_tensors_pushed"] > 0
+    rejected = [t for t in tensors if t["dot"] <= -0.001 or t["square"] >= 1.6]
+    assert len(rejected) == summary["honest_tensors_rejected"] + summary["byzantine_tensors_rejected"]
+    params = (summary[f"{who}_params_{what}"] for what in ("rejected", "pushed") for who in ("honest", "byzantine"))
+    assert bench_ps_why.rejections(lines, 0, 0.5)["honest_params_rejected"] == round(
+        100 * (next(params) + next(params)) / (next(params) + next(params)), 1)
+    # each tensor is its sender's: the liar's (rank 2) flipped x 10, the honest worker's (rank 3) not
+    liar, honest = ([t["square"] for t in tensors if t["sender"] == rank] for rank in (2, 3))
+    assert liar and honest and statistics.median(liar) > 10 * statistics.median(honest)
+    # and it pushed in a round it joined, the validator's rounds being the workers' (6 in 2 epochs)
+    assert {t["round"] for t in tensors} <= set(range(6))
+    drawn = argparse.Namespace(seed=0, worker_subsample=0.5)
+    assert all(steps.joins(drawn, t["sender"] - 2, t["round"]) for t in tensors)
+
+
+def test_the_probe_writes_down_what_zeno_plus_plus_judged_it_on(tiny_data, tmp_path):
+    lines, summary = probed(tiny_data, tmp_path / "async", ["--zeno-plus-plus-step", "at-most-v"],
+                            ["--mode", "async", "--aggregate", "zeno++", "--momentum", "0", "--local-steps", "1",
+                             "--attack", "signflip", "--attack-scale", "10", "--attack-prob", "0.5",
+                             "--attack-draw", "push"])
+    pushes = [p for p in lines if p["rule"] == "zeno++"]
+    pushed = summary["honest_pushed"] + summary["byzantine_pushed"]
+    assert len(pushes) >= pushed > 0  # (pushes judged after the servers' last update: not counted)
+    # its test, from the logged norms: lr0 cos ||v||^2 >= rho ||g||^2, rho 0.01 lr0 (eps 0; a near-tie either way)
+    for p in pushes:
+        margin = p["cos"] * p["v"] ** 2 - 0.01 * p["g"] ** 2
+        assert p["accepted"] == (margin >= 0) or abs(margin) < 1e-5 * p["g"] ** 2
+    assert 0 < sum(p["accepted"] for p in pushes) < len(pushes)  # (the flipped x 10 rejected)
+
+
+def test_what_the_probe_applies_of_an_accepted_gradient():
+    g, v = torch.tensor([3.0, 4.0]), torch.tensor([0.0, 10.0])  # ||g|| 5, ||v|| 10
+    rescaled = g * 2
+    assert torch.equal(probe_ps.applied(g, v, rescaled, None), rescaled)  # Zeno++'s
+    assert torch.equal(probe_ps.applied(g, v, rescaled, "g"), g)
+    assert torch.equal(probe_ps.applied(g, v, rescaled, "at-most-v"), g)  # (it would lengthen g: g as pushed)
+    assert probe_ps.applied(g, v / 5, rescaled / 5, "at-most-v").norm().item() == pytest.approx(2.0)  # shortened
+
+
+def test_the_why_table_splits_rejections_by_test_by_third_and_by_the_round_before():
+    def tensor(round_, sender, numel, dot, square):
+        return {"rule": "zenops", "round": round_, "sender": sender, "tensor": 0, "numel": numel, "cos": 0.0,
+                "dot": dot, "square": square}
+    lines = [tensor(0, 2, 10, 0.5, 1.0), tensor(0, 3, 30, -0.5, 1.0),  # round 0: one fails the sign test
+             tensor(1, 2, 20, 0.5, 2.0), tensor(1, 3, 20, 0.5, 1.0),  # round 1: one fails the norm test
+             tensor(2, 2, 10, -0.5, 2.0), tensor(2, 3, 10, 0.5, 1.0)]  # round 2: one fails both
+    found = bench_ps_why.rejections(lines, 0, 1.0)
+    assert found == {"honest_params_rejected": 60.0, "sign_failed": 40.0, "norm_failed": 30.0,
+                     "first_third_rejected": 75.0, "last_third_rejected": 50.0}
+    found = bench_ps_why.rejections(lines, 0, 0.5)  # seed 0: worker 0 (rank 2) sat out round 0, worker 1 round 1
+    assert (found["after_sit_out_rejected"], found["after_push_rejected"]) == (66.7, 33.3)  # 20 of 30, 10 of 30
+
+
+def test_the_why_table_measures_the_steps_each_way_of_applying_zeno_plus_plus_accepted_gradients():
+    lines = [{"rule": "zeno++", "g": 1.0, "v": 3.0, "accepted": True},
+             {"rule": "zeno++", "g": 2.0, "v": 3.0, "accepted": True},
+             {"rule": "zeno++", "g": 8.0, "v": 2.0, "accepted": True},
+             {"rule": "zeno++", "g": 0.5, "v": 9.0, "accepted": False}, {"rule": "zenops async"}]
+    found = {step: bench_ps_why.zeno_plus_plus(lines, step) for step in (None, "g", "at-most-v")}
+    assert found[None] == {"accepted": 75.0, "lengthened": 66.7, "longest_step": 1.0}  # (at v: 3, 3, 2)
+    assert found["g"]["longest_step"] == 4.0  # 8 / 2
+    assert found["at-most-v"]["longest_step"] == 1.0  # 1, 2, 2
+    assert bench_ps_why.zeno_plus_plus([{"rule": "zeno++", "g": 1.0, "v": 1.0, "accepted": False}], None) == \
+        {"accepted": 0.0}
+
+
+def test_the_why_text_names_the_attacks_that_leave_the_plain_rule_as_it_was():
+    from scripts.results.ps_why import unbroken
+
+    def runs(aggregate, attack, top1s):
+        return [{"part": "sync-2v", "aggregate": aggregate, "attack": attack, "seed": str(seed), "diverged": "0",
+                 "top1": str(top1)} for seed, top1 in enumerate(top1s)]
+    rows = [*runs("mean", "none", [96, 96.5, 97]), *runs("mean", "random x8", [96, 96.2, 96.4]),
+            *runs("mean", "signflip x6", [10, 11, 12]), *runs("zenops", "random x8", [97, 97, 97])]
+    text = unbroken(rows)
+    assert "sync-2v, random x8: `mean` 96.2 against 96.5 without an attack" in text
+    assert "signflip" not in text and "zenops" not in text
+    assert unbroken(rows[:3]).endswith(": none.")
