@@ -54,9 +54,8 @@ figures/data/ps_byzfl.csv; and scripts/bench_ps_why.py: why the targets that mis
 The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at a batch of 8 per worker, for
 5 epochs. Run processes are forked from a server that has imported torch once (measuring.run_forked). Each
 run keeps its final top-1, the update counts by pushes, tensors and parameters, and images/s in ps.csv, one row
-per run; a run that diverges (a non-finite loss) is a row with diverged = 1
-and no top-1. Run directories go to runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete is
-not trained again.
+per run; a run that diverges (a non-finite loss) is a row with diverged = 1 and no top-1. Run directories go to
+runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete is not trained again.
 """
 
 import argparse
@@ -219,6 +218,13 @@ def validation_only_data(data, seed, split, folder):
     return folder
 
 
+def require_diverged(out, name, seed):
+    """A run that failed must have diverged (a non-finite loss); any other failure ends the bench with its output."""
+    failure = (out / "failed.log").read_text()
+    if "non-finite loss" not in failure:
+        sys.exit(f"error: {name} seed {seed} failed:\n{failure[-3000:]}")
+
+
 def main():
     started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -239,9 +245,7 @@ def main():
         row = {"part": part, "mode": mode, "aggregate": aggregate, "attack": attack,
                "zeno_eta": "" if zeno_eta is None else zeno_eta, "seed": seed, "processes": processes, **machine}
         if summary is None:  # an attack may make training diverge: a result of the table, not an error of it
-            failure = (out / "failed.log").read_text()
-            if "non-finite loss" not in failure:
-                sys.exit(f"error: {name} seed {seed} failed:\n{failure[-3000:]}")
+            require_diverged(out, name, seed)
             rows.append({**row, "diverged": 1, "epochs": args.epochs})
             print(f"{name} seed {seed}: diverged (non-finite loss)", flush=True)
         else:

@@ -97,20 +97,22 @@ def rejections(lines, seed, subsample):
     worker did the round before (--worker-subsample: sat out or pushed; sync-1v's server and validator are ranks
     0 and 1)."""
     tensors = [t for t in lines if t["rule"] == "zenops"]
-    failed = {id(t): t["dot"] <= rules.ZENOPS_SYNC_ETA or t["square"] >= 1 + rules.ZENOPS_RHO for t in tensors}
     rounds = max(t["round"] for t in tensors) + 1
-
-    def share(subset):
-        return percent(sum(t["numel"] for t in subset if failed[id(t)]), sum(t["numel"] for t in subset))
-
     drawn = argparse.Namespace(seed=seed, worker_subsample=subsample)
+
+    def sign_fails(t):
+        return t["dot"] <= rules.ZENOPS_SYNC_ETA
+
+    def norm_fails(t):
+        return t["square"] >= 1 + rules.ZENOPS_RHO
+
+    def share(subset, fails=lambda t: sign_fails(t) or norm_fails(t)):
+        return percent(sum(t["numel"] for t in subset if fails(t)), sum(t["numel"] for t in subset))
 
     def sat_out(t):  # the draw of the worker's previous round (its index: its rank less 1 server, 1 validator)
         return t["round"] > 0 and not steps.joins(drawn, t["sender"] - 2, t["round"] - 1)
-    whole = sum(t["numel"] for t in tensors)
-    row = {"honest_params_rejected": share(tensors),
-           "sign_failed": percent(sum(t["numel"] for t in tensors if t["dot"] <= rules.ZENOPS_SYNC_ETA), whole),
-           "norm_failed": percent(sum(t["numel"] for t in tensors if t["square"] >= 1 + rules.ZENOPS_RHO), whole),
+    row = {"honest_params_rejected": share(tensors), "sign_failed": share(tensors, sign_fails),
+           "norm_failed": share(tensors, norm_fails),
            "first_third_rejected": share([t for t in tensors if t["round"] < rounds / 3]),
            "last_third_rejected": share([t for t in tensors if t["round"] >= 2 * rounds / 3])}
     if subsample < 1:  # (round 0 follows nothing)
@@ -150,9 +152,9 @@ def run(data, runs, figures_data, seeds, epochs, quick=False):
     plan = RUNS if not quick else [run for run in RUNS if run[1] in QUICK]
     for study, label, part, aggregate, attack, probe, extra, more in plan:
         more_seeds = study == "zeno++" and "batch 32" not in label and more == 1 and not quick  # (5: batch 8)
+        mode, table = bench_ps.PARTS[part][0], argparse.Namespace(quick=quick, epochs=epochs * more, data=data,
+                                                                  runs=runs)
         for seed in seeds + ([max(seeds) + 1, max(seeds) + 2] if more_seeds else []):
-            mode = bench_ps.PARTS[part][0]
-            table = argparse.Namespace(quick=quick, epochs=epochs * more, data=data, runs=runs)
             _, processes, flags = bench_ps.flags_of(part, mode, aggregate, attack, None, seed, table)
             flags += extra
             alpha = rules.ZENOPS_ALPHA if study == "async-2v" else ""
@@ -167,9 +169,7 @@ def run(data, runs, figures_data, seeds, epochs, quick=False):
             row = {"study": study, "label": label, "seed": seed, "epochs": epochs * more, "alpha": alpha,
                    **machine}
             if summary is None:
-                failure = (out / "failed.log").read_text()
-                if "non-finite loss" not in failure:
-                    sys.exit(f"error: {name} seed {seed} failed:\n{failure[-3000:]}")
+                bench_ps.require_diverged(out, name, seed)
                 rows.append({**row, "diverged": 1})
                 continue
             lines = probe_lines(out)
@@ -178,11 +178,12 @@ def run(data, runs, figures_data, seeds, epochs, quick=False):
                 row.update(rejections(lines, seed, 0.5 if part == "sync-1v" else 1.0))
             elif study == "zeno++":
                 row.update(zeno_plus_plus(lines, probe[1] if probe else None))
-            elif any(line["rule"] == "zenops async" for line in lines) and not probe:  # (alpha-u: the rule unused)
+            elif not probe:  # (async; with alpha-u the rule's update is not what was applied)
                 pushed = [line for line in lines if line["rule"] == "zenops async"]
                 pushed_steps += [line["along"] for line in pushed] if label == "zenops" else []
-                row.update(mean_step=round(statistics.mean(line["step"] for line in pushed), 3),
-                           mean_along=round(statistics.mean(line["along"] for line in pushed), 3))
+                if pushed:
+                    row.update(mean_step=round(statistics.mean(line["step"] for line in pushed), 3),
+                               mean_along=round(statistics.mean(line["along"] for line in pushed), 3))
             rows.append(row)
             print(f"{study}, {label}, seed {seed}: top-1 {row['top1']} %", flush=True)
             measuring.write_csv(Path(figures_data) / "ps_why.csv", FIELDS, rows)

@@ -185,7 +185,7 @@ def render(data, figures, missing):
         sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "ps_byzfl.csv"), rows)
     else:
         missing.append("ps_byzfl.csv (scripts/bench_ps_byzfl.py)")
-    return {**sections, **why_sections(data, missing)}
+    return {**sections, **why_sections(data, missing, rows)}
 
 
 def headline(data):

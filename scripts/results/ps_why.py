@@ -1,7 +1,7 @@
 """ps, second half: why the targets that miss do, measured by scripts/bench_ps_why.py (the recipe under
 scripts/probe_ps.py, on bench_ps.py's flags).
 
-    reads    figures/data/ps_why.csv, ps.csv (the attacks that leave the plain rule as it was)
+    reads    figures/data/ps_why.csv, and ps.csv's rows from ps.py (the attacks that leave the plain rule as it was)
     writes   RESULTS.md's ps-why-rejections, ps-why-zeno-pp, ps-why-async, ps-why-unbroken
 """
 
@@ -26,7 +26,7 @@ def cell(runs, field, digits=1):
 
 def top1(runs):
     """Over the seeds, a diverged run counted as chance (10 %)."""
-    return spread([float(r["top1"]) if r["diverged"] != "1" else 10.0 for r in runs])
+    return spread([top1_or_chance(r) for r in runs])
 
 
 def against(a, b):
@@ -139,7 +139,7 @@ def unbroken(ps_rows):
             "above (ps.csv): " + ("; ".join(found) or "none") + ".")
 
 
-def why_sections(data, missing):
+def why_sections(data, missing, ps_rows):
     if not (data / "ps_why.csv").exists():
         missing.append("ps_why.csv (scripts/bench_ps_why.py)")
         return {}
@@ -147,4 +147,4 @@ def why_sections(data, missing):
     return {"ps-why-rejections": rejections(by_label(rows, "rejections")),
             "ps-why-zeno-pp": zeno_plus_plus(by_label(rows, "zeno++")),
             "ps-why-async": async_rows(by_label(rows, "async-2v")),
-            "ps-why-unbroken": unbroken(read_csv(data / "ps.csv") if (data / "ps.csv").exists() else [])}
+            "ps-why-unbroken": unbroken(ps_rows)}
