@@ -134,8 +134,12 @@ def lease_plan():
     smoke = to_run * check_s / 60
     leases = [(smoke, [f"preflight and gpu-smoke ({to_run} checks of {len(checks())} to run, {check_s:.0f} s "
                        f"each, {smoke:.1f} min)"])]
+    measured = {bench_gpu.key(r) for name in ("throughput.csv", "compression.csv")  # (what --skip-measured skips)
+                for r in bench_gpu.kept_rows(GPU_DATA / name, [1], gpu_plan.PARTS, every=True)}
     for part in gpu_plan.PARTS:
         for planned in runs.get(part, []):
+            if bench_gpu.planned_key(part, *planned[1:7]) in measured:
+                continue
             needed = gpu_plan.estimated_minutes(args, [planned], cores=16)  # (the lent machine's)
             if leases[-1][0] + needed > 9:
                 leases.append((0.0, []))
@@ -143,7 +147,11 @@ def lease_plan():
     from scripts import bench_precision
 
     warm = False  # (a lease's machine starts with no TorchInductor cache)
+    done = {(r["setup"], int(r["processes"]), int(r["round"]))
+            for r in (measuring.read_csv(GPU_DATA / "precision.csv") if (GPU_DATA / "precision.csv").exists() else [])}
     for run in bench_precision.planned(False, True, True, [1], 3):  # (an H100: fp16 and bf16)
+        if (run[2][0], run[1], run[0]) in done:
+            continue
         needed = bench_precision.estimated_minutes(bench_precision.GPU, run, warm)
         if leases[-1][0] + needed > 9:
             leases.append((0.0, []))

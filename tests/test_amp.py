@@ -149,3 +149,29 @@ def test_apex_backend_drives_apex_amp(tiny_data, tmp_path):
     run_recipe("apex", [*flags, "--epochs", "2", "--resume", out / "checkpoint.pt"], env=env)
     assert "load_state_dict 1024" in calls.read_text()
     assert read_summary(out)["epochs"] == 2
+
+
+def test_fused_sgd_under_the_loss_scaler_steps_as_stock_sgd_after_a_skipped_first_step():
+    """An fp16 overflow at the first step (routine at the start) is skipped, and the next step moves the weights
+    as stock SGD's does: fused SGD would otherwise take its uninitialised momentum (empty_like) as real."""
+    from recipes.common import amp
+    args = types.SimpleNamespace(opt_level="O1", amp_dtype="fp16", amp_backend="native", channels_last=False)
+    weights = {}
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 64)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=fused)
+        model, optimizer, scaler, _ = amp.initialize(model, optimizer, args, torch.device("cpu"), Printed())
+        assert scaler.is_enabled()
+        for overflow in (True, False):
+            scaler.scale(model(torch.ones(2, 64)).sum()).backward()
+            if overflow:
+                model.weight.grad[0, 0] = float("inf")
+                freed = [torch.full((64, 64), float("nan")) for _ in range(8)]  # memory empty_like may reuse
+                del freed
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        weights[fused] = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.isfinite(w).all() for w in weights[True])
+    assert all(torch.allclose(a, b) for a, b in zip(weights[False], weights[True]))

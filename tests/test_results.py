@@ -206,8 +206,9 @@ def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
     assert "| powersgd + error feedback | 1 | 256 | 950 | 0.95x | 1,000 | 100.00 |" in text
     assert "| none | 1 | 256 | 1000 | 1.00x | 100,000 | 1.00 |" in text
     assert "| apex O1 fp16, channels_last, --decoder gpu | 1 | 256 |  |  |  |  | 2100 | 2000 | 10 % |" in text
-    assert ("GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The sweep took 12.0 minutes (synthetic 7.0, "
-            "jpeg 5.0): 16 runs trained, 1 kept from an earlier start." in text)
+    assert ("GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The last command of each part: synthetic 7.0 "
+            "min, 8 run(s) trained and 0 kept from an earlier start; jpeg 5.0 min, 8 run(s) trained and 1 kept from an "
+            "earlier start." in text)
 
 
 def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_path):

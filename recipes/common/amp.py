@@ -79,11 +79,29 @@ def initialize(model, optimizer, args, device, log):
         if opt_level == "O3":  # pure low precision: no fp32 weights at all (the optimizer keeps the same tensors)
             model = model.to(dtype)
         scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16 and opt_level in ("O1", "O2"))
+        if scaler.is_enabled():
+            zero_momentum(optimizer)
         use_autocast = opt_level != "O0"
     log.print(f"mixed precision: opt level {opt_level} ({'fp32' if opt_level == 'O0' else DTYPE_NAMES[dtype]}, "
               f"{args.amp_backend}): autocast {'on' if use_autocast else 'off'}, loss scaling "
               f"{'on' if args.amp_backend == 'apex' or scaler.is_enabled() else 'off'}")
     return model, optimizer, scaler, functools.partial(torch.autocast, device.type, dtype=dtype, enabled=use_autocast)
+
+
+def zero_momentum(optimizer):
+    """Give fused SGD its momentum buffers as zeros before the first step, where GradScaler may skip it.
+
+    torch's fused SGD allocates them with empty_like at its first step and leaves them so when the scaler
+    skips that step (an fp16 overflow, routine at the start): the next step then adds uninitialised memory
+    (on an H100, ResNet-50's loss was NaN at step 4). From zeros, the first step's momentum 0.9 x 0 + g is
+    stock SGD's g (dampening 0, as the recipes'). A skipped step leaves them untouched.
+    """
+    if not isinstance(optimizer, torch.optim.SGD):  # (ZeroRedundancyOptimizer: the scaler skips on the host)
+        return
+    for group in optimizer.param_groups:
+        if group["fused"] and group["momentum"]:
+            for param in group["params"]:
+                optimizer.state[param].setdefault("momentum_buffer", torch.zeros_like(param))
 
 
 def fsdp_policy(model, args, device, log):

@@ -147,11 +147,10 @@ def gpu_sections(gpu_data, figures):
     line = f"GPU {r['gpu']}, CPU {r['cpu']} ({r['cores']} cores), torch {r['torch']}."
     if (gpu_data / "timings.csv").exists():
         timings = [t for t in read_csv(gpu_data / "timings.csv") if t["part"].startswith("gpu")]
-        parts = ", ".join(f"{t['part'].removeprefix('gpu-')} {float(t['seconds']) / 60:.1f}" for t in timings
-                          if t["part"] != "gpu")
-        line += (f" The sweep took {sum(float(t['seconds']) for t in timings) / 60:.1f} minutes"
-                 f"{' (' + parts + ')' if parts else ''}: {sum(int(t['runs_trained']) for t in timings)} runs "
-                 f"trained, {sum(int(t['runs_reused']) for t in timings)} kept from an earlier start.")
+        parts = "; ".join(f"{t['part'].removeprefix('gpu-')} {float(t['seconds']) / 60:.1f} min, {t['runs_trained']} "
+                          f"run(s) trained and {t['runs_reused']} kept from an earlier start" for t in timings)
+        # (under make gpu-check each lease runs what is left: a part's row is its last command, not all of it)
+        line += f" The last command of each part: {parts}." if parts else ""
     sections["gpu-hardware"] = line
     return sections
 
