@@ -17,13 +17,17 @@ own flags with the recipe run under scripts/probe_ps.py, which writes down every
               sign flip x 10 at p 0.2. And the mean and Zeno++ at its authors' learning rate an image (0.1 for
               128), a fifth of the zeno++ table's, also for 4 x the epochs (3 seeds), and at a batch of 32, also
               under the sign flip.
+  signflip    Zeno++ at a batch of 32 and its authors' learning rate an image, with and without the sign flip
+              x 10 at p 0.2, 8 seeds each (how often a run ends under 90 %), and for 4 x the epochs (3 seeds): the
+              lies it accepted, and the validator's highest loss (where it computed v) with the lies before it.
   async-2v    zenops and naive-async for 4 x the table's epochs; what zenops applies of each push (clipped to
               ||v_t||, times cos where cos < eta) against naive-async's alpha u: by norm, and projected on alpha u;
               and naive-async at alpha times that mean projection: naive-async's direction at zenops' mean step
               along it; zenops at eta -1, which reverses nothing (cos >= -1): its clipping alone; and alpha u
               forwarded by zenops' validators (probe_ps.py --zenops-async-step alpha-u): their path, not their rule.
-Every row for each seed (3 by default). Run directories go to runs/figures/ps-why/<name>-seed<S> (with the
-probe's lines under probe/); a run whose summary.json is complete is not trained again.
+Every row for each seed (3 by default); --studies: only those, the others' rows kept as ps_why.csv holds them.
+Run directories go to runs/figures/ps-why/<name>-seed<S> (with the probe's lines under probe/); a run whose
+summary.json is complete is not trained again.
 """
 
 import argparse
@@ -70,6 +74,13 @@ RUNS = [("rejections", "sync-1v", "sync-1v", "zenops", "none", [], [], 1),
          [], AUTHORS_LR, 1),
         ("zeno++", f"g at the length of v (Zeno++), batch 32, {AUTHORS}, {SIGN_FLIP}", "zeno++",
          f"{PLUS_PLUS}, batch 32", SIGN_FLIP, [], AUTHORS_LR, 1),
+        ("signflip", f"Zeno++, batch 32, {AUTHORS}", "zeno++", f"{PLUS_PLUS}, batch 32", "none", [], AUTHORS_LR, 1),
+        ("signflip", f"Zeno++, batch 32, {AUTHORS}, {SIGN_FLIP}", "zeno++", f"{PLUS_PLUS}, batch 32", SIGN_FLIP, [],
+         AUTHORS_LR, 1),
+        ("signflip", f"Zeno++, batch 32, {AUTHORS}, 4 x the epochs", "zeno++", f"{PLUS_PLUS}, batch 32", "none", [],
+         AUTHORS_LR, 4),
+        ("signflip", f"Zeno++, batch 32, {AUTHORS}, 4 x the epochs, {SIGN_FLIP}", "zeno++", f"{PLUS_PLUS}, batch 32",
+         SIGN_FLIP, [], AUTHORS_LR, 4),
         ("async-2v", "zenops", "async-2v", "zenops", "none", [], [], 4),
         ("async-2v", "naive-async", "async-2v", "naive-async", "none", [], [], 4),
         ("async-2v", "naive-async at zenops' mean step", "async-2v", "naive-async", "none", [], [], 4),
@@ -80,7 +91,8 @@ RUNS = [("rejections", "sync-1v", "sync-1v", "zenops", "none", [], [], 1),
 QUICK = ["sync-1v", "g as pushed", "zenops", "naive-async at zenops' mean step"]  # (a row of each study)
 FIELDS = ["study", "label", "seed", "epochs", "top1", "diverged", "honest_params_rejected", "sign_failed",
           "norm_failed", "first_third_rejected", "last_third_rejected", "after_sit_out_rejected",
-          "after_push_rejected", "accepted", "lengthened", "longest_step", "mean_step", "mean_along", "alpha",
+          "after_push_rejected", "accepted", "lengthened", "longest_step", "lies_pushed", "lies_accepted", "peak_loss",
+          "lies_before_peak", "mean_step", "mean_along", "alpha",
           "cpu", "cores", "gpu", "torch"]
 
 
@@ -128,9 +140,17 @@ def zeno_plus_plus(lines, step):
     if not accepted:
         return {"accepted": 0.0} if lines else {}
     lengths = [p["g"] if step == "g" else min(p["g"], p["v"]) if step == "at-most-v" else p["v"] for p in accepted]
-    return {"accepted": percent(len(accepted), sum(p["rule"] == "zeno++" for p in lines)),
-            "lengthened": percent(sum(p["v"] > p["g"] for p in accepted), len(accepted)),
-            "longest_step": round(max(lengths) / max(statistics.median(lengths), 1e-30), 1)}
+    row = {"accepted": percent(len(accepted), sum(p["rule"] == "zeno++" for p in lines)),
+           "lengthened": percent(sum(p["v"] > p["g"] for p in accepted), len(accepted)),
+           "longest_step": round(max(lengths) / max(statistics.median(lengths), 1e-30), 1)}
+    judged = [p for p in lines if p["rule"] == "zeno++"]
+    if "lie" in judged[0]:  # the lies pushed and accepted; the validator's highest loss after its first tenth of
+        later = judged[len(judged) // 10:]  # pushes (where v was computed), and the lies accepted before it
+        peak = max(range(len(later)), key=lambda i: later[i]["v_loss"])
+        row.update(lies_pushed=sum(p["lie"] for p in judged), lies_accepted=sum(p["lie"] for p in accepted),
+                   peak_loss=round(later[peak]["v_loss"], 2),
+                   lies_before_peak=sum(p["lie"] and p["accepted"] for p in judged[:len(judged) // 10 + peak]))
+    return row
 
 
 def main():
@@ -139,22 +159,29 @@ def main():
     parser.add_argument("--epochs", type=int, default=5, help="the table's epochs")
     parser.add_argument("--quick", action="store_true", help="lenet at 16 px, one row of each study, for tests")
     parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
+    parser.add_argument("--studies", nargs="+", choices=list(dict.fromkeys(run[0] for run in RUNS)),
+                        help="run only these; the other studies' rows stay as ps_why.csv holds them")
     parser.add_argument("--runs", default="runs/figures/ps-why", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where ps_why.csv goes")
     args = parser.parse_args()
     measuring.require_digits(args.data)
-    run(args.data, args.runs, args.figures_data, args.seeds, args.epochs, args.quick)
+    run(args.data, args.runs, args.figures_data, args.seeds, args.epochs, args.quick, args.studies)
 
 
-def run(data, runs, figures_data, seeds, epochs, quick=False):
-    """Every row, seed by seed, into <figures_data>/ps_why.csv (bench_ps.py runs it after its table)."""
-    machine, rows, pushed_steps = measuring.hardware(), [], []
-    plan = RUNS if not quick else [run for run in RUNS if run[1] in QUICK]
+def run(data, runs, figures_data, seeds, epochs, quick=False, studies=None):
+    """Every row, seed by seed, into <figures_data>/ps_why.csv (bench_ps.py runs it after its table); studies: only
+    those, the other studies' rows kept as ps_why.csv holds them."""
+    machine, rows, pushed_steps, csv_path = measuring.hardware(), [], [], Path(figures_data) / "ps_why.csv"
+    plan = [run for run in RUNS if (not quick or run[1] in QUICK) and (not studies or run[0] in studies)]
+    order = list(dict.fromkeys(run[0] for run in RUNS))
+    kept = ([r for r in measuring.read_csv(csv_path) if r["study"] not in studies] if studies and csv_path.exists()
+            else [])
     for study, label, part, aggregate, attack, probe, extra, more in plan:
-        more_seeds = study == "zeno++" and "batch 32" not in label and more == 1 and not quick  # (5: batch 8)
+        more_seeds = 0 if quick or more > 1 else 2 if study == "zeno++" and "batch 32" not in label else (
+            5 if study == "signflip" else 0)  # (5 seeds at a batch of 8; 8 for how often a run collapses)
         mode, table = bench_ps.PARTS[part][0], argparse.Namespace(quick=quick, epochs=epochs * more, data=data,
                                                                   runs=runs)
-        for seed in seeds + ([max(seeds) + 1, max(seeds) + 2] if more_seeds else []):
+        for seed in seeds + [max(seeds) + 1 + i for i in range(more_seeds)]:
             _, processes, flags = bench_ps.flags_of(part, mode, aggregate, attack, None, seed, table)
             flags += extra
             alpha = rules.ZENOPS_ALPHA if study == "async-2v" else ""
@@ -176,7 +203,7 @@ def run(data, runs, figures_data, seeds, epochs, quick=False):
             row.update(diverged=0, top1=round(summary["top1"], 2), epochs=summary["epochs"])  # (batch 32: more)
             if study == "rejections":
                 row.update(rejections(lines, seed, 0.5 if part == "sync-1v" else 1.0))
-            elif study == "zeno++":
+            elif study in ("zeno++", "signflip"):
                 row.update(zeno_plus_plus(lines, probe[1] if probe else None))
             elif not probe:  # (async; with alpha-u the rule's update is not what was applied)
                 pushed = [line for line in lines if line["rule"] == "zenops async"]
@@ -186,7 +213,7 @@ def run(data, runs, figures_data, seeds, epochs, quick=False):
                                mean_along=round(statistics.mean(line["along"] for line in pushed), 3))
             rows.append(row)
             print(f"{study}, {label}, seed {seed}: top-1 {row['top1']} %", flush=True)
-            measuring.write_csv(Path(figures_data) / "ps_why.csv", FIELDS, rows)
+            measuring.write_csv(csv_path, FIELDS, sorted(kept + rows, key=lambda r: order.index(r["study"])))
 
 
 if __name__ == "__main__":

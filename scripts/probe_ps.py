@@ -10,7 +10,9 @@ Each validator appends JSON lines to <judgements>/rank<R>.jsonl, one for each ju
   zenops async  one per push: cos(u_t, v_t) and ||u_t|| / ||v_t|| of each tensor; and what the rule applies
                 (alpha u_t clipped to ||v_t||, times cos where cos < eta): its norm over ||alpha u||, and its
                 projection on alpha u (the scale c that fits it best as c alpha u)
-  zeno++        one per push: v's index (from 0), ||g||, ||v||, cos(g, v), whether it was accepted
+  zeno++        one per push: ||g||, ||v||, cos(g, v), whether it was accepted, whether it was a lie (an
+                attack's), the validator's loss on its batch where v was last computed, and how many of server
+                0's versions the weights g was computed on are behind those of v
 --zeno-plus-plus-step g | at-most-v: what the servers apply of an accepted gradient, instead of Zeno++'s g
 rescaled to ||v||: g as pushed, or g rescaled only where that shrinks it. The test is Zeno++'s in both: the
 step alone changes, to measure what the rescaling does (not a rule of its authors). --zenops-async-step alpha-u:
@@ -28,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recipes.common import pushpull  # noqa: E402
-from recipes.ps import rules, steps  # noqa: E402
+from recipes.ps import rules, steps, validators  # noqa: E402
 
 
 def cos(a, b):
@@ -58,21 +60,36 @@ def main():
     Path(args.judgements).mkdir(parents=True, exist_ok=True)
     log = open(Path(args.judgements) / f"rank{os.environ.get('RANK', 0)}.jsonl", "a", buffering=1)
     state = {"round": -1, "senders": [], "judged": 0}  # (a sync validator: v once a round, then each push)
+    seen = {"lie": False, "v_loss": None, "v_version": -1, "g_version": -1}  # (the async validator's latest)
 
     def write(**line):
         log.write(json.dumps({"round": state["round"], **line}) + "\n")
 
-    local_update, recv_candidate = steps.local_update, pushpull.recv_candidate
+    local_update, recv_candidate, pull, split_lies = (steps.local_update, pushpull.recv_candidate, pushpull.pull,
+                                                      validators.split_lies)
 
     def v_of_the_round(*a, **k):  # a validator's v: sync zenops computes it once a round, before the pushes
         state.update(round=state["round"] + 1, senders=[], judged=0)
-        return local_update(*a, **k)
+        v, stats = local_update(*a, **k)
+        seen["v_loss"] = (stats[0] / stats[3]).item()  # (loss x n over n)
+        return v, stats
 
     def candidate(*a, **k):  # who pushed, in the order their updates are judged
         received = recv_candidate(*a, **k)
         if received[-1] is not None:
             state["senders"].append(received[1])
+            seen["g_version"] = int(received[2][0])  # (the version of server 0's shard that g started from)
         return received
+
+    def pulled(vector, chunks, versions, *a, **k):  # (an async validator pulls only to compute v)
+        answer = pull(vector, chunks, versions, *a, **k)
+        seen["v_version"] = int(versions[0])
+        return answer
+
+    def lies_of(u, sizes):
+        u, lies = split_lies(u, sizes)
+        seen["lie"] = any(lies)
+        return u, lies
 
     zenops_sync, zenops_async, zeno_plus_plus = rules.zenops_sync, rules.zenops_async, rules.zeno_plus_plus
 
@@ -96,10 +113,12 @@ def main():
 
     def judged_plus_plus(g, v, base_lr, rho, eps):
         rescaled, accepted = zeno_plus_plus(g, v, base_lr, rho, eps)
-        write(rule="zeno++", g=g.norm().item(), v=v.norm().item(), cos=cos(g, v), accepted=bool(accepted))
+        write(rule="zeno++", g=g.norm().item(), v=v.norm().item(), cos=cos(g, v), accepted=bool(accepted),
+              lie=seen["lie"], v_loss=seen["v_loss"], behind=seen["v_version"] - seen["g_version"])
         return applied(g, v, rescaled, args.zeno_plus_plus_step), accepted
 
-    steps.local_update, pushpull.recv_candidate = v_of_the_round, candidate
+    steps.local_update, pushpull.recv_candidate, pushpull.pull, validators.split_lies = (v_of_the_round, candidate,
+                                                                                      pulled, lies_of)
     rules.zenops_sync, rules.zenops_async, rules.zeno_plus_plus = judged_sync, judged_async, judged_plus_plus
     sys.argv = [args.script, *(a for a in args.args if a != "--")]
     runpy.run_path(args.script, run_name="__main__")

@@ -60,6 +60,12 @@ def test_the_probe_writes_down_what_zeno_plus_plus_judged_it_on(tiny_data, tmp_p
         margin = p["cos"] * p["v"] ** 2 - 0.01 * p["g"] ** 2
         assert p["accepted"] == (margin >= 0) or abs(margin) < 1e-5 * p["g"] ** 2
     assert 0 < sum(p["accepted"] for p in pushes) < len(pushes)  # (the flipped x 10 rejected)
+    # which pushes lied (the flipped x 10: 10 x as long), and the validator's loss and version where it computed v
+    lies, honest = [p for p in pushes if p["lie"]], [p for p in pushes if not p["lie"]]
+    assert len(lies) >= summary["byzantine_pushed"] > 0 and honest
+    assert statistics.median(p["g"] for p in lies) > 5 * statistics.median(p["g"] for p in honest)
+    assert all(0 < p["v_loss"] < 10 and isinstance(p["behind"], int) for p in pushes)
+    assert any(p["behind"] > 0 for p in pushes)  # (2 workers push asynchronously: g's weights fall behind v's)
 
 
 def test_what_the_probe_applies_of_an_accepted_gradient():
@@ -107,6 +113,33 @@ def test_the_why_text_names_the_attacks_that_leave_the_plain_rule_as_it_was():
     rows = [*runs("mean", "none", [96, 96.5, 97]), *runs("mean", "random x8", [96, 96.2, 96.4]),
             *runs("mean", "signflip x6", [10, 11, 12]), *runs("zenops", "random x8", [97, 97, 97])]
     text = unbroken(rows)
-    assert "sync-2v, random x8: `mean` 96.2 against 96.5 without an attack" in text
+    assert "sync-2v, random x8: `mean` 96.2 (96.0\u201396.4) against 96.5 (96.0\u201397.0) without an attack" in text
     assert "signflip" not in text and "zenops" not in text
     assert unbroken(rows[:3]).endswith(": none.")
+
+
+def test_the_why_table_counts_the_lies_zeno_plus_plus_accepted_and_where_its_loss_peaked():
+    def push(lie, accepted, v_loss):
+        return {"rule": "zeno++", "g": 1.0, "v": 1.0, "accepted": accepted, "lie": lie, "v_loss": v_loss}
+    lines = [push(False, True, 9.0)] + [push(False, True, 2.0)] * 9  # (the first tenth's loss is left out)
+    lines += [push(True, True, 2.0), push(True, False, 2.0), push(False, True, 6.0), push(True, True, 2.0)]
+    found = bench_ps_why.zeno_plus_plus(lines, None)
+    assert (found["lies_pushed"], found["lies_accepted"], found["peak_loss"], found["lies_before_peak"]) == \
+        (3, 2, 6.0, 1)
+
+
+def test_the_signflip_text_counts_the_runs_under_90_percent_and_tests_the_difference():
+    from scripts.results.ps_why import fisher, signflip
+
+    assert fisher(3, 8, 1, 8) == pytest.approx(0.5692, abs=1e-4)  # (scipy.stats.fisher_exact's)
+    assert fisher(8, 8, 0, 8) == pytest.approx(0.000155, abs=1e-6) and fisher(0, 8, 0, 8) == pytest.approx(1.0)
+
+    def runs(top1s, peaks, lies):
+        return [{"top1": str(t), "diverged": "0", "epochs": "22", "peak_loss": str(p), "lies_pushed": "50",
+                 "lies_accepted": str(a), "lies_before_peak": str(a)} for t, p, a in zip(top1s, peaks, lies)]
+    label = "Zeno++, batch 32, at its authors' learning rate an image"
+    text = signflip({label: runs([95, 10, 96], [2.2, 16.3, 2.1], [0, 0, 0]),
+                     f"{label}, signflip x10, p 0.2 per push": runs([10, 70, 95], [6.4, 3.0, 2.2], [1, 0, 0])})
+    assert ("Over 22 epochs: 2 of 3 runs under 90 % with the sign flip, 1 of 3 without (Fisher's exact p = 1.00); "
+            "1 lies accepted of 150 pushed, 1 before the highest loss of their run.") in text
+    assert "highest loss: 3.00 to 16.30 in the runs under 90 %, 2.10 to 2.20 in the others." in text

@@ -2,9 +2,10 @@
 scripts/probe_ps.py, on bench_ps.py's flags).
 
     reads    figures/data/ps_why.csv, and ps.csv's rows from ps.py (the attacks that leave the plain rule as it was)
-    writes   RESULTS.md's ps-why-rejections, ps-why-zeno-pp, ps-why-async, ps-why-unbroken
+    writes   RESULTS.md's ps-why-rejections, ps-why-zeno-pp, ps-why-signflip, ps-why-async, ps-why-unbroken
 """
 
+import math
 import statistics
 
 from scripts.results.common import beyond_spread, read_csv, spread, table, with_range
@@ -89,6 +90,48 @@ def zeno_plus_plus(groups):
     return text
 
 
+def fisher(a, n, b, m):
+    """Two-sided Fisher's exact test: the chance of a split of the a + b events over samples of n and m as unlikely
+    as this one's, or less, were they the same."""
+    def chance(x):
+        return math.comb(n, x) * math.comb(m, a + b - x) / math.comb(n + m, a + b)
+    seen = chance(a)
+    return sum(chance(x) for x in range(max(0, a + b - m), min(n, a + b) + 1) if chance(x) <= seen * (1 + 1e-9))
+
+
+def signflip(groups):
+    def under(runs):
+        return sum(top1_or_chance(r) < 90 for r in runs)
+
+    def total(runs, field):
+        return sum(int(r[field]) for r in runs if r.get(field))
+
+    body = [[label, len(runs), with_range(top1(runs), 1), under(runs), f"{total(runs, 'lies_accepted')} of "
+             f"{total(runs, 'lies_pushed')}", cell(runs, "peak_loss", 2), total(runs, "lies_before_peak")]
+            for label, runs in groups.items()]
+    text = table(["Zeno++, batch 32, at its authors' learning rate an image", "seeds", "val top-1 (%)",
+                  "runs under 90 %", "lies accepted, of pushed (all runs)", "the validator's highest loss after its "
+                  "first tenth of pushes", "lies accepted before it (all runs)"], body)
+    text += ("\n\nAs the zeno++ table's batch-32 rows, at Zeno++'s own learning rate an image; the mean over the seeds "
+             "(a diverged run as chance, 10 %), in brackets the lowest and highest. The validator's loss: on the batch "
+             "where it last computed v, before each push it judged (chance: ln 10 = 2.30).")
+    for label, clean in groups.items():
+        runs = groups.get(f"{label}, signflip x10, p 0.2 per push")
+        if not runs:
+            continue
+        low = [float(r["peak_loss"]) for r in runs + clean if r.get("peak_loss") and top1_or_chance(r) < 90]
+        high = [float(r["peak_loss"]) for r in runs + clean if r.get("peak_loss") and top1_or_chance(r) >= 90]
+        text += (f" Over {runs[0]['epochs']} epochs: {under(runs)} of {len(runs)} runs under 90 % with the sign flip, "
+                 f"{under(clean)} of {len(clean)} without (Fisher's exact p = "
+                 f"{fisher(under(runs), len(runs), under(clean), len(clean)):.2f}); {total(runs, 'lies_accepted')} "
+                 f"lies accepted of {total(runs, 'lies_pushed')} pushed, {total(runs, 'lies_before_peak')} before "
+                 f"the highest loss of their run.")
+        if low and high:
+            text += (f" The validator's highest loss: {min(low):.2f} to {max(low):.2f} in the runs under 90 %, "
+                     f"{min(high):.2f} to {max(high):.2f} in the others.")
+    return text
+
+
 def async_rows(groups):
     body = [[label, runs[0]["epochs"], with_range(top1(runs), 1), cell(runs, "mean_step", 2),
              cell(runs, "mean_along", 2), runs[0]["alpha"]] for label, runs in groups.items()]
@@ -133,10 +176,10 @@ def unbroken(ps_rows):
             if aggregate == plain and attack != "none" and clean:
                 hit, base = spread([top1_or_chance(r) for r in runs]), spread([top1_or_chance(r) for r in clean])
                 if not (beyond_spread(hit, base) and hit["mean"] < base["mean"]):
-                    found.append(f"{part}, {attack}: `{plain}` {hit['mean']:.1f} against {base['mean']:.1f} "
+                    found.append(f"{part}, {attack}: `{plain}` {with_range(hit, 1)} against {with_range(base, 1)} "
                                  f"without an attack")
-    return ("The attacks that do not bring the plain rule below the spread of its own no-attack top-1, in the table "
-            "above (ps.csv): " + ("; ".join(found) or "none") + ".")
+    return ("The attacks after which the plain rule's top-1 over the seeds still reaches into the range of its own "
+            "without an attack, in the table above (ps.csv): " + ("; ".join(found) or "none") + ".")
 
 
 def why_sections(data, missing, ps_rows):
@@ -146,5 +189,6 @@ def why_sections(data, missing, ps_rows):
     rows = read_csv(data / "ps_why.csv")
     return {"ps-why-rejections": rejections(by_label(rows, "rejections")),
             "ps-why-zeno-pp": zeno_plus_plus(by_label(rows, "zeno++")),
+            "ps-why-signflip": signflip(by_label(rows, "signflip")),
             "ps-why-async": async_rows(by_label(rows, "async-2v")),
             "ps-why-unbroken": unbroken(ps_rows)}
