@@ -190,6 +190,9 @@ def write_gpu_data(data):
         f"{method},{ef},1,256,2,{rate},{rate},0,{sent},{ratio},resnet50,224,4,{machine}"
         for method, ef, rate, sent, ratio in (("none", 0, 1000, 100000, 1.0), ("powersgd", 1, 950, 1000, 100.0))])
         + "\n")
+    (data / "gpu" / "anchors.csv").write_text(
+        "source,hardware,gpus,model,data,precision,images_per_s,seconds,url\n"
+        "NVIDIA DeepLearningExamples,DGX A100,1,ResNet-50 v1.5,ImageNet,TF32,938,,u\n")
     (data / "gpu" / "timings.csv").write_text("part,seconds,runs_trained,runs_reused,date,cpu,cores,gpu,torch\n"
                                               f"gpu-synthetic,420,8,0,2026-11-24,{machine}\n"
                                               f"gpu-jpeg,300,8,1,2026-11-24,{machine}\n")
@@ -206,6 +209,8 @@ def test_plot_results_writes_the_gpu_section_from_the_sweep_data(tmp_path):
     assert "| powersgd + error feedback | 1 | 256 | 950 | 0.95x | 1,000 | 100.00 |" in text
     assert "| none | 1 | 256 | 1000 | 1.00x | 100,000 | 1.00 |" in text
     assert "| apex O1 fp16, channels_last, --decoder gpu | 1 | 256 |  |  |  |  | 2100 | 2000 | 10 % |" in text
+    assert "| NVIDIA DeepLearningExamples | DGX A100 | 1 | ResNet-50 v1.5 | ImageNet | TF32 | 938 |  | [source](u) |" \
+        in text  # (published figures beside the measured ones)
     assert ("GPU 1 x Test GPU, CPU Test CPU (16 cores), torch 2.14.1. The last command of each part: synthetic 7.0 "
             "min, 8 run(s) trained and 0 kept from an earlier start; jpeg 5.0 min, 8 run(s) trained and 1 kept from an "
             "earlier start." in text)

@@ -1,9 +1,10 @@
 """gpu: the GPU sweep (scripts/bench_gpu.py, make figures-gpu; not a part of make figures).
 
     reads    figures/data/gpu/throughput.csv, compression.csv, timings.csv; precision.csv and .json
-             (scripts/bench_precision.py on CUDA); preflight.json and smoke.json (scripts/gpu_check.py)
+             (scripts/bench_precision.py on CUDA); preflight.json and smoke.json (scripts/gpu_check.py);
+             anchors.csv (published figures, each with its source: not measured here)
     draws    figures/gpu_throughput.png, gpu_scaling.png
-    writes   RESULTS.md's gpu-hardware, gpu-check, gpu-throughput, gpu-compression, gpu-precision
+    writes   RESULTS.md's gpu-hardware, gpu-check, gpu-throughput, gpu-anchors, gpu-compression, gpu-precision
 """
 
 import json
@@ -122,10 +123,23 @@ def gpu_check_section(gpu_data):
             + table(["check", "result", "seconds", "what it said"], rows))
 
 
+def anchors_section(gpu_data):
+    """Published figures to read the measured ones against, each with its source (anchors.csv)."""
+    if not (gpu_data / "anchors.csv").exists():
+        return ""
+    rows = [[r["source"], r["hardware"], r["gpus"], r["model"], r["data"], r["precision"], r["images_per_s"],
+             r["seconds"], f"[source]({r['url']})"] for r in read_csv(gpu_data / "anchors.csv")]
+    return table(["published by", "hardware", "GPUs", "model", "data", "precision", "images/s", "seconds",
+                  "where"], rows) + (
+        "\n\nPublished, not measured here: each row as its source gives it (DeepLearningExamples: training "
+        "throughput with its own loader and settings; tczhangzhi/pytorch-distributed: the run time its figure "
+        "plots, for a span its page does not state).")
+
+
 def gpu_sections(gpu_data, figures):
     """The GPU section of RESULTS.md from gpu/*.csv and *.json; a line saying so where nothing has run."""
     sections = {"gpu-check": gpu_check_section(gpu_data), "gpu-throughput": "", "gpu-compression": "",
-                "gpu-precision": ""}
+                "gpu-precision": "", "gpu-anchors": anchors_section(gpu_data)}
     measured = [name for name in ("throughput.csv", "compression.csv", "precision.csv") if (gpu_data / name).exists()]
     if not measured:
         return {**sections, "gpu-hardware": "Not measured yet: the figures-gpu runs have not run on a GPU. `make "
