@@ -12,7 +12,7 @@ Each validator appends JSON lines to <judgements>/rank<R>.jsonl, one for each ju
                 projection on alpha u (the scale c that fits it best as c alpha u)
   zeno++        one per push: ||g||, ||v||, cos(g, v), whether it was accepted, whether it was a lie (an
                 attack's), the validator's loss on its batch where v was last computed, and how many of server
-                0's versions the weights g was computed on are behind those of v
+                0's versions the weights g was computed on are behind those of v (negative: g's are the newer)
 --zeno-plus-plus-step g | at-most-v: what the servers apply of an accepted gradient, instead of Zeno++'s g
 rescaled to ||v||: g as pushed, or g rescaled only where that shrinks it. The test is Zeno++'s in both: the
 step alone changes, to measure what the rescaling does (not a rule of its authors). --zenops-async-step alpha-u:

@@ -121,8 +121,9 @@ def test_the_device_command_plans_its_leases_within_nine_minutes_each(tmp_path, 
     result = subprocess.run([sys.executable, "scripts/gpu_check.py", "--plan"], cwd=ROOT, env=child_env(),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.startswith("lease 1: preflight and gpu-smoke"), result.stderr
-    from scripts import gpu_check
+    from scripts import gpu_check, gpu_plan
 
+    monkeypatch.setattr(gpu_plan, "train_images", gpu_plan.train_images)  # (lease_plan may replace it)
     monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path)  # nothing measured yet
     leases = gpu_check.lease_plan()
     assert len(leases) >= 2 and all(minutes <= 9 for minutes, _ in leases)

@@ -65,7 +65,7 @@ def test_the_probe_writes_down_what_zeno_plus_plus_judged_it_on(tiny_data, tmp_p
     assert len(lies) >= summary["byzantine_pushed"] > 0 and honest
     assert statistics.median(p["g"] for p in lies) > 5 * statistics.median(p["g"] for p in honest)
     assert all(0 < p["v_loss"] < 10 and isinstance(p["behind"], int) for p in pushes)
-    assert any(p["behind"] > 0 for p in pushes)  # (2 workers push asynchronously: g's weights fall behind v's)
+    assert all(abs(p["behind"]) <= len(pushes) for p in pushes)  # (versions: one a push applied, at most)
 
 
 def test_what_the_probe_applies_of_an_accepted_gradient():
@@ -116,20 +116,23 @@ def test_the_why_text_names_the_attacks_that_leave_the_plain_rule_as_it_was():
     assert "sync-2v, random x8: `mean` 96.2 (96.0\u201396.4) against 96.5 (96.0\u201397.0) without an attack" in text
     assert "signflip" not in text and "zenops" not in text
     assert unbroken(rows[:3]).endswith(": none.")
+    above = unbroken([*rows[:3], *runs("mean", "N(0,1)", [97.5, 97.6, 97.7])])  # (all of it above: listed too)
+    assert "sync-2v, N(0,1): `mean` 97.6 (97.5\u201397.7) against 96.5 (96.0\u201397.0)" in above
 
 
 def test_the_why_table_counts_the_lies_zeno_plus_plus_accepted_and_where_its_loss_peaked():
     def push(lie, accepted, v_loss):
         return {"rule": "zeno++", "g": 1.0, "v": 1.0, "accepted": accepted, "lie": lie, "v_loss": v_loss}
     lines = [push(False, True, 9.0)] + [push(False, True, 2.0)] * 9  # (the first tenth's loss is left out)
-    lines += [push(True, True, 2.0), push(True, False, 2.0), push(False, True, 6.0), push(True, True, 2.0)]
+    lines += [push(True, True, 2.0), push(True, False, 2.0), push(True, True, 6.0), push(True, True, 2.0)]
     found = bench_ps_why.zeno_plus_plus(lines, None)
     assert (found["lies_pushed"], found["lies_accepted"], found["peak_loss"], found["lies_before_peak"]) == \
-        (3, 2, 6.0, 1)
+        (4, 3, 6.0, 1)  # (the lie judged where the loss peaked is not before it)
 
 
 def test_the_signflip_text_counts_the_runs_under_90_percent_and_tests_the_difference():
-    from scripts.results.ps_why import fisher, signflip
+    from scripts.results.common import fisher
+    from scripts.results.ps_why import signflip
 
     assert fisher(3, 8, 1, 8) == pytest.approx(0.5692, abs=1e-4)  # (scipy.stats.fisher_exact's)
     assert fisher(8, 8, 0, 8) == pytest.approx(0.000155, abs=1e-6) and fisher(0, 8, 0, 8) == pytest.approx(1.0)
@@ -137,9 +140,13 @@ def test_the_signflip_text_counts_the_runs_under_90_percent_and_tests_the_differ
     def runs(top1s, peaks, lies):
         return [{"top1": str(t), "diverged": "0", "epochs": "22", "peak_loss": str(p), "lies_pushed": "50",
                  "lies_accepted": str(a), "lies_before_peak": str(a)} for t, p, a in zip(top1s, peaks, lies)]
-    label = "Zeno++, batch 32, at its authors' learning rate an image"
+    label, attacked = "Zeno++, batch 32, at its authors' learning rate an image", ", signflip x10, p 0.2 per push"
+    earlier = "g at the length of v (Zeno++), batch 32, at its authors' learning rate an image"
     text = signflip({label: runs([95, 10, 96], [2.2, 16.3, 2.1], [0, 0, 0]),
-                     f"{label}, signflip x10, p 0.2 per push": runs([10, 70, 95], [6.4, 3.0, 2.2], [1, 0, 0])})
+                     label + attacked: runs([10, 70, 95], [6.4, 3.0, 2.2], [1, 0, 0])},
+                    {earlier: runs([90, 91, 92], [2, 2, 2], [0, 0, 0]), earlier + attacked: runs([60], [9], [0])})
     assert ("Over 22 epochs: 2 of 3 runs under 90 % with the sign flip, 1 of 3 without (Fisher's exact p = 1.00); "
             "1 lies accepted of 150 pushed, 1 before the highest loss of their run.") in text
     assert "highest loss: 3.00 to 16.30 in the runs under 90 %, 2.10 to 2.20 in the others." in text
+    assert ("The zeno++ table's 1 and 3 runs of the same two rows reached 60.0 with the sign flip and 91.0 without; "
+            "these 3 and 3: 58.3 and 67.0.") in text

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import statistics
 
 import matplotlib
@@ -81,3 +82,12 @@ def targets_held(text):
     """(rows whose last cell is yes, rows whose last cell is yes or no) of a targets table."""
     last = [line.rstrip(" |").rsplit("|", 1)[-1].strip().lower() for line in text.splitlines() if line.startswith("|")]
     return last.count("yes"), last.count("yes") + last.count("no")
+
+
+def fisher(a, n, b, m):
+    """Two-sided Fisher's exact test: the chance of a split of the a + b events over samples of n and m as unlikely
+    as this one's, or less, were they the same."""
+    def chance(x):
+        return math.comb(n, x) * math.comb(m, a + b - x) / math.comb(n + m, a + b)
+    seen = chance(a)
+    return sum(chance(x) for x in range(max(0, a + b - m), min(n, a + b) + 1) if chance(x) <= seen * (1 + 1e-9))
