@@ -6,10 +6,10 @@
 #                             redraw figures/ and RESULTS.md from figures/data/
 # make figures ONLY="curves compression"   measure only these parts, then redraw everything
 # make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
-# make figures-gpu            on a machine with CUDA: the GPU sweep into figures/data/gpu/ and RESULTS.md, in
-#                             parts: ONLY="synthetic jpeg compression precision" (all; precision: bench_precision.py)
+# make figures-gpu            on a machine with CUDA: the GPU table into figures/data/gpu/ and RESULTS.md, and on a
+#                             node with more GPUs scaling and compression: ONLY="table scaling compression" (all)
 # make gpu-smoke              on a machine with CUDA: every recipe's one-GPU path, a few steps each
-# make gpu-check              the device command (docs/gpus.md): preflight, gpu-smoke, then the figures-gpu runs that
+# make gpu-check              the device command (docs/gpus.md): preflight, gpu-smoke, then the GPU table's runs that
 #                             fit in 9 minutes; into figures/data/gpu/ and RESULTS.md. STAND_IN=1: rehearsed on a CPU
 # make gpu-wheels             the wheels a GPU node without a package index lacks (byzfl), into .wheels/ to carry there
 # make test-compat            the compatibility run: under torch 2.11 (.venv-2.11, the GPU nodes' packages, nothing of
@@ -41,7 +41,7 @@ DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
 PARTS := io scaling curves recovery compile precision compression ps pipeline sharding
-GPU_PARTS := synthetic jpeg compression precision
+GPU_PARTS := table scaling compression
 GPU_ONLY := $(if $(filter command line,$(origin ONLY)),$(ONLY),$(GPU_PARTS))
 ONLY ?= $(PARTS)
 QUICK ?=
@@ -120,7 +120,8 @@ figures: $(SETUP) $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
 	$(foreach part,$(filter $(ONLY),$(PARTS)),$(figure-part-$(part))$(newline))
 	$(PY) scripts/plot_results.py --data $(FIG_DATA) --figures $(FIG_DIR) --results $(RESULTS)
 
-# GPUs need longer epochs than the CPU folder gives: 100 classes x 250 (20,000 train JPEGs, 78 steps of 256)
+# GPUs need longer epochs than the CPU folder gives: 100 classes x 250 (20,000 train JPEGs, 78 steps of 256), as
+# scripts/gpu_check.py writes it
 $(GPU_JPEG_DATA)/.complete:
 	$(GPU_PY) scripts/make_demo_data.py --imagenet-like $(GPU_JPEG_DATA) --classes 100 --images 250 --jobs 0
 	touch $@
@@ -132,12 +133,9 @@ gpu-check-figures-gpu gpu-check-gpu-smoke:
 	$(if $(filter-out 0,$(.SHELLSTATUS)),$(error $(or $(patsubst error:%,%,$(problem)),$(GPU_PY) \
 		scripts/check_python.py $(@:gpu-check-%=%) failed)))
 
-figures-gpu: gpu-check-figures-gpu $(if $(filter jpeg,$(GPU_ONLY)),$(GPU_JPEG_DATA)/.complete)
-	$(if $(filter-out precision,$(GPU_ONLY)),$(GPU_PY) scripts/bench_gpu.py $(if $(filter jpeg,$(GPU_ONLY)),--jpeg \
-		$(GPU_JPEG_DATA)) --parts $(filter-out precision,$(GPU_ONLY)) --figures-data figures/data/gpu \
-		--runs runs/figures-gpu)
-	$(if $(filter precision,$(GPU_ONLY)),$(GPU_PY) scripts/bench_precision.py --csv figures/data/gpu/precision.csv \
-		--runs runs/figures-gpu/precision)
+figures-gpu: gpu-check-figures-gpu $(if $(filter table,$(GPU_ONLY)),$(GPU_JPEG_DATA)/.complete)
+	$(GPU_PY) scripts/bench_gpu.py $(if $(filter table,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) --parts $(GPU_ONLY) \
+		--figures-data figures/data/gpu --runs runs/figures-gpu
 	$(GPU_PY) scripts/plot_results.py
 
 gpu-smoke: gpu-check-gpu-smoke

@@ -1,125 +1,97 @@
-"""The GPU sweep: ResNet-50 at 224 px through every recipe, precision and layout, on 1 to all GPUs.
+"""The GPU table: ResNet-50 at 224 px in the set-ups a user chooses between, on one GPU; on a node with more,
+scaling over GPUs and the compression hooks over NCCL.
 
-    make figures-gpu                        # every part: data/imagenet-like-gpu, this script, bench_precision.py,
-                                            # plot_results.py
-    make figures-gpu ONLY=jpeg              # one part: synthetic, jpeg, compression or precision
-    python scripts/bench_gpu.py --jpeg DIR [--gpus 1 2 4 8] [--parts synthetic jpeg compression] [--list]
-    python scripts/bench_gpu.py --skip-measured --minutes 5 ...   # a lease's share (scripts/gpu_check.py)
+    make figures-gpu [ONLY=table]           # data/imagenet-like-gpu, this script's parts, plot_results.py
+    python scripts/bench_gpu.py --jpeg DIR [--parts table scaling compression] [--gpus 2 4 8] [--list]
+    python scripts/bench_gpu.py --jpeg DIR --skip-measured --minutes 7      # a lease's share (gpu_check.py)
 
-Three parts here (make figures-gpu's fourth, precision, is scripts/bench_precision.py on
-CUDA: each --opt-level, --channels-last and --compile, in the CPU table's form), each
-planned to finish within 9 minutes on one H100 (--list prints the runs and the
-estimate), for each number of GPUs (default 1, 2, 4, ... and all of them):
-  synthetic    --synthetic images (the GPUs' own speed): dp and ddp in fp32; apex at
-               O0 (fp32), O1 fp16 and O1 bf16, each with and without --channels-last
-  jpeg         the same on the JPEG folder (the CPU decodes: --decoder tensor, with the
-               recipes' default workers), and apex O1 fp16 with --channels-last once more
-               with --decoder gpu (nvjpeg decodes, the CPU only reads the files)
-  compression  on --synthetic images: the compression recipe's hooks over NCCL (none,
-               fp16, bf16, fp8-e4m3, fp8-e5m2, powersgd; the fp8s and powersgd with
-               --error-feedback too); skipped below 2 GPUs, with one line: one GPU
-               sends nothing, so its runs would measure nothing
-with a batch of 256 per GPU (a run that runs out of GPU memory is tried again at
-half its batch, down to 16), on the GPUs CUDA_VISIBLE_DEVICES lets it use (the
-first N of them), with loader workers (the synthetic images too: collating and
-pinning 38 MB of uint8 per step in the training process would slow it). Each run trains
-enough epochs for --min-steps timed steps. Its images/s is the recipes' own
-steady-state figure (every step after the first of each epoch, as in the CPU
-tables), the median over the epochs after the first, which pays for cuDNN's
-autotuning. Beside it, whole_epoch_images_per_s counts each epoch's loader start-up
-and first batch too: with many workers and short epochs, the batches they prepare
-while the first one loads flatter the steady figure of a run that waits for data.
-Both are kept, with the share of the time spent waiting for data. No --seed: it
-would select slower deterministic kernels; a small fixed --lr: throughput does not
-depend on it, and the synthetic labels must not make a run diverge. fp32
-convolutions run on TF32 tensor cores, as PyTorch allows by default. Each run's
-progress lines are printed as they come, prefixed with its name.
+  table        at 1 GPU, scripts/gpu_plan.py's set-ups in turn (--list: with the model's seconds): ddp fp32,
+               apex O0 + channels_last, O1 fp16 and bf16 with channels_last with and without --compile, on
+               --synthetic images; the bare loop (scripts/bare_loop.py) in fp32 and at the fastest of those;
+               that fastest on the JPEG folder under --decoder tensor and pil (every core but one decoding)
+               and gpu (nvjpeg)
+  scaling      ddp fp32 and the table's fastest set-up on 2, 4, ... and all GPUs (--synthetic)
+  compression  the compression recipe on 2, 4, ... GPUs (--synthetic): none, fp16, bf16, fp8-e4m3, fp8-e5m2,
+               powersgd, the fp8s and powersgd with --error-feedback too (on one GPU, it and scaling say in
+               one line that there is nothing to measure)
 
-Writes <figures-data>/throughput.csv and compression.csv (with the hardware) after
-every run, so a stopped sweep keeps what it measured (rows this invocation does not
-measure are kept); a run whose summary.json in runs/figures-gpu/ is complete is not
-trained again, nor a batch that ran out of memory; checkpoints are deleted once a
-run has finished; each part's minutes go into timings.csv (gpu-<part>).
-plot_results.py draws them into figures/gpu_*.png and the GPU section of RESULTS.md.
-Without CUDA, or without a package it needs, it says so in one line and exits 2.
+A recipe run trains 2 epochs through scripts/step_times.py, which times each step on the GPU: the first
+warms up (cuDNN's autotuning, compiling, the loader's start), the row is the second's steps after its first
+(--synthetic epochs: 30 steps per GPU; the JPEG folder: all of it). The bare loop times 30 steps after 10.
+A row: the median step and its 10th and 90th percentiles, images/s from the median step (all GPUs), the
+share of the timed epoch the host waited for the loader, the run's seconds beside the model's. Batch 256
+per GPU, halved while a run runs out of GPU memory (down to 16); no --seed (it would select slower
+deterministic kernels); --lr 0.01 for 256 (the synthetic labels must not make a run diverge).
 
-A lease of a GPU is short, so the sweep can go run by run: --skip-measured leaves out the
-runs that the CSVs already hold, and --minutes M starts a run only while --list's model
-says it ends within M minutes of the start (the runs left are named at the end; the next
-command goes on with them). --stand-in rehearses the plumbing on a CPU (scripts/gpu_check.py
---stand-in): the same plan and files, the runs made on the CPU with the flags given.
+Once the table is measured, the speed targets (gpu_plan.TARGETS): where one misses (--stand-in: each, to
+rehearse), its set-up runs again with the recipe's --profile, 5 steps in the middle of the last epoch, and
+the trace's summary (step_times.summarize) goes to profiles.json. The files are written after every run,
+other GPUs' and torch versions' rows kept (with --skip-measured this one's too, their runs left out).
+--minutes M (from this process's start) starts a run only while the model ends it within M minutes; the
+runs left are named, for the next command. --stand-in rehearses on a CPU (--decoder gpu as tensor).
+Without CUDA, or without a package it needs: one line, exit 2.
 """
 
-import argparse
-import csv
-import json
-import os
-import statistics
-import sys
 import time
-from pathlib import Path
+
+STARTED = time.time()  # (--minutes counts from here, before torch is imported)
+
+import argparse, json, os, re, shutil, sys  # noqa: E401,E402 (after the clock)
+from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts import check_python, measuring  # noqa: E402
-from scripts.gpu_plan import PARTS, epochs_for, estimated_minutes, gpu_counts, plan, train_images  # noqa: E402
+from scripts import check_python, gpu_plan, measuring, step_times  # noqa: E402
+from scripts.gpu_plan import (BARE_STEPS, COMPRESSION, PARTS, PROFILE_STEPS,  # noqa: E402
+                              SYNTHETIC_STEPS, Setup, graph, mine)
 
 SYNTHETIC_WORKERS = 4  # enough to collate in-memory images; they decode nothing
-THROUGHPUT_FIELDS = ["recipe", "data", "decoder", "precision", "channels_last", "gpus", "batch_size", "epochs",
-                    "images_per_s", "whole_epoch_images_per_s", "data_wait_share", "arch", "image_size", "workers",
-                    "cpu", "cores", "gpu", "torch"]
-COMPRESSION_FIELDS = ["method", "error_feedback", "gpus", "batch_size", "epochs", "images_per_s",
-                      "whole_epoch_images_per_s", "data_wait_share", "bytes_per_step", "compression_ratio", "arch",
-                      "image_size", "workers", "cpu", "cores", "gpu", "torch"]
+OUT_OF_MEMORY = ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED")
+COMPRESSED = Setup("recipe", "compression", "", "fp32", False, False)  # (its hooks: --compress METHOD)
+MACHINE = ["cpu", "cores", "gpu", "capability", "torch"]
+MEASURED = ["batch_size", "workers", "steps", "step_ms", "step_ms_p10", "step_ms_p90", "images_per_s",
+            "data_wait_share", "seconds", "model_seconds", "arch", "image_size"]
+TABLE_FIELDS = ["planned", "setup", "kind", "recipe", "decoder", "precision", "channels_last", "compile", "gpus",
+                *MEASURED, *MACHINE]
+COMPRESSION_FIELDS = ["method", "error_feedback", "gpus", "bytes_per_step", "compression_ratio", *MEASURED, *MACHINE]
 
 
 def parse_args(argv=None):
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jpeg", help="an ImageNet-style JPEG folder, for the jpeg part (make figures-gpu writes "
-                                       "data/imagenet-like-gpu)")
-    parser.add_argument("--gpus", type=int, nargs="+", help="numbers of GPUs (default: 1, 2, 4, ... and all)")
-    parser.add_argument("--parts", nargs="+", choices=PARTS,
-                        help="default: all of them (without --jpeg, all but jpeg)")
+    parser.add_argument("--jpeg", help="an ImageNet-style JPEG folder (make figures-gpu writes data/imagenet-like-gpu)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("--gpus", type=int, nargs="+", help="scaling and compression: numbers of GPUs (default: "
+                                                            "2, 4, ... and all)")
     parser.add_argument("-a", "--arch", default="resnet50")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("-b", "--batch-size", type=int, default=256, help="per GPU (default: 256)")
-    parser.add_argument("--min-steps", type=int, default=40,
-                        help="timed steps per run at least, in the epochs after the first (default: 40)")
-    parser.add_argument("-j", "--workers", type=int, help="loader workers per GPU on the JPEG folder (default: the "
-                                                          "recipes' own: the cores this process may use, shared "
-                                                          "between the GPUs, one left to each training process)")
-    parser.add_argument("--lr", type=float, default=0.01, help="for a batch of 256, as the recipes' (default: 0.01)")
     parser.add_argument("--figures-data", default="figures/data/gpu", help="where the CSVs go")
     parser.add_argument("--runs", default="runs/figures-gpu", help="where the run directories go")
-    parser.add_argument("--list", action="store_true", help="print each part's runs and estimated minutes, and exit")
-    parser.add_argument("--skip-measured", action="store_true", help="leave out the runs the CSVs already hold")
+    parser.add_argument("--list", action="store_true", help="print each part's runs and the model's seconds")
+    parser.add_argument("--skip-measured", action="store_true", help="leave out what this GPU and torch measured")
     parser.add_argument("--minutes", type=float, help="start a run only if the model ends it within these minutes")
-    parser.add_argument("--max-runs", type=int, help="at most this many runs")
     parser.add_argument("--stand-in", action="store_true", help="rehearse on a CPU: no CUDA needed")
     args = parser.parse_args(argv)
     for flag, value, low in (("--batch-size", args.batch_size, 1), ("--image-size", args.image_size, 8),
-                             ("--min-steps", args.min_steps, 1), ("--workers", args.workers, 0)):
-        if value is not None and value < low:
+                             *(("--gpus", n, 2) for n in args.gpus or [])):
+        if value < low:
             parser.error(f"{flag} must be at least {low}, got {value}")
-    if args.gpus and min(args.gpus) < 1:
-        parser.error(f"--gpus must be at least 1 each, got {args.gpus}")
     if args.jpeg and not (Path(args.jpeg) / "train").is_dir():
         parser.error(f"--jpeg {args.jpeg} has no train/ folder (make figures-gpu writes data/imagenet-like-gpu)")
-    args.parts = args.parts or [part for part in PARTS if part != "jpeg" or args.jpeg]
-    if "jpeg" in args.parts and not args.jpeg:
-        parser.error("the jpeg part needs --jpeg DIR (make figures-gpu writes data/imagenet-like-gpu)")
+    if "table" in args.parts and not args.jpeg and not args.list:
+        parser.error("the table needs --jpeg DIR for its JPEG rows (make figures-gpu writes data/imagenet-like-gpu)")
     return args
 
 
-def throughput(out, steps, images_per_step):
-    """(the recipe's steady images/s, whole-epoch images/s, share of the time spent waiting for data), each the
-    median over the epochs after the first."""
-    with open(out / "metrics.csv", newline="") as f:
-        rows = [row for row in csv.DictReader(f) if row["split"] == "train"][1:]
-    return (statistics.median(float(r["images_per_s"]) for r in rows),
-            statistics.median(steps * images_per_step / float(r["epoch_s"]) for r in rows),
-            statistics.median(float(r["data_s"]) / float(r["epoch_s"]) for r in rows))
+def machine(stand_in):
+    import torch
+
+    found = {key: value for key, value in measuring.hardware().items() if key in MACHINE}
+    if stand_in or not torch.cuda.is_available():
+        return {**found, "gpu": "none (a CPU standing in)", "capability": "cpu"}
+    return {**found, "gpu": torch.cuda.get_device_name(0),
+            "capability": ".".join(map(str, torch.cuda.get_device_capability(0)))}
 
 
 def visible_gpus(count):
@@ -129,141 +101,195 @@ def visible_gpus(count):
     return ",".join(ids[:count])
 
 
-def ran_out_of_memory(out, launch):
-    """Whether out holds this very launch, failed for want of GPU memory (kept, so a restart does not retry it)."""
-    try:
-        return (json.loads((out / "launch.json").read_text()) == launch
-                and "out of memory" in (out / "failed.log").read_text())
-    except (OSError, ValueError):
-        return False
-
-
-def train(args, name, recipe, gpus, data, flags, cores):
-    """One run, at batch 256 per GPU or the largest half of it that fits; returns what the CSV rows need."""
-    batch = args.batch_size
-    processes = 1 if recipe == "dp" else gpus  # DataParallel: one process drives every GPU
-    threads = max(1, cores // processes)
-    if data == "synthetic":
-        workers_per_gpu = min(SYNTHETIC_WORKERS, max(1, cores // gpus))
-    else:  # (the recipes' default on CUDA)
-        workers_per_gpu = args.workers if args.workers is not None else max(1, cores // gpus - 1)
-    workers = workers_per_gpu * gpus // processes  # dp's one process loads for every GPU
-    data_flags = ["--synthetic"] if data == "synthetic" else [args.jpeg]
-    env = {"CUDA_VISIBLE_DEVICES": "" if args.stand_in else visible_gpus(gpus)}
+def run_setup(args, name, setup, gpus, cores, extra=(), profile=False, batch=None):
+    """One run of a set-up at batch 256 per GPU (or `batch`) or the largest half of it that fits: the row's measured
+    fields and the run directory."""
+    batch, env = batch or args.batch_size, {"CUDA_VISIBLE_DEVICES": "" if args.stand_in else visible_gpus(gpus)}
+    workers = SYNTHETIC_WORKERS if not setup.decoder else max(1, cores // gpus - 1)
     while True:
-        epochs, steps = epochs_for(train_images(args, data), gpus, batch, args.min_steps)
-        per_process = batch * gpus if recipe == "dp" else batch  # dp splits one batch between its GPUs
-        run_flags = [*data_flags, "-j", str(workers), "-a", args.arch, "--image-size", str(args.image_size),
-                     "-b", str(per_process), "--lr", str(args.lr), "--epochs", str(epochs), "-p", "10", *flags]
-        out = Path(args.runs) / f"{name}-b{batch}"
-        launch = measuring.launch_of(recipe, processes, run_flags, env, threads)
-        summary = None if ran_out_of_memory(out, launch) else measuring.train(
-            recipe, processes, run_flags, out, threads, env, check=False, echo=name)
-        if summary is not None:
-            for checkpoint in out.glob("*.pt"):  # 200 MB each for ResNet-50; the sweep needs only the metrics
-                checkpoint.unlink()
-            rate, whole_epoch_rate, waiting = throughput(out, steps, batch * gpus)
-            return {"summary": summary, "batch_size": batch, "epochs": epochs, "images_per_s": round(rate, 1),
-                    "whole_epoch_images_per_s": round(whole_epoch_rate, 1), "data_wait_share": round(waiting, 4),
-                    "workers": workers}
+        out = Path(args.runs) / re.sub(r"[^\w.]+", "-", f"{'profile ' if profile else ''}{name} {gpus}gpu b{batch}")
+        shutil.rmtree(out, ignore_errors=True)  # (a run of another GPU or torch is no row of this one's)
+        if setup.kind == "bare":
+            flags = ["-a", args.arch, "--image-size", args.image_size, "-b", batch, *gpu_plan.recipe_flags(setup),
+                     "--warmup", BARE_STEPS["warmup"], "--steps", BARE_STEPS["timed"], "--json", out / "steps.json"]
+            out.mkdir(parents=True)
+            started = time.perf_counter()
+            result = measuring.run(1, [str(ROOT / "scripts" / "bare_loop.py"), *map(str, flags)], cores, env,
+                                   check=False, echo=name)
+            measuring.note_trained(out, time.perf_counter() - started)
+            if result.returncode:
+                (out / "failed.log").write_text(result.stdout)
+            ok = result.returncode == 0
+        else:
+            decoder = "tensor" if args.stand_in and setup.decoder == "gpu" else setup.decoder  # (no nvjpeg there)
+            data = [args.jpeg, "--decoder", decoder] if decoder else ["--synthetic"]
+            flags = [*data, "-j", workers, "-a", args.arch, "--image-size", args.image_size, "-b", batch, "--lr",
+                     0.01, "--epochs", 2, "-p", 1000, *gpu_plan.recipe_flags(setup), *extra,
+                     *(["--profile", PROFILE_STEPS] if profile else [])]
+            launcher = [ROOT / "scripts" / "step_times.py", "--epoch-images", SYNTHETIC_STEPS * batch * gpus,
+                        "--val-images", batch * gpus, *(["--profile-last-epoch"] if profile else [])]
+            ok = measuring.train(setup.recipe, gpus, flags, out, max(1, cores // gpus), env, check=False, echo=name,
+                                 launcher=launcher) is not None
+        if ok:
+            break
         log = (out / "failed.log").read_text()
-        if "out of memory" not in log or batch <= 16:
-            sys.exit(f"error: {recipe} {' '.join(run_flags)} failed:\n{log[-3000:]}")
+        if not any(oom in log for oom in OUT_OF_MEMORY) or batch <= 16:
+            sys.exit(f"error: {name} failed:\n{log[-3000:]}")
         print(f"{name}: out of GPU memory at batch {batch} per GPU; trying {batch // 2}", flush=True)
         batch //= 2
+    for checkpoint in out.glob("*.pt"):  # 200 MB each for ResNet-50; the table needs only the step times
+        checkpoint.unlink()
+    found = json.loads((out / "steps.json").read_text())
+    seconds = found["steps"] if setup.kind == "bare" else found["epochs"][-1]
+    if len(seconds) < 2:
+        sys.exit(f"error: {name} timed {len(seconds)} step(s): an epoch needs 3 steps or more (a larger folder or -b)")
+    if setup.kind == "bare":  # (a recipe stops by itself when its loss is not finite)
+        wait = 0.0
+        if not abs(found["ran"]["loss"]) < float("inf"):
+            sys.exit(f"error: {name}: the bare loop's loss is {found['ran']['loss']}")
+    else:
+        last = [r for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train"][-1]
+        wait = float(last["data_s"]) / float(last["epoch_s"])
+    return {"batch_size": batch, "workers": 0 if setup.kind == "bare" else workers,
+            **step_times.stats(seconds, batch * gpus), "data_wait_share": round(wait, 4),
+            "seconds": float((out / "launch_seconds").read_text()),
+            "arch": args.arch, "image_size": args.image_size}, out
 
 
-def part_of(row):
-    """The part that measured a row of throughput.csv or compression.csv."""
-    return row.get("data", "compression")
+def table_row(planned, name, setup, gpus, row):
+    """A row of table.csv: the set-up as the plan names it and as it ran, and what it measured."""
+    return {"planned": planned, "setup": name, **setup._asdict(), "channels_last": int(setup.channels_last),
+            "compile": int(setup.compile), "gpus": str(gpus), **row}
 
 
-def kept_rows(path, counts, parts, every=False):
-    """The rows of an earlier sweep that this one does not measure again: other GPU counts, other parts (every:
-    all of them, --skip-measured)."""
-    if not path.exists():
-        return []
-    return [r for r in measuring.read_csv(path) if every or int(r["gpus"]) not in counts or part_of(r) not in parts]
+def measure_table(args, found, here, cores, decode, images_of, fits, compiled):
+    """The table's set-ups at 1 GPU not measured yet, in turn; once all are, a profile for each target missed.
+    compiled: the graphs this command compiled already (what its Inductor cache holds: a later lease's machine
+    starts with none)."""
+    for setup in gpu_plan.TABLE:
+        planned, rows = gpu_plan.setup_name(setup), mine(found["table"], here)
+        done = {r["planned"] for r in rows if r["gpus"] == "1"}
+        complete = all(gpu_plan.setup_name(s) in done for s in gpu_plan.TABLE if s.kind == "recipe" and
+                       s.precision is not gpu_plan.FASTEST)  # (the fastest is known once each of them is measured)
+        resolved = gpu_plan.resolve(setup, gpu_plan.fastest_of(rows) if complete else None)
+        if planned in done:
+            continue
+        model = resolved and gpu_plan.model_seconds(resolved, images_of(setup), cores, decode,
+                                                    resolved.compile and graph(resolved) in compiled)
+        if not fits(planned, model):
+            continue
+        name = gpu_plan.setup_name(resolved)
+        row, _ = run_setup(args, name, resolved, 1, cores)
+        compiled |= {graph(resolved)} if resolved.compile else set()
+        found["table"].append(table_row(planned, name, resolved, 1, {**row, "model_seconds": round(model, 1), **here}))
+        save(args, found)
+        print(f"{name:>60}: {row['images_per_s']:8.1f} images/s (median step {row['step_ms']:.1f} ms, data wait "
+              f"{100 * row['data_wait_share']:.0f} %)", flush=True)
+    rows = [r for r in mine(found["table"], here) if r["gpus"] == "1"]
+    if {r["planned"] for r in rows} < {gpu_plan.setup_name(s) for s in gpu_plan.TABLE}:
+        return  # (a target read off part of the table could be another's once it is all measured)
+    for target, value, met, setup in gpu_plan.targets_of(rows):
+        name = setup and gpu_plan.setup_name(setup)
+        if setup is None or met and not args.stand_in or name in {p["setup"] for p in mine(found["profiles"], here)}:
+            continue
+        if not fits(f"the profile of {name}", gpu_plan.model_seconds(
+                setup, images_of(setup), cores, decode, setup.compile and graph(setup) in compiled, profile=True)):
+            continue
+        batch = next(int(r["batch_size"]) for r in rows if r["setup"] == name)
+        _, out = run_setup(args, name, setup, 1, cores, profile=True, batch=batch)
+        compiled |= {graph(setup)} if setup.compile else set()
+        found["profiles"].append({"setup": name, "target": target, "value": value, **here,
+                                  **step_times.summarize(out / "profile", PROFILE_STEPS)})
+        save(args, found)
+        print(f"{name}: profiled, its {target} target {'met' if met else 'missed'}", flush=True)
 
 
-def key(row):
-    """What a row measured: (the recipe, data, decoder, precision and channels_last; or the method and error
-    feedback), the GPUs."""
-    if "method" in row:
-        return str(row["method"]), str(row["error_feedback"]), str(row["gpus"])
-    return (str(row["recipe"]), str(row["data"]), str(row["decoder"]), str(row["precision"]),
-            str(row["channels_last"]), str(row["gpus"]))
+def measure_beyond_one(args, part, found, here, counts, cores, decode, images_of, fits, compiled):
+    """scaling: ddp fp32 and the fastest set-up on 2, 4, ... GPUs; compression: each method of the hooks."""
+    if part == "scaling":
+        fastest = gpu_plan.fastest_of(mine(found["table"], here)) or gpu_plan.assumed_fastest()
+        runs = [(gpu_plan.setup_name(setup), setup, []) for setup in (gpu_plan.TABLE[0], fastest)]
+    else:
+        runs = [(f"compression {method}{' + error feedback' if ef else ''}", COMPRESSED,
+                 ["--compress", method, *(["--error-feedback"] if ef else [])]) for method, ef in COMPRESSION]
+    done = ({(r["setup"], r["gpus"]) for r in mine(found["table"], here)} |
+            {(f"compression {r['method']}{' + error feedback' if r['error_feedback'] == '1' else ''}", r["gpus"])
+             for r in mine(found["compression"], here)})
+    for gpus in counts:
+        for name, setup, extra in runs:
+            model = gpu_plan.model_seconds(setup, images_of(setup), cores, decode, graph(setup) in compiled)
+            if (name, str(gpus)) in done or not fits(f"{name} on {gpus} GPUs", model):
+                continue
+            row, out = run_setup(args, name, setup, gpus, cores, extra)
+            compiled |= {graph(setup)} if setup.compile else set()
+            row.update(model_seconds=round(model, 1), **here)
+            if part == "scaling":
+                found["table"].append(table_row(name, name, setup, gpus, row))
+            else:
+                summary = json.loads((out / "summary.json").read_text())
+                found["compression"].append({"method": extra[1], "error_feedback": int(len(extra) > 2), "gpus": gpus,
+                                             "bytes_per_step": round(summary.get("bytes_per_step") or 0),
+                                             "compression_ratio": round(summary.get("compression_ratio") or 0, 3),
+                                             **row})
+            save(args, found)
 
 
-def planned_key(part, recipe, gpus, data, decoder, variant, flag):
-    if part == "compression":
-        return str(variant), str(int(flag)), str(gpus)
-    return recipe, data, decoder, variant, str(int(flag)), str(gpus)
+def save(args, found):
+    """table.csv, compression.csv (once it has rows) and profiles.json, as they stand."""
+    figures_data = Path(args.figures_data)
+    measuring.write_csv(figures_data / "table.csv", TABLE_FIELDS, found["table"])
+    if found["compression"]:
+        measuring.write_csv(figures_data / "compression.csv", COMPRESSION_FIELDS, found["compression"])
+    (figures_data / "profiles.json").write_text(json.dumps(found["profiles"], indent=2) + "\n")
 
 
 def main(argv=None):
     args = parse_args(argv)
+    cores, decode = measuring.usable_cores(), gpu_plan.decode_per_worker(ROOT / "figures" / "data" / "io.csv")
+    jpeg = gpu_plan.jpeg_images(args.jpeg or "", args.batch_size)
     if args.list:
         import torch
 
-        counts = gpu_counts(max(torch.cuda.device_count(), 1), args.gpus)
-        runs, skipped = plan(args, counts)
-        cores = measuring.usable_cores()
-        for part in args.parts:
-            minutes = estimated_minutes(args, runs.get(part, []), cores)
-            print(f"{part}: {len(runs.get(part, []))} run(s), about {minutes:.1f} min by the model of --list (H100s)"
-                  f"{'; ' + skipped[part] if part in skipped else ''}")
-            for name, recipe, gpus, data, *_, flags in runs.get(part, []):
-                print(f"  {name:36s} {recipe} on {gpus} GPU(s), {data}: {' '.join(flags)}")
-        return
-    # (one line and exit 2 without CUDA or a package it needs)
-    check_python.require("figures-gpu", gpu=not args.stand_in)
+        return gpu_plan.print_plan(cores, decode, jpeg, gpu_plan.gpu_counts(torch.cuda.device_count(), args.gpus))
+    check_python.require("figures-gpu", gpu=not args.stand_in)  # (one line and exit 2 without CUDA or a package)
     import torch
 
-    counts = gpu_counts(1 if args.stand_in else torch.cuda.device_count(), args.gpus)
-    cores = measuring.usable_cores()
-    machine = measuring.hardware()
-    if args.stand_in:
-        machine["gpu"] = "none (a CPU standing in)"
-    common = {"arch": args.arch, "image_size": args.image_size, **machine}
-    figures_data = Path(args.figures_data)
-    throughput_rows = kept_rows(figures_data / "throughput.csv", counts, args.parts, args.skip_measured)
-    compression_rows = kept_rows(figures_data / "compression.csv", counts, args.parts, args.skip_measured)
-    measured_keys = {key(r) for r in throughput_rows + compression_rows} if args.skip_measured else set()
-    runs, skipped = plan(args, counts)
-    begun, trained, left = time.time(), 0, []
+    here, figures_data = machine(args.stand_in), Path(args.figures_data)
+    counts = gpu_plan.gpu_counts(1 if args.stand_in else torch.cuda.device_count(), args.gpus)
+    found = {name: measuring.read_csv(figures_data / f"{name}.csv") if (figures_data / f"{name}.csv").exists()
+             else [] for name in ("table", "compression")}
+    found["profiles"] = gpu_plan.read_json(figures_data / "profiles.json", [])
+    if not args.skip_measured:  # what this GPU and torch measured, measured afresh
+        again = {"table": lambda r: r["gpus"] == "1", "scaling": lambda r: r["gpus"] != "1"}
+        found["table"] = [r for r in found["table"] if r not in mine(found["table"], here) or
+                          not any(again[part](r) for part in args.parts if part in again)]
+        if "compression" in args.parts:
+            found["compression"] = [r for r in found["compression"] if r not in mine(found["compression"], here)]
+        if "table" in args.parts:
+            found["profiles"] = [p for p in found["profiles"] if p not in mine(found["profiles"], here)]
+    begun, left, compiled = STARTED, [], set()  # compiled: the graphs this command compiled (its Inductor cache)
+    images_of = lambda setup: jpeg if setup.decoder else (SYNTHETIC_STEPS * args.batch_size, args.batch_size)  # noqa
+
+    def fits(name, seconds):
+        """Whether the model ends a run of `seconds` within --minutes (None: it cannot run yet); if not, it is left
+        for the next command."""
+        if seconds is None or args.minutes is not None and time.time() - begun + seconds > 60 * args.minutes:
+            left.append(name)
+            return False
+        return True
+
     for part in args.parts:
         started = time.time()
         measuring.counts.update(trained=0, reused=0, reused_s=0.0)
-        if part in skipped:
-            print(skipped[part], flush=True)
-        for planned in runs.get(part, []):
-            name, recipe, gpus, data, decoder, variant, flag, flags = planned
-            if planned_key(part, recipe, gpus, data, decoder, variant, flag) in measured_keys:
-                continue
-            minutes = estimated_minutes(args, [planned], cores)
-            if (args.max_runs is not None and trained >= args.max_runs or args.minutes is not None
-                    and (time.time() - begun) / 60 + minutes > args.minutes):
-                left.append(name)
-                continue
-            trained += 1
-            measured = train(args, name, recipe, gpus, data, flags, cores)
-            summary = measured.pop("summary")
-            if part == "compression":
-                compression_rows.append({"method": variant, "error_feedback": int(flag), "gpus": gpus,
-                                         "bytes_per_step": round(summary.get("bytes_per_step") or 0),
-                                         "compression_ratio": round(summary.get("compression_ratio") or 0, 3),
-                                         **measured, **common})
-                measuring.write_csv(figures_data / "compression.csv", COMPRESSION_FIELDS, compression_rows)
-            else:
-                throughput_rows.append({"recipe": recipe, "data": data, "decoder": decoder, "precision": variant,
-                                       "channels_last": int(flag), "gpus": gpus, **measured, **common})
-                measuring.write_csv(figures_data / "throughput.csv", THROUGHPUT_FIELDS, throughput_rows)
-            print(f"{name:>36}: {measured['images_per_s']:8.1f} images/s (batch {measured['batch_size']} per "
-                  f"GPU, data wait {100 * measured['data_wait_share']:.0f} %)", flush=True)
-        if runs.get(part) and measuring.counts["trained"] + measuring.counts["reused"]:
+        if part == "table":
+            measure_table(args, found, here, cores, decode, images_of, fits, compiled)
+        elif counts:
+            measure_beyond_one(args, part, found, here, counts, cores, decode, images_of, fits, compiled)
+        else:
+            print(f"{part}: skipped: {gpu_plan.ONE_GPU}", flush=True)
+        if measuring.counts["trained"] + measuring.counts["reused"]:
             measuring.record_part(figures_data, f"gpu-{part}", started)
-    print(f"wrote {figures_data}/" + (f"; left for the next command ({len(left)}): {' '.join(left)}" if left else
+    print(f"wrote {figures_data}/" + (f"; left for the next command ({len(left)}): {'; '.join(left)}" if left else
                                       "; every planned run is measured"), flush=True)
 
 

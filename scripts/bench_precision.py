@@ -2,7 +2,6 @@
 
     python scripts/bench_precision.py          # ResNet-18 at 112 px: writes figures/data/precision.csv, .json
     python scripts/bench_precision.py --quick  # lenet at 16 px, fewer set-ups, one round (for tests)
-    make figures-gpu ONLY=precision            # on CUDA: ResNet-50 at 224 px into figures/data/gpu/precision.*
 
 Set-ups, at 1 process (all the cores' threads) and at 2 (the cores shared); on CUDA, one process per GPU,
 at 1 GPU and at 2 where there are 2 (the GPUs CUDA_VISIBLE_DEVICES lets it use, the first N of them):
@@ -25,10 +24,8 @@ step in the training process would slow it, as in bench_gpu.py), and a GPU with 
 needs a lower one. The runs go to runs/figures/precision/<set-up>-<N>p/round<R>; a run whose summary.json
 is complete is not trained again. The CSV and JSON are written after every run.
 
-A GPU is often lent for minutes (scripts/gpu_check.py): --skip-measured keeps the CSV's rows made on the same
-GPU and torch and leaves out the runs they hold, --minutes M starts a run only while bench_gpu.py's model of
-an H100 (plus the compile's seconds, cold until a compiled run filled the cache) says it ends within M
-minutes of the start, and --max-runs caps the runs; the runs left are named.
+On a GPU lent for minutes, the GPU table (scripts/bench_gpu.py, make gpu-check) answers the same question
+in one run of each set-up, timing its steps on the GPU; RESULTS.md's GPU form of this table is drawn from it.
 """
 
 import argparse
@@ -43,7 +40,6 @@ sys.path.insert(0, str(ROOT))
 
 from scripts import measuring  # noqa: E402
 from scripts.bench_gpu import SYNTHETIC_WORKERS, visible_gpus  # noqa: E402
-from scripts.gpu_plan import MODEL_IMAGES_PER_S, MODEL_START_S  # noqa: E402
 
 FIELDS = ["setup", "recipe", "opt_level", "precision", "channels_last", "compile", "processes", "threads", "round",
           "images_per_s", "epoch_s", "arch", "image_size", "batch_size", "steps", "workers", "cpu", "cores",
@@ -51,9 +47,6 @@ FIELDS = ["setup", "recipe", "opt_level", "precision", "channels_last", "compile
 FULL = {"arch": "resnet18", "image_size": 112, "batch_size": 32, "steps": 12, "workers": 0}
 GPU = {"arch": "resnet50", "image_size": 224, "batch_size": 256, "steps": 20, "workers": SYNTHETIC_WORKERS}
 QUICK = {"arch": "lenet", "image_size": 16, "batch_size": 8, "steps": 4, "workers": 0}
-# --minutes' model adds a compile's seconds (ResNet-50 forward and backward, TorchInductor): cold in the first
-# round, from the shared cache after it
-MODEL_COMPILE_S = {"cold": 90, "warm": 30}
 
 
 def launch(argv):
@@ -99,15 +92,6 @@ def run_name(setup, processes):
     return f"{setup.replace(' + ', '-').replace(' ', '-')}-{processes}p"
 
 
-def estimated_minutes(model, run, warm):
-    """--minutes' model of one run on H100s (scripts/gpu_plan.py), its start-up and a compile included (warm: with
-    a TorchInductor cache that an earlier compiled run of the same machine filled)."""
-    _, processes, (_, _, _, dtype, _, compiled) = run
-    images = model["steps"] * model["batch_size"]  # per process, each on its own GPU
-    seconds = MODEL_START_S + images / MODEL_IMAGES_PER_S[dtype or "fp32"]
-    return (seconds + (MODEL_COMPILE_S["warm" if warm else "cold"] if compiled else 0)) / 60
-
-
 def parse_args():
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="lenet at 16 px: O0, O1 bf16 and ddp, one round")
@@ -117,12 +101,9 @@ def parse_args():
     parser.add_argument("--processes", type=int, nargs="+", help="default: 1 and 2 (on CUDA: the GPUs, 2 at most)")
     parser.add_argument("--csv", default="figures/data/precision.csv")
     parser.add_argument("--runs", default="runs/figures/precision", help="where the run directories go")
-    parser.add_argument("--skip-measured", action="store_true", help="keep the CSV's rows; leave out their runs")
-    parser.add_argument("--minutes", type=float, help="start a run only if the model ends it within these minutes")
-    parser.add_argument("--max-runs", type=int, help="at most this many runs")
     args = parser.parse_args()
     for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--repeats", args.repeats),
-                        ("--max-runs", args.max_runs), *(("--processes", n) for n in args.processes or [])):
+                        *(("--processes", n) for n in args.processes or [])):
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
     return args
@@ -152,19 +133,9 @@ def main():
     info = {"native_bf16": native_bf16, "native_fp16": native_fp16, "left_out": left_out, "repeats": repeats,
             **model, "hardware": machine}
     out_csv, runs = Path(args.csv), Path(args.runs)
-    rows = [r for r in measuring.read_csv(out_csv) if r["gpu"] == str(machine["gpu"] or "") and
-            r["torch"] == machine["torch"]] if args.skip_measured and out_csv.exists() else []  # (one machine's)
-    done = {(r["setup"], int(r["processes"]), int(r["round"])) for r in rows}
-    cache, begun, taken, left = (runs / "inductor-cache").resolve(), time.time(), 0, []
-    for run in planned(args.quick, native_bf16, native_fp16, counts, repeats):
-        round_, processes, (name, recipe, level, dtype, channels_last, compiled) = run
-        if (name, processes, round_) in done:
-            continue
-        if (args.max_runs is not None and taken >= args.max_runs or args.minutes is not None
-                and (time.time() - begun) / 60 + estimated_minutes(model, run, cache.exists()) > args.minutes):
-            left.append(f"{run_name(name, processes)}/round{round_}")
-            continue
-        taken += 1
+    rows, cache = [], (runs / "inductor-cache").resolve()
+    for round_, processes, (name, recipe, level, dtype, channels_last, compiled) in planned(
+            args.quick, native_bf16, native_fp16, counts, repeats):
         threads = max(1, measuring.usable_cores() // processes)
         batch = model["batch_size"]
         launcher = [__file__, "--launch", model["steps"] * batch * processes, batch * processes]
@@ -188,10 +159,8 @@ def main():
               f"{rows[-1]['images_per_s']:8.1f} images/s", flush=True)
     for line in left_out:
         print(f"left out: {line}")
-    print((f"wrote {out_csv}" if taken else "measured nothing") +
-          (f"; left for the next command ({len(left)}): {' '.join(left)}" if left else ""))
-    if taken:
-        measuring.record_part(out_csv.parent, "gpu-precision" if cuda else "precision", started)
+    print(f"wrote {out_csv}")
+    measuring.record_part(out_csv.parent, "precision", started)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,15 @@ it, the tests that must catch it."""
 
 PRECISION_TEST = ("tests/test_benchmarks.py::test_bench_precision_runs_each_precision_it_names_and_says_what_the_"
                   "cpu_has")
-PRECISION_GPU_TEST = ("tests/test_gpu_plan.py::test_the_precision_part_on_gpus_runs_fp16_and_bf16_per_gpu_and_goes_"
-                      "on_where_a_lease_stopped")
+PRECISION_GPU_TEST = ("tests/test_gpu_plan.py::test_the_precision_part_on_gpus_runs_fp16_and_bf16_and_a_process_"
+                      "per_gpu")
 PIPEDREAM_TEST = ("tests/test_pipeline.py::test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_plain_"
                   "reference_does")
 NAIVE_ASYNC_TEST = ("tests/test_ps.py::test_local_steps_with_one_worker_train_nds_model_and_naive_async_moves_alpha_"
                     "of_it")
+GPU_TABLE_TEST = ("tests/test_gpu_plan.py::test_bench_gpu_measures_each_set_up_once_per_gpu_and_torch_and_profiles_"
+                  "the_targets_it_misses")
+BARE_LOOP_TEST = "tests/test_gpu_plan.py::test_the_bare_loop_is_plain_pytorch_in_the_set_up_it_is_given"
 HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives"
 
 # name, the file, the text switched off, what replaces it, the tests that must catch it
@@ -186,10 +189,34 @@ BREAKS = [
     dict(name="hetpipe-with-a-barrier", file="recipes/pipeline/hetpipe.py",
          old='bound = float("inf") if args.staleness is None', new='bound = 0 if args.staleness is None',
          tests=["tests/test_pipeline.py::test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked"]),
-    # the same part on GPUs (make figures-gpu ONLY=precision): fp16 where every CUDA GPU runs it, a GPU per process
+    # the same part on GPUs (make figures on a CUDA machine): fp16 where every CUDA GPU runs it, a GPU per process
     dict(name="precision-gpu-without-fp16", file="scripts/bench_precision.py",
          old='return dtype == "fp16" or torch.cuda.is_bf16_supported()',
          new='return dtype != "fp16" and torch.cuda.is_bf16_supported()', tests=[PRECISION_GPU_TEST]),
     dict(name="precision-gpus-all-on-the-first", file="scripts/bench_precision.py",
          old='visible_gpus(processes)', new='visible_gpus(1)', tests=[PRECISION_GPU_TEST]),
+    # the GPU table (make gpu-check): every set-up planned, the smoke's passes kept for a GPU of the same compute
+    # capability, a bare loop that is bare and runs its set-up, the timed epoch, the fastest set-up
+    dict(name="gpu-table-leaves-a-set-up-out", file="scripts/gpu_plan.py",
+         old='         Setup("recipe", "apex", "", "bf16", True, True),\n', new="",
+         tests=["tests/test_gpu_plan.py::test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command"]),
+    dict(name="smoke-again-on-a-gpu-of-the-same-capability", file="scripts/gpu_smoke.py",
+         old='(report.get("capability"), report.get("torch")) != (capability', new='(report.get("device"), '
+         'report.get("torch")) != (capability',
+         tests=["tests/test_gpu_plan.py::test_the_smoke_s_passes_hold_on_a_gpu_of_the_same_compute_capability_and_"
+                "torch"]),
+    dict(name="bare-loop-goes-through-the-recipes", file="scripts/bare_loop.py",
+         old="from recipes.common.models import build_model  # noqa",
+         new="from recipes.common import bookkeeping  # noqa: E402,F401\n"
+             "from recipes.common.models import build_model  # noqa",
+         tests=[BARE_LOOP_TEST]),
+    dict(name="bare-loop-ignores-its-layout", file="scripts/bare_loop.py",
+         old="layout = torch.channels_last if args.channels_last else torch.contiguous_format",
+         new="layout = torch.contiguous_format", tests=[BARE_LOOP_TEST]),
+    dict(name="bare-loop-row-runs-the-recipe", file="scripts/bench_gpu.py", old='        if setup.kind == "bare":\n'
+         '            flags =', new='        if False:\n            flags =', tests=[GPU_TABLE_TEST]),
+    dict(name="table-times-the-warm-up-epoch", file="scripts/bench_gpu.py", old='else found["epochs"][-1]',
+         new='else found["epochs"][0]', tests=[GPU_TABLE_TEST]),
+    dict(name="fastest-set-up-is-the-slowest", file="scripts/gpu_plan.py",
+         old='return setup_of(max(candidates,', new='return setup_of(min(candidates,', tests=[GPU_TABLE_TEST]),
 ]

@@ -6,25 +6,28 @@
 
 1. Preflight: the wheels in .wheels/ installed into runs/gpu-check/site (pip, no index, no
    dependencies) for this run's processes; then Python, torch, torchvision, CUDA, the driver
-   and the GPU, and each package the checks need and this Python lacks, one line each.
+   and the GPU (its compute capability too), and each package the checks need and this
+   Python lacks, one line each.
 2. gpu-smoke (scripts/gpu_smoke.py), each check cut at --check-timeout seconds; the checks
-   figures/data/gpu/smoke.json already holds as passed on this GPU and torch are left out
-   (--smoke runs them all again), so that a smoke cut at the deadline goes on in the next
-   lease.
-3. The figures-gpu runs not yet in figures/data/gpu/ that fit in the minutes left, by the
-   model of bench_gpu.py --list (data/imagenet-like-gpu written first on every core, once),
-   the sweep cut at the deadline whatever the model said; then, in the minutes still left,
-   the precision part's next runs (bench_precision.py, at 1 GPU).
+   figures/data/gpu/smoke.json holds as passed on a GPU of the same compute capability and
+   the same torch are left out (--smoke runs them all again): an H100's passes hold on an
+   H200, and a smoke cut at the deadline goes on in the next command.
+3. The GPU table (scripts/bench_gpu.py --parts table): its set-ups not yet measured on this
+   GPU and torch that the model says fit in the minutes left (data/imagenet-like-gpu written
+   first on every core, once), then, once all are measured, a profile of each speed target
+   that missed, in the minutes left; the whole cut at the deadline whatever the model said.
+   What is left is named; the next command goes on with it.
 Everything goes under runs/gpu-check/ (preflight.json, the runs), then into
-figures/data/gpu/ and RESULTS.md's GPU section (plot_results.py). --archive FILE packs
-those into one .tar.gz, for a machine whose results come back as files. --plan prints,
-without running anything, what each lease measures by the model.
+figures/data/gpu/ and RESULTS.md (plot_results.py). --archive FILE packs those into one
+.tar.gz, for a machine whose results come back as files. --plan prints, without running
+anything, what the command runs on a GPU whose table is not measured yet, by the model, and
+the seconds a GPU measured for each set-up where one did.
 
---stand-in: the same steps on a CPU, as CI rehearses them: gpu_smoke.py --stand-in, and
-two of the sweep's planned runs and two of the precision part's made with lenet at 16 px on
-the CPU; everything is written under runs/gpu-check/ (its figures/data/gpu/ and RESULTS.md),
+--stand-in: the same steps on a CPU, as CI rehearses them: gpu_smoke.py --stand-in, then the
+whole table with lenet at 16 px on a small JPEG folder (and a profile of every target, met or
+not); everything is written under runs/gpu-check/ (its figures/data/gpu/ and RESULTS.md),
 never into the committed ones.
-Exits 1 when a check failed, 2 when the preflight found something missing.
+Exits 1 when a check or a run failed, 2 when the preflight found something missing.
 """
 
 import argparse
@@ -41,17 +44,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts import check_python, measuring  # noqa: E402
+from scripts import check_python, gpu_plan, measuring  # noqa: E402
 
 OUT = ROOT / "runs" / "gpu-check"
 WHEELS = ROOT / ".wheels"
 GPU_DATA = ROOT / "figures" / "data" / "gpu"
 JPEG = ROOT / "data" / "imagenet-like-gpu"
-STAND_IN_RUNS = ["-a", "lenet", "--image-size", "16", "-b", "64", "--min-steps", "2", "--max-runs", "2"]
-STAND_IN_PRECISION = ["--quick", "--max-runs", "2"]
-# a gpu-smoke check's seconds on one GPU where smoke.json holds none measured: each check's start-up (a CUDA
-# context, imports, cuDNN's autotuning) and a few steps, two runs for the resumed ones
-SMOKE_CHECK_S = 15
+JPEG_SIZE = {"gpu": ["--classes", "100", "--images", "250"], "stand-in": ["--classes", "4", "--images", "40"]}
+STAND_IN_RUNS = ["-a", "lenet", "--image-size", "16", "-b", "8"]
+# the model's seconds of what is not a set-up: a smoke check where smoke.json holds none measured (a CUDA
+# context, imports, cuDNN's autotuning and a few steps; two runs for the resumed ones); the preflight with its
+# wheels, the smoke's start with nothing to run, the JPEG folder (25,000 files at 2 ms each on 16 cores) and
+# the figures (4 s here); the deadline's margin, in which the figures are drawn and the archive packed
+SMOKE_CHECK_S, FIXED_S, MARGIN_S = 15, 30, 20
 
 
 def parse_args(argv=None):
@@ -63,7 +68,7 @@ def parse_args(argv=None):
     parser.add_argument("--smoke", action="store_true", help="run every gpu-smoke check, passed already or not")
     parser.add_argument("--stand-in", action="store_true", help="rehearse on a CPU, into runs/gpu-check/ only")
     parser.add_argument("--archive", help="pack what was measured into this .tar.gz")
-    parser.add_argument("--plan", action="store_true", help="print what each lease measures, by the model")
+    parser.add_argument("--plan", action="store_true", help="print what the command runs, by the model")
     args = parser.parse_args(argv)
     args.minutes = args.minutes or (30 if args.stand_in else 9)
     if args.minutes <= 0 or args.check_timeout <= 0:
@@ -99,7 +104,7 @@ def preflight(args, wheels):
         except (OSError, IndexError, subprocess.TimeoutExpired):
             found["driver"] = None
     else:
-        found["gpu"] = "none (a CPU standing in)"
+        found["gpu"], found["capability"] = "none (a CPU standing in)", "cpu"
     return found
 
 
@@ -113,60 +118,68 @@ def run_limited(command, seconds):
         return None
 
 
-def lease_plan():
-    """What each lease of --minutes measures by the model: the smoke first, then the planned runs in order."""
-    from scripts import bench_gpu, gpu_plan
-
-    args = bench_gpu.parse_args(["--gpus", "1"])
-    args.jpeg, args.parts = str(JPEG), gpu_plan.PARTS
-    if not (JPEG / "train").is_dir():  # (the folder gpu-check writes: 20,000 + 5,000 JPEGs)
-        gpu_plan.train_images = lambda a, data, split="train": {"synthetic": gpu_plan.SYNTHETIC_TRAIN_IMAGES}.get(
-            data, 20000 if split == "train" else 5000)
-    runs, _ = gpu_plan.plan(args, [1])
+def command_plan(minutes=9):
+    """[(seconds, [line, ...])]: the commands of --minutes that a GPU whose table is not measured yet needs, by the
+    model; its smoke's checks those smoke.json does not hold as passed on the last lease's capability and torch.
+    Each command starts on a machine of its own, its Inductor cache empty."""
     from scripts.gpu_smoke import checks
 
-    try:  # the checks passed already are left out; the others take as long as those did on average
-        passed = [c for c in json.loads((GPU_DATA / "smoke.json").read_text())["checks"] if c["ok"]]
-    except (OSError, ValueError, KeyError):
-        passed = []
+    smoke = gpu_plan.read_json(GPU_DATA / "smoke.json", {})
+    passed = [c for c in smoke.get("checks", []) if c["ok"]]
     check_s = sum(c["seconds"] for c in passed) / len(passed) if passed else SMOKE_CHECK_S
     to_run = len(checks()) - len(passed)
-    smoke = to_run * check_s / 60
-    leases = [(smoke, [f"preflight and gpu-smoke ({to_run} checks of {len(checks())} to run, {check_s:.0f} s "
-                       f"each, {smoke:.1f} min)"])]
-    measured = {bench_gpu.key(r) for name in ("throughput.csv", "compression.csv")  # (what --skip-measured skips)
-                for r in bench_gpu.kept_rows(GPU_DATA / name, [1], gpu_plan.PARTS, every=True)}
-    for part in gpu_plan.PARTS:
-        for planned in runs.get(part, []):
-            if bench_gpu.planned_key(part, *planned[1:7]) in measured:
-                continue
-            needed = gpu_plan.estimated_minutes(args, [planned], cores=16)  # (the lent machine's)
-            if leases[-1][0] + needed > 9:
-                leases.append((0.0, []))
-            leases[-1] = (leases[-1][0] + needed, [*leases[-1][1], planned[0]])
-    from scripts import bench_precision
+    measured = {}
+    for row in measuring.read_csv(GPU_DATA / "table.csv") if (GPU_DATA / "table.csv").exists() else []:
+        measured.setdefault(row["planned"], []).append(f"{row['gpu']} {float(row['seconds']):.0f} s")
+    decode, jpeg = gpu_plan.decode_per_worker(ROOT / "figures" / "data" / "io.csv"), gpu_plan.jpeg_images(JPEG)
+    images_of = lambda setup: jpeg if setup.decoder else (gpu_plan.SYNTHETIC_STEPS * 256, 256)  # noqa: E731
+    commands, compiled = [(FIXED_S + to_run * check_s, [
+        f"{FIXED_S:5.0f} s  the preflight, the JPEG folder (25,000 files), the figures",
+        f"{to_run * check_s:5.0f} s  gpu-smoke: {to_run} of {len(checks())} checks to run ({len(passed)} passed "
+        f"already on compute capability {smoke.get('capability')} and torch {smoke.get('torch')}: an H100's or an "
+        f"H200's; {check_s:.0f} s each)"])], set()
+    plan = gpu_plan.table_plan(16, decode, jpeg)  # (a lent node's 16 cores)
+    profiles = [(setup, f"the profile of {name}, if its target misses") for setup, name in (
+        (plan[3][0], "the fastest set-up"), (plan[-1][0], "the fastest --decoder"))]  # (the model's)
+    for setup, name in [(setup, name) for setup, name, _ in plan] + profiles:
+        while True:
+            seconds = gpu_plan.model_seconds(setup, images_of(setup), 16, decode, gpu_plan.graph(setup) in compiled,
+                                             profile=name.startswith("the profile"))
+            if commands[-1][0] + seconds <= 60 * minutes - MARGIN_S or len(commands[-1][1]) == 1:
+                break
+            commands.append((FIXED_S, [f"{FIXED_S:5.0f} s  the preflight and the figures"]))
+            compiled = set()  # (another machine)
+        compiled |= {gpu_plan.graph(setup)} if setup.compile else set()
+        was = f"   (measured: {', '.join(measured[name])})" if name in measured else ""
+        commands[-1] = (commands[-1][0] + seconds, [*commands[-1][1], f"{seconds:5.0f} s  {name}{was}"])
+    return commands
 
-    warm = False  # (a lease's machine starts with no TorchInductor cache)
-    done = {(r["setup"], int(r["processes"]), int(r["round"]))
-            for r in (measuring.read_csv(GPU_DATA / "precision.csv") if (GPU_DATA / "precision.csv").exists() else [])}
-    for run in bench_precision.planned(False, True, True, [1], 3):  # (an H100: fp16 and bf16)
-        if (run[2][0], run[1], run[0]) in done:
-            continue
-        needed = bench_precision.estimated_minutes(bench_precision.GPU, run, warm)
-        if leases[-1][0] + needed > 9:
-            leases.append((0.0, []))
-            needed, warm = bench_precision.estimated_minutes(bench_precision.GPU, run, False), False
-        warm = warm or run[2][5]
-        name = f"precision-{bench_precision.run_name(run[2][0], 1)}-r{run[0]}"
-        leases[-1] = (leases[-1][0] + needed, [*leases[-1][1], name])
-    return leases
+
+def rehearsed_in_full(gpu_data):
+    """Whether a rehearsal measured every set-up of the table and profiled every target; if not, says what not."""
+    from scripts.bench_gpu import machine
+
+    here = machine(stand_in=True)
+    table = gpu_data / "table.csv"
+    rows = gpu_plan.mine(measuring.read_csv(table), here) if table.exists() else []
+    measured = {r["planned"] for r in rows}
+    left = [gpu_plan.setup_name(s) for s in gpu_plan.TABLE if gpu_plan.setup_name(s) not in measured]
+    profiled = {p["target"] for p in gpu_plan.mine(gpu_plan.read_json(gpu_data / "profiles.json", []), here)}
+    left += [f"a profile for the {name} target" for name, _, _ in gpu_plan.TARGETS if name not in profiled and
+             name != "recipe"]  # (the recipe target's set-up is the speed target's: one profile for both)
+    if left:
+        print(f"gpu-check: the rehearsal did not run the whole plan; left: {'; '.join(left)}", flush=True)
+    return not left
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.plan:
-        for i, (minutes, names) in enumerate(lease_plan(), 1):
-            print(f"lease {i}: {' '.join(names)} (about {minutes:.1f} min by the model)")
+        print("the device command on a GPU whose table is not measured yet, by the model (an H100's seconds; each "
+              "command on a machine of its own):")
+        for i, (seconds, lines) in enumerate(command_plan(args.minutes), 1):
+            print(f"command {i}: about {seconds / 60:.1f} min of {args.minutes:g}")
+            print("\n".join(f"  {line}" for line in lines))
         return
     started = time.monotonic()
     deadline = started + 60 * args.minutes
@@ -194,36 +207,25 @@ def main(argv=None):
     if code is None:
         print(f"gpu-check: gpu-smoke cut at the command's {args.minutes:g} minutes", flush=True)
     shutil.copy(OUT / "preflight.json", gpu_data / "preflight.json")
-    left = (deadline - time.monotonic()) / 60
-    if left > 1:
-        if not (JPEG / ".complete").exists() and not args.stand_in:  # (seconds on the node's cores)
-            shutil.rmtree(JPEG, ignore_errors=True)
-            subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like",
-                            str(JPEG), "--classes", "100", "--images", "250", "--jobs", "0"], check=True)
-            (JPEG / ".complete").touch()
-        jpeg = OUT / "smoke" / "jpeg" if args.stand_in else JPEG
-        sweep = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--jpeg", str(jpeg), "--gpus", "1",
-                 "--skip-measured", "--minutes", f"{(deadline - time.monotonic()) / 60 - 0.5:.2f}",
+    jpeg = OUT / "jpeg" if args.stand_in else JPEG
+    if (deadline - time.monotonic()) / 60 > 1:
+        if not (jpeg / ".complete").exists():  # (seconds on the node's cores)
+            shutil.rmtree(jpeg, ignore_errors=True)
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like", str(jpeg),
+                            *JPEG_SIZE["stand-in" if args.stand_in else "gpu"], "--jobs", "0"], check=True)
+            (jpeg / ".complete").touch()
+        table = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--parts", "table", "--jpeg", str(jpeg),
+                 "--skip-measured", "--minutes", f"{(deadline - time.monotonic() - MARGIN_S) / 60:.2f}",
                  "--figures-data", str(gpu_data), "--runs", str(OUT / "runs"),
                  *(["--stand-in", *STAND_IN_RUNS] if args.stand_in else [])]
-        code = run_limited(sweep, deadline - time.monotonic() - 20)
+        code = run_limited(table, deadline - time.monotonic() - MARGIN_S)
         if code is None:
-            print("gpu-check: the sweep was cut at the deadline; what it measured before is kept", flush=True)
+            print("gpu-check: the table was cut at the deadline; what it measured before is kept", flush=True)
         elif code:
-            print(f"gpu-check: the sweep failed (exit {code}); what it measured before is kept", flush=True)
+            print(f"gpu-check: the table failed (exit {code}); what it measured before is kept", flush=True)
             failed = True
-    left = (deadline - time.monotonic()) / 60
-    if left > 1:
-        precision = [sys.executable, str(ROOT / "scripts" / "bench_precision.py"), "--processes", "1",
-                     "--skip-measured", "--minutes", f"{left - 0.5:.2f}", "--csv", str(gpu_data / "precision.csv"),
-                     "--runs", str(OUT / "runs" / "precision"), *(STAND_IN_PRECISION if args.stand_in else [])]
-        code = run_limited(precision, deadline - time.monotonic() - 20)
-        if code is None:
-            print("gpu-check: the precision part was cut at the deadline; what it measured before is kept",
-                  flush=True)
-        elif code:
-            print(f"gpu-check: the precision part failed (exit {code}); what it measured before is kept", flush=True)
-            failed = True
+        if args.stand_in:  # the rehearsal runs the whole plan: every set-up, and a profile for every target
+            failed |= not rehearsed_in_full(gpu_data)
     drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_results.py"), "--data", str(gpu_data.parent),
                             "--figures", str(OUT / "figures" if args.stand_in else ROOT / "figures"), "--results",
                             str(results)], stdout=subprocess.DEVNULL, timeout=300)

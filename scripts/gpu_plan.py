@@ -1,101 +1,226 @@
-"""The GPU sweep's plan (scripts/bench_gpu.py): which runs each part makes at each number of GPUs, how many
-epochs each trains, and --list's estimate of the minutes they take."""
+"""The GPU table's plan (scripts/bench_gpu.py): its set-ups, the flags each runs with, the speed targets, and the
+model of the seconds each takes on one H100, from which scripts/gpu_check.py --plan fits a lease.
 
-import math
+The table, at 1 GPU, in the order it is measured: the set-ups a user chooses between on --synthetic images
+(ddp in fp32; apex at O0 with channels_last; O1 fp16 and O1 bf16, each with channels_last, with and without
+--compile); the bare loop (scripts/bare_loop.py: plain PyTorch, no recipe) in fp32 and at the fastest of
+those set-ups; and that fastest set-up once more on a folder of JPEGs under each --decoder. Beyond 1 GPU (a
+node with more), the scaling part runs ddp fp32 and the fastest set-up on 2, 4, ... GPUs, and the compression
+part the compression recipe's hooks over NCCL.
+"""
+
+import json
 from pathlib import Path
+from typing import NamedTuple
 
-from recipes.common.data import SYNTHETIC_TRAIN_IMAGES, SYNTHETIC_VAL_IMAGES
 from scripts import measuring
 
-PARTS = ["synthetic", "jpeg", "compression"]
-# apex's three precisions: (name, --opt-level, --amp-dtype)
-PRECISIONS = [("fp32", "O0", None), ("fp16", "O1", "fp16"), ("bf16", "O1", "bf16")]
+PARTS = ["table", "scaling", "compression"]
+ONE_GPU = "one GPU has no peer to scale to, nor to send gradients to; it runs on 2 GPUs or more"
+FASTEST = None  # a set-up's field taken from the fastest set-up measured above it
+
+
+class Setup(NamedTuple):
+    kind: str  # "recipe", or "bare" for scripts/bare_loop.py
+    recipe: str  # ddp or apex ("" for the bare loop)
+    decoder: str  # "" on --synthetic images, else the --decoder of the JPEG folder
+    precision: str  # fp32, fp16 or bf16 (apex: O0 for fp32, O1 for the others)
+    channels_last: bool
+    compile: bool
+
+
+TABLE = [Setup("recipe", "ddp", "", "fp32", False, False),
+         Setup("recipe", "apex", "", "fp32", True, False),
+         Setup("recipe", "apex", "", "fp16", True, False),
+         Setup("recipe", "apex", "", "fp16", True, True),
+         Setup("recipe", "apex", "", "bf16", True, False),
+         Setup("recipe", "apex", "", "bf16", True, True),
+         Setup("bare", "", "", "fp32", False, False),
+         Setup("bare", "", "", FASTEST, FASTEST, FASTEST),
+         *(Setup("recipe", FASTEST, decoder, FASTEST, FASTEST, FASTEST) for decoder in ("tensor", "pil", "gpu"))]
 COMPRESSION = [("none", False), ("fp16", False), ("bf16", False), ("fp8-e4m3", False), ("fp8-e4m3", True),
                ("fp8-e5m2", False), ("fp8-e5m2", True), ("powersgd", False), ("powersgd", True)]
+# (name, what it asks, the least it asks for): ResNet-50 at 224 px, -b 256, one GPU
+TARGETS = [("speed", "the fastest set-up's images/s on --synthetic images", 6000),
+           ("recipe", "the recipe's images/s over the bare loop's, at the fastest set-up", 0.97),
+           ("jpeg", "the fastest --decoder's images/s on JPEGs over the same set-up's on --synthetic images", 0.9)]
+SYNTHETIC_STEPS = 30  # steps of each --synthetic epoch (a run: a warm-up epoch, then the one it times)
+BARE_STEPS = {"warmup": 10, "timed": 30}  # the bare loop's
+PROFILE_STEPS = 5  # the steps a target's profile records, in the middle of its run's last epoch
+
+
+def setup_name(setup):
+    """'apex O1 fp16 + channels_last + compile', 'bare loop fp32', and ', JPEGs, --decoder pil' on JPEGs."""
+    if setup.precision is FASTEST:
+        head = "bare loop" if setup.kind == "bare" else "the fastest set-up"
+        return f"{head} at the fastest set-up" if setup.kind == "bare" else f"{head}, JPEGs, --decoder {setup.decoder}"
+    level = "" if setup.recipe != "apex" else "O0 " if setup.precision == "fp32" else "O1 "
+    name = " ".join(filter(None, ["bare loop" if setup.kind == "bare" else setup.recipe, level + setup.precision,
+                                  "+ channels_last" if setup.channels_last else "", "+ compile" if setup.compile
+                                  else ""]))
+    return name + (f", JPEGs, --decoder {setup.decoder}" if setup.decoder else "")
+
+
+def resolve(setup, fastest):
+    """The set-up with its FASTEST fields taken from `fastest` (a measured recipe set-up), or None without one."""
+    if setup.precision is not FASTEST:
+        return setup
+    if fastest is None:
+        return None
+    return setup._replace(recipe="" if setup.kind == "bare" else fastest.recipe, precision=fastest.precision,
+                          channels_last=fastest.channels_last, compile=fastest.compile)
+
+
+def recipe_flags(setup):
+    """The recipe's flags for the set-up's precision and layout (not its data); the bare loop's for a bare one."""
+    flags = ["--precision", setup.precision] if setup.kind == "bare" else []
+    if setup.recipe == "apex":
+        flags += ["--opt-level", "O0"] if setup.precision == "fp32" else ["--opt-level", "O1", "--amp-dtype",
+                                                                          setup.precision]
+    return flags + (["--channels-last"] if setup.channels_last else []) + (["--compile"] if setup.compile else [])
 
 
 def gpu_counts(available, asked=None):
-    """1, 2, 4, ... up to the GPUs there are, and all of them; or the counts asked for (at most all)."""
+    """2, 4, ... up to the GPUs there are, and all of them (the scaling and compression parts); or those asked."""
     if asked:
         too_many = [n for n in asked if n > available]
         if too_many:
             measuring.bad_input(f"--gpus {' '.join(map(str, too_many))}: this machine has {available} GPU(s)")
         return sorted(set(asked))
-    return sorted({2 ** k for k in range(available.bit_length()) if 2 ** k <= available} | {available})
+    return sorted({2 ** k for k in range(1, available.bit_length()) if 2 ** k <= available} |
+                  ({available} if available > 1 else set()))
 
 
-def precision_runs(gpus, data):
-    """(name, recipe, decoder, precision, channels_last, extra flags) of the synthetic or jpeg part at this many
-    GPUs."""
-    decoder = "tensor" if data == "jpeg" else ""
-    runs = [(f"{recipe}-fp32-{data}-{gpus}", recipe, decoder, "fp32", False, []) for recipe in ("dp", "ddp")]
-    for precision, opt_level, dtype in PRECISIONS:
-        for channels_last in (False, True):
-            flags = ["--opt-level", opt_level, *(["--amp-dtype", dtype] if dtype else []),
-                     *(["--channels-last"] if channels_last else [])]
-            name = f"apex-{precision}{'-cl' if channels_last else ''}-{data}-{gpus}"
-            runs.append((name, "apex", decoder, precision, channels_last, flags))
-    if data == "jpeg":  # the fastest set-up once more, the JPEGs decoded on the GPU
-        runs.append((f"apex-fp16-cl-jpeg-gpu-decoder-{gpus}", "apex", "gpu", "fp16", True,
-                     ["--opt-level", "O1", "--amp-dtype", "fp16", "--channels-last", "--decoder", "gpu"]))
+# The model, not a measurement: seconds on one H100 (an H200 is taken as no slower), each constant from what
+# was measured: images/s per precision and layout (the H100's sweep, figures/data/gpu/earlier/; bf16 +
+# channels_last was not measured: fp16's, less the 18 % bf16 trailed fp16 by without channels_last);
+# --compile's speed-up (the H100: O0 + compile at 1.40x O0); a process's start to its first step (the H100's
+# smoke: 11.7 s for its shortest checks, whole short runs); the first step (cuDNN's autotuning and the
+# loader's start: the H100's O0 epoch of 20 steps took 9.05 s, 2.9 s of it the 19 after the first); a compile
+# (the H100: 58 s more than eager for O0 with an empty Inductor cache; with the cache an earlier run of the
+# same graph filled, 0.08 of that, as this project's CPU measured it in figures/data/compile.csv); an epoch's
+# end (evaluation at 3x the training rate, a checkpoint of 200 MB).
+MODEL_IMAGES_PER_S = {("fp32", False): 1800, ("fp32", True): 2400, ("fp16", True): 4600, ("bf16", True): 3800}
+MODEL_COMPILE_SPEEDUP, MODEL_START_S, MODEL_FIRST_STEP_S, MODEL_EPOCH_END_S = 1.4, 10, 6.5, 2
+MODEL_COMPILE_S = {"cold": 60, "warm": 10}
+MODEL_NVJPEG_PER_S = 4000  # --decoder gpu: torchvision's nvjpeg on the GPU, per second (not measured here)
+MODEL_PROFILE_S = 15  # a profile's extra: the trace of PROFILE_STEPS steps written and read
+
+
+def decode_per_worker(io_csv):
+    """{decoder: images/s of one loader worker} from the input-pipeline part's io.csv (this project's CPU: the
+    GPU node's own cores are not measured), else 1000 and 800."""
+    rates = {"tensor": 1000.0, "pil": 800.0}
+    try:
+        for row in measuring.read_csv(io_csv):
+            if row["workers"] == "1" and row["batches"] == "uint8":
+                rates[row["decoder"]] = float(row["images_per_s"])
+    except (OSError, KeyError, ValueError):
+        pass
+    return rates
+
+
+def model_seconds(setup, images, cores, decode, warm, profile=False):
+    """The model's seconds for one run of the set-up. images: (per epoch, validation) images; cores: the
+    node's; decode: decode_per_worker(); warm: whether the Inductor cache holds this compile already."""
+    rate = MODEL_IMAGES_PER_S[setup.precision, setup.channels_last] * (MODEL_COMPILE_SPEEDUP if setup.compile
+                                                                       else 1)
+    if setup.decoder in decode:
+        rate = min(rate, decode[setup.decoder] * max(1, cores - 1))
+    elif setup.decoder == "gpu":
+        rate = min(rate, MODEL_NVJPEG_PER_S)
+    seconds = MODEL_START_S + MODEL_FIRST_STEP_S + (MODEL_COMPILE_S["warm" if warm else "cold"] if setup.compile
+                                                    else 0)
+    if setup.kind == "bare":
+        return seconds + (BARE_STEPS["warmup"] + BARE_STEPS["timed"]) * 256 / rate
+    epoch, val = images
+    return seconds + 2 * (epoch / rate + val / (3 * rate) + MODEL_EPOCH_END_S) + (MODEL_PROFILE_S if profile else 0)
+
+
+def assumed_fastest():
+    """The set-up the model finds fastest, standing in for the measured one in a plan."""
+    recipes = [s for s in TABLE if s.kind == "recipe" and s.precision is not FASTEST]
+    return max(recipes, key=lambda s: MODEL_IMAGES_PER_S[s.precision, s.channels_last] *
+               (MODEL_COMPILE_SPEEDUP if s.compile else 1))
+
+
+def jpeg_images(folder, batch_size=256, default=(20000, 5000)):
+    """(train images, val images) of the JPEG folder (a folder not written yet: gpu-check's 20,000 + 5,000);
+    train counted in whole batches, as the loader drops the last one."""
+    folder = Path(folder)
+    if not (folder / "train").is_dir():
+        train, val = default
+    else:
+        train, val = (sum(1 for p in (folder / split).rglob("*") if p.is_file()) for split in ("train", "val"))
+    return train // batch_size * batch_size, val
+
+
+def table_plan(cores, decode, jpeg, measured=(), warm=()):
+    """[(set-up as it would run, its name, model seconds)] of the table's set-ups not in `measured` (set-up
+    names), the fastest taken as the model's; warm: the compiles the Inductor cache holds already."""
+    fastest, warm, runs = assumed_fastest(), set(warm), []
+    for setup in TABLE:
+        name, resolved = setup_name(setup), resolve(setup, fastest)
+        if name in measured:
+            continue
+        images = jpeg if setup.decoder else (SYNTHETIC_STEPS * 256, 256)
+        runs.append((resolved, name, model_seconds(resolved, images, cores, decode, graph(resolved) in warm)))
+        if resolved.compile:
+            warm.add(graph(resolved))
     return runs
 
 
-def compression_runs(gpus):
-    """(name, method, error feedback, extra flags) of the compression part at this many GPUs."""
-    return [(f"compression-{method}{'-ef' if ef else ''}-{gpus}", method, ef,
-             ["--compress", method, *(["--error-feedback"] if ef else [])]) for method, ef in COMPRESSION]
+def print_plan(cores, decode, jpeg, counts):
+    """bench_gpu.py --list: the table's runs as planned, each with the model's seconds; then the parts beyond one
+    GPU, on `counts` GPUs."""
+    runs = table_plan(cores, decode, jpeg)
+    print(f"table, about {sum(seconds for *_, seconds in runs) / 60:.1f} min by the model (an H100), the fastest set-up"
+          f" the model's ({setup_name(assumed_fastest())}); then the profiles of the targets missed:")
+    print("\n".join(f"  {name:60s} {seconds:4.0f} s  {' '.join(recipe_flags(s))}" for s, name, seconds in runs))
+    print("\n".join(f"{part}: on {', '.join(map(str, counts))} GPUs" if counts else f"{part}: skipped: {ONE_GPU}"
+                    for part in ("scaling", "compression")))
 
 
-# --list's estimate, a model, not a measurement: ResNet-50 training images/s per H100 as published for current
-# PyTorch (fp32 on TF32 tensor cores; AMP), one CPU core's JPEG decoding (RESULTS.md, "Input pipeline"), and each
-# run's start-up (imports, cuDNN's autotuning, the loader workers); evaluation at three times the training rate
-MODEL_IMAGES_PER_S = {"fp32": 1000, "fp16": 2500, "bf16": 2500}
-MODEL_DECODE_PER_CORE, MODEL_START_S = 250, 30
+def setup_of(row):
+    """The Setup a row of table.csv measured."""
+    return Setup(row["kind"], row["recipe"], row["decoder"], row["precision"], str(row["channels_last"]) == "1",
+                 str(row["compile"]) == "1")
 
 
-def estimated_minutes(args, runs, cores):
-    """--list: the minutes a part's runs take by the model above, at the batch asked for (a run that does not fit
-    takes longer: it is tried again at half its batch)."""
-    seconds = 0.0
-    for _, _, gpus, data, decoder, variant, _, flags in runs:
-        rate = MODEL_IMAGES_PER_S.get(variant, MODEL_IMAGES_PER_S["fp32"]) * gpus  # (compression: fp32)
-        if data == "jpeg" and decoder != "gpu":
-            rate = min(rate, MODEL_DECODE_PER_CORE * max(1, cores - gpus))
-        epochs, _ = epochs_for(train_images(args, data), gpus, args.batch_size, args.min_steps)
-        val = SYNTHETIC_VAL_IMAGES if data == "synthetic" else train_images(args, data, "val")
-        seconds += MODEL_START_S + epochs * (train_images(args, data) / rate + val / (3 * rate))
-    return seconds / 60
+def fastest_of(rows):
+    """The fastest recipe set-up on --synthetic images at 1 GPU among rows (one GPU and torch's), or None."""
+    candidates = [r for r in rows if r["kind"] == "recipe" and not r["decoder"] and str(r["gpus"]) == "1"]
+    return setup_of(max(candidates, key=lambda r: float(r["images_per_s"]))) if candidates else None
 
 
-def epochs_for(train_images, gpus, batch_size, min_steps):
-    """The first epoch warms up; enough epochs after it for min_steps steps."""
-    steps = math.ceil(train_images / gpus) // batch_size  # DistributedSampler pads, the loader drops the rest
-    return 1 + math.ceil(min_steps / max(steps, 1)), steps
+def targets_of(rows):
+    """[(target, its value or None, met, the set-up its profile looks at)] from one GPU and torch's rows."""
+    fastest = fastest_of(rows)
+    if fastest is None:
+        return [(name, None, False, None) for name, _, _ in TARGETS]
+    rate = {setup_of(r): float(r["images_per_s"]) for r in rows if str(r["gpus"]) == "1"}
+    bare = rate.get(fastest._replace(kind="bare", recipe=""))
+    jpegs = {setup: images for setup, images in rate.items() if setup.decoder and setup._replace(decoder="") == fastest}
+    best = max(jpegs, key=jpegs.get, default=None)
+    values = {"speed": rate[fastest], "recipe": rate[fastest] / bare if bare else None,
+              "jpeg": jpegs[best] / rate[fastest] if best else None}
+    looks_at = {"speed": fastest, "recipe": fastest, "jpeg": best}
+    return [(name, values[name], values[name] is not None and values[name] >= least, looks_at[name])
+            for name, _, least in TARGETS]
 
 
-def train_images(args, data, split="train"):
-    if data == "synthetic":
-        return SYNTHETIC_TRAIN_IMAGES
-    return sum(1 for path in (Path(args.jpeg) / split).rglob("*") if path.is_file())
+def mine(rows, here):
+    """The rows measured on this GPU and torch."""
+    return [r for r in rows if (r.get("gpu"), r.get("torch")) == (here["gpu"], here["torch"])]
 
 
-def plan(args, counts):
-    """{part: [(name, recipe, gpus, data, decoder, precision or method, channels_last or error feedback, flags)]}, and
-    the parts skipped, with why."""
-    runs, skipped = {}, {}
-    for part in args.parts:
-        if part == "compression":
-            for gpus in counts:
-                if gpus < 2:
-                    skipped[part] = ("compression at 1 GPU: skipped, one GPU sends no gradients, so the hooks would "
-                                     "measure nothing; it runs on 2 GPUs or more")
-                    continue
-                runs.setdefault(part, []).extend((name, "compression", gpus, "synthetic", "", method, ef, flags)
-                                                 for name, method, ef, flags in compression_runs(gpus))
-        else:
-            for gpus in counts:
-                runs.setdefault(part, []).extend((name, recipe, gpus, part, decoder, precision, channels_last, flags)
-                                                 for name, recipe, decoder, precision, channels_last, flags
-                                                 in precision_runs(gpus, part))
-    return runs, skipped
+def graph(setup):
+    """What one compile of the set-up compiles (an Inductor cache holds it for the next run of the same graph)."""
+    return setup.kind, setup.precision, setup.channels_last
+
+
+def read_json(path, default):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default

@@ -29,16 +29,16 @@ check still running after --timeout seconds (default 90; the longest passing che
 on an H100) is cut there, its processes and theirs killed, and fails; the next one starts.
 Prints one line per check, then a summary, and writes them to --json as they come; exits 1
 when a check failed. --keep-passed leaves out the checks that the --json file already holds
-as passed on this GPU and torch, and keeps their lines there: a check cut short by a lease
-goes on in the next. Without CUDA: one line, exit 2. A package the chosen checks need and
-this Python lacks: one line naming it, exit 2.
+as passed on a GPU of the same compute capability (an H100's passes hold for an H200: both
+9.0) and torch, and keeps their lines there: a check cut short by a lease goes on in the next.
+Without CUDA: one line, exit 2. A package the chosen checks need and this Python lacks: one
+line naming it, exit 2.
 
---stand-in rehearses the check on a CPU, where no GPU is (CI does, under the GPU nodes'
-torch): every check's plumbing, with lenet at 16 px on a smaller folder, the CPU and gloo
-where the GPU and NCCL would be, and count_syncs.py's stand-in counter. What only a GPU
-runs is replaced and said on the check's line (--sync-bn is left out, --decoder gpu
-becomes tensor); one more check hangs on purpose (SIGSTOP after its 2nd step) and must be
-cut at its limit (--hang-timeout, default 30 s).
+--stand-in rehearses the check on a CPU, where no GPU is (CI does, under the GPU nodes' torch): every
+check's plumbing, with lenet at 16 px on a smaller folder, the CPU and gloo where the GPU and NCCL would
+be, and count_syncs.py's stand-in counter. What only a GPU runs is replaced and said on the check's line
+(--sync-bn is left out, --decoder gpu becomes tensor); one more check hangs on purpose (SIGSTOP after its
+2nd step) and must be cut at its limit (--hang-timeout, default 30 s).
 """
 
 import argparse
@@ -76,17 +76,15 @@ def checks(data="{data}", small=SMALL, stand_in=False):
     """[(name, group, [(recipe or script, processes, flags, expected exit code), ...])]: the runs of each check,
     in order (a later run of a check may read an earlier one's output: {out} is the check's folder)."""
     one = lambda recipe, *flags, processes=1: (recipe, processes, [data, *small, "--epochs", "1", *flags], 0)
+    mixed = ["--ema-decay", "0.99", "--sync-bn", "--accum-steps", "2", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0"]
     found = [("nd", "nd", [one("nd")]), ("dp", "dp", [one("dp")]),
-             ("ddp-ema-syncbn-accum-mix", "ddp", [one(under_nccl_rules("ddp"), "--ema-decay", "0.99", "--sync-bn",
-                                                       "--accum-steps", "2", "--mixup-alpha", "0.2", "--cutmix-alpha",
-                                                       "1.0")])]
+             ("ddp-ema-syncbn-accum-mix", "ddp", [one(under_nccl_rules("ddp"), *mixed)])]
     found += [(f"ddp-decoder-{decoder}", "ddp", [one("ddp", "--decoder", decoder)]) for decoder in ("pil", "gpu")]
     for level in AMP:
         for channels_last in (False, True):
             found.append((f"apex-{level}{'-cl' if channels_last else ''}", "apex",
                           [one("apex", "--opt-level", level, *(["--channels-last"] if channels_last else []))]))
-    found += [(f"compression-{method}", "compression", [one("compression", "--compress", method)])
-              for method in COMPRESS]
+    found += [(f"compression-{m}", "compression", [one("compression", "--compress", m)]) for m in COMPRESS]
     found.append(("compression-fp8-e4m3-ef", "compression",
                   [one("compression", "--compress", "fp8-e4m3", "--error-feedback")]))
     for shard in SHARDS:
@@ -141,8 +139,8 @@ def parse_args(argv=None):
     parser.add_argument("--hang-timeout", type=float, default=30,
                         help="--stand-in: the limit of the check that hangs on purpose (default: 30)")
     parser.add_argument("--json", help="the checks' lines and the summary, written as they come")
-    parser.add_argument("--keep-passed", action="store_true",
-                        help="leave out the checks --json already holds as passed on this GPU and torch")
+    parser.add_argument("--keep-passed", action="store_true", help="leave out the checks --json holds as passed on "
+                                                                   "this compute capability and torch")
     parser.add_argument("--out", default=str(OUT), help=f"where the runs go (default: {OUT.relative_to(ROOT)})")
     parser.add_argument("--stand-in", action="store_true", help="rehearse on a CPU: what only a GPU runs replaced")
     args = parser.parse_args(argv)
@@ -154,15 +152,17 @@ def parse_args(argv=None):
     return args
 
 
-def passed_before(path, device, torch_version, names):
-    """The lines of the checks among `names` that the report at `path` holds as passed on this device and torch."""
+def passed_before(path, capability, torch_version, names):
+    """The lines of the checks among `names` that the report at `path` holds as passed on a GPU of this compute
+    capability (an H100 and an H200 are both 9.0: the same kernels run) and this torch."""
     try:
         report = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return []
-    if (report.get("device"), report.get("torch")) != (device, torch_version):
+    if (report.get("capability"), report.get("torch")) != (capability, torch_version):
         return []
-    return [check for check in report.get("checks", []) if check["ok"] and check["check"] in names]
+    return [dict(check, on=check.get("on", report.get("device"))) for check in report.get("checks", [])
+            if check["ok"] and check["check"] in names]  # (on: the GPU it passed on)
 
 
 def command(run, out, data):
@@ -258,18 +258,20 @@ def main(argv=None):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like", str(data),
                         *size], check=True, stdout=subprocess.DEVNULL)
     device = "a CPU standing in for the GPU" if args.stand_in else torch.cuda.get_device_name(0)
+    capability = "cpu" if args.stand_in else ".".join(map(str, torch.cuda.get_device_capability(0)))
     print(f"gpu-smoke: {len(chosen)} checks on {device}, torch {torch.__version__}; output in "
           f"{os.path.relpath(args.out, ROOT)}/<check>/", flush=True)
-    kept = (passed_before(args.json, device, torch.__version__, {name for name, _, _ in chosen})
+    kept = (passed_before(args.json, capability, torch.__version__, {name for name, _, _ in chosen})
             if args.keep_passed else [])
     order, passed = [name for name, _, _ in chosen], {check["check"] for check in kept}
-    report = {"device": device, "torch": torch.__version__, "stand_in": args.stand_in, "total": len(chosen),
-              "checks": [dict(check, earlier=True) for check in kept],
+    report = {"device": device, "capability": capability, "torch": torch.__version__, "stand_in": args.stand_in,
+              "total": len(chosen), "checks": [dict(check, earlier=True) for check in kept],
               "not_run": [name for name in order if name not in passed]}
-    earlier = f" ({len(kept)} of them passed in an earlier command)" if kept else ""
+    others = " and ".join(sorted({check["on"] for check in kept} - {device}))
+    earlier = f" ({len(kept)} of them passed in an earlier command{', on ' + others if others else ''})" if kept else ""
     if kept:
-        print(f"  {len(kept)} checks passed on this GPU and torch already (--keep-passed): "
-              f"{' '.join(check['check'] for check in kept)}", flush=True)
+        print(f"  {len(kept)} checks passed already on compute capability {capability} and this torch "
+              f"(--keep-passed): {' '.join(check['check'] for check in kept)}", flush=True)
     started, failed = time.perf_counter(), []
     report["summary"] = f"gpu-smoke: {len(kept)} of {len(chosen)} checks ok{earlier}"
     if args.json:

@@ -19,8 +19,9 @@ Makefile's PARTS). It reads only the measured files that the benchmark scripts w
                         (bench_pipeline.py)
   sharding.csv          bytes per rank and images/s of each --shard mode against processes (bench_sharding.py)
   timings.csv           how long each part of make figures took (every script above)
-  gpu/throughput.csv, gpu/compression.csv   the GPU sweep (bench_gpu.py, make figures-gpu)
-  gpu/precision.csv, .json   the precision part on GPUs (bench_precision.py, make figures-gpu)
+  gpu/table.csv, profiles.json, compression.csv   the GPU table, its profiles, and on a node with more GPUs
+                        the compression hooks over NCCL (bench_gpu.py: make gpu-check, make figures-gpu)
+  gpu/smoke.json, preflight.json   the one-GPU check and the node it ran on (gpu_check.py)
 Accuracy over several seeds is reported as the mean and the min-max range; two
 results differ by more than the seed-to-seed spread when their ranges do not
 overlap. In RESULTS.md only the text between `<!-- BEGIN name -->` and

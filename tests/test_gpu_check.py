@@ -115,34 +115,6 @@ def test_a_warning_on_stderr_does_not_stop_a_gpu_target(tmp_path):
     assert "UserWarning" not in result.stderr and result.stderr.strip().count("\n") == 0
 
 
-def test_the_device_command_plans_its_leases_within_nine_minutes_each(tmp_path, monkeypatch):
-    """gpu_check.py --plan: the smoke in the first lease, then every planned run of figures-gpu on one GPU not yet
-    in figures/data/gpu/, each lease within 9 minutes by bench_gpu's model."""
-    result = subprocess.run([sys.executable, "scripts/gpu_check.py", "--plan"], cwd=ROOT, env=child_env(),
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout.startswith("lease 1: preflight and gpu-smoke"), result.stderr
-    from scripts import gpu_check, gpu_plan
-
-    monkeypatch.setattr(gpu_plan, "train_images", gpu_plan.train_images)  # (lease_plan may replace it)
-    monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path)  # nothing measured yet
-    leases = gpu_check.lease_plan()
-    assert len(leases) >= 2 and all(minutes <= 9 for minutes, _ in leases)
-    planned = [name for _, names in leases for name in names][1:]  # (the first: the smoke)
-    assert "apex-fp16-cl-jpeg-gpu-decoder-1" in planned and "ddp-fp32-synthetic-1" in planned
-    # the precision part after the sweep, round by round, in fp16 and bf16
-    assert planned.index("precision-ddp-1p-r1") > planned.index("apex-fp16-cl-jpeg-gpu-decoder-1")
-    assert "precision-O1-fp16-channels_last-compile-1p-r3" in planned and "precision-O3-bf16-1p-r1" in planned
-    # what a lease measured is left out of the next ones' plan
-    machine = "Test CPU,16,1 x Test GPU,2.11.0"
-    (tmp_path / "throughput.csv").write_text(
-        "recipe,data,decoder,precision,channels_last,gpus,batch_size,epochs,images_per_s,whole_epoch_images_per_s,"
-        f"data_wait_share,arch,image_size,workers,cpu,cores,gpu,torch\nddp,synthetic,,fp32,0,1,256,2,1800,1780,0.02,"
-        f"resnet50,224,4,{machine}\n")
-    (tmp_path / "precision.csv").write_text("setup,processes,round\nddp,1,1\n")
-    left = [name for _, names in gpu_check.lease_plan() for name in names][1:]
-    assert set(planned) - set(left) == {"ddp-fp32-synthetic-1", "precision-ddp-1p-r1"}
-
-
 def test_installing_the_recipes_keeps_the_torch_that_is_there():
     """pyproject.toml states ranges: pip install -e . into a Python that has torch (2.11 on the GPU nodes) keeps
     it (a dry run; pip may fetch the other packages' metadata from the index)."""

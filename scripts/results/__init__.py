@@ -16,11 +16,11 @@ text between the markers. Each module's docstring says what it reads, draws and 
     ps           scripts/bench_ps.py, bench_ps_byzfl.py        ps.py (and ps_targets.py)
     pipeline     scripts/bench_pipeline.py                    pipeline.py (and pipeline_targets.py)
     sharding     scripts/bench_sharding.py                    sharding.py
-and, outside make figures: examples.py (scripts/bench_examples.py, run by hand), gpu.py
-(make figures-gpu), timings.py (how long each part took), headline.py (one line of what each
+and, outside make figures: examples.py (scripts/bench_examples.py, run by hand), gpu.py and
+gpu_context.py (make gpu-check, make figures-gpu), timings.py (how long each part took), headline.py (one line of what each
 part found, first in RESULTS.md).
 """
 
 PARTS = ["io", "scaling", "curves", "recovery", "compile", "precision", "compression", "ps", "pipeline",
          "sharding"]  # make figures' order: the Makefile's PARTS is this list (tests/test_results.py checks it)
-OTHERS = ["examples", "timings", "gpu", "headline"]  # rendered after the parts (headline: a line of each)
+OTHERS = ["examples", "timings", "gpu", "gpu_context", "headline"]  # rendered after the parts (headline: a line of each)

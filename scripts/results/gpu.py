@@ -1,106 +1,143 @@
-"""gpu: the GPU sweep (scripts/bench_gpu.py, make figures-gpu; not a part of make figures).
+"""gpu: the GPU table (scripts/bench_gpu.py, make gpu-check or make figures-gpu; not a part of make figures).
 
-    reads    figures/data/gpu/throughput.csv, compression.csv, timings.csv; precision.csv and .json
-             (scripts/bench_precision.py on CUDA); preflight.json and smoke.json (scripts/gpu_check.py);
-             anchors.csv (published figures, each with its source: not measured here)
-    draws    figures/gpu_throughput.png, gpu_scaling.png
-    writes   RESULTS.md's gpu-hardware, gpu-check, gpu-throughput, gpu-anchors, gpu-compression, gpu-precision
+    reads    figures/data/gpu/table.csv, profiles.json, timings.csv (bench_gpu.py); preflight.json and smoke.json
+             (gpu_check.py)
+    draws    figures/gpu_throughput.png
+    writes   RESULTS.md's gpu-hardware, gpu-check, gpu-table, gpu-targets, gpu-precision; and the headline's
+             first line (headline())
 """
 
 import json
 
+from scripts.gpu_plan import BARE_STEPS, SYNTHETIC_STEPS, TABLE, TARGETS, setup_name, targets_of
 from scripts.results.common import plt, read_csv, save, table
-from scripts.results.compression import method_label
-from scripts.results.precision import precision_table
+from scripts.results.gpu_context import earlier_headline
 
 
-PRECISION_LABELS = {"fp32": "fp32", "fp16": "O1 fp16", "bf16": "O1 bf16"}
+def machines(rows):
+    """{(gpu, torch): its rows, in the table's order}, in the order they were measured."""
+    order = [setup_name(s) for s in TABLE]
+    found = {}
+    for r in sorted(rows, key=lambda r: (int(r["gpus"]), order.index(r["planned"]) if r["planned"] in order else 0)):
+        found.setdefault((r["gpu"], r["torch"]), []).append(r)
+    return {key: found[key] for key in dict.fromkeys((r["gpu"], r["torch"]) for r in rows)}
 
 
-def gpu_config(row):
-    """'apex O1 fp16, channels_last' and the like (', --decoder gpu' when nvjpeg decoded the JPEGs)."""
-    decoder = ", --decoder gpu" if row.get("decoder") == "gpu" else ""
-    if row["recipe"] != "apex":
-        return f"{row['recipe']} fp32{decoder}"
-    precision = "O0 fp32" if row["precision"] == "fp32" else PRECISION_LABELS[row["precision"]]
-    return f"apex {precision}" + (", channels_last" if row["channels_last"] == "1" else "") + decoder
+def gpu_table(rows):
+    """One GPU and torch's table at 1 GPU, and what is not measured yet."""
+    at_one = [r for r in rows if r["gpus"] == "1"]
+    fp32 = next((float(r["images_per_s"]) for r in at_one if r["planned"] == setup_name(TABLE[0])), None)
+    body = [[r["setup"], "JPEGs" if r["decoder"] else "synthetic", f"{float(r['images_per_s']):.0f}",
+             f"{float(r['step_ms']):.1f}", f"{float(r['step_ms_p10']):.1f}–{float(r['step_ms_p90']):.1f}",
+             f"{float(r['images_per_s']) / fp32:.2f}x" if fp32 else "", f"{100 * float(r['data_wait_share']):.0f} %",
+             f"{float(r['model_seconds']):.0f} / {float(r['seconds']):.0f}"] for r in at_one]
+    r = at_one[0]
+    left = [setup_name(s) for s in TABLE if setup_name(s) not in {r["planned"] for r in at_one}]
+    return (table(["set-up", "data", "images/s", "median step (ms)", "steps, 10th–90th percentile (ms)",
+                   "vs ddp fp32", "host waiting for the loader", "seconds: model / run"], body) +
+            f"\n\n{r['gpu']} (compute capability {r['capability']}), torch {r['torch']}; CPU {r['cpu']} "
+            f"({r['cores']} cores). {r['arch']} at {r['image_size']} px, batch {r['batch_size']}. Images/s: the "
+            f"batch over the median step. A recipe trains two epochs (of {SYNTHETIC_STEPS} steps on --synthetic "
+            f"images, of the whole folder on the JPEGs) and the second's steps after its first are timed on the GPU; "
+            f"the bare loop times {BARE_STEPS['timed']} steps after {BARE_STEPS['warmup']}. The last column: the "
+            f"plan's model of the run's seconds (scripts/gpu_plan.py), and the run's own, start-up included."
+            + (f" Not measured yet: {'; '.join(left)} (the next `make gpu-check` goes on with them)." if left else ""))
 
 
-def gpu_throughput_table(rows):
-    rate = {(gpu_config(r), r["data"], int(r["gpus"])): r for r in rows}
-    configs = list(dict.fromkeys(gpu_config(r) for r in rows))
-    counts = sorted({int(r["gpus"]) for r in rows})
-    body = []
-    for config in configs:
-        for gpus in counts:
-            synthetic, jpeg = rate.get((config, "synthetic", gpus)), rate.get((config, "jpeg", gpus))
-            if not synthetic and not jpeg:
-                continue
-            baseline = rate.get(("ddp fp32", "synthetic", gpus))
-            first = rate.get((config, "synthetic", counts[0]))
-            row = [config, gpus, (synthetic or jpeg)["batch_size"]]
-            if synthetic:
-                images = float(synthetic["images_per_s"])
-                row += [f"{images:.0f}", f"{images / float(baseline['images_per_s']):.2f}x" if baseline else "",
-                        f"{100 * images / (float(first['images_per_s']) * gpus / counts[0]):.0f} %" if first else "",
-                        f"{100 * float(synthetic['data_wait_share']):.0f} %"]
-            else:
-                row += ["", "", "", ""]
-            row += ([f"{float(jpeg['images_per_s']):.0f}", f"{float(jpeg['whole_epoch_images_per_s']):.0f}",
-                     f"{100 * float(jpeg['data_wait_share']):.0f} %"] if jpeg else ["", "", ""])
-            body.append(row)
-    r = rows[0]
-    return (table(["recipe and precision", "GPUs", "batch per GPU", "synthetic images/s", "vs ddp fp32",
-                   f"scaling efficiency (vs {counts[0]} GPU)", "synthetic: waiting for data", "JPEG images/s",
-                   "JPEG images/s, whole epochs", "JPEG: waiting for data"], body) +
-            f"\n\n{r['arch']} at {r['image_size']} px. Images/s: all GPUs together, every step after the first of "
-            f"an epoch, the median over the epochs after the first; \"whole epochs\" also counts each epoch's loader "
-            f"start-up and first batch.")
-
-
-def gpu_compression_table(rows):
-    rate = {(method_label(r), int(r["gpus"])): float(r["images_per_s"]) for r in rows}
-    body = [[method_label(r), r["gpus"], r["batch_size"], f"{float(r['images_per_s']):.0f}",
-             f"{float(r['images_per_s']) / rate[('none', int(r['gpus']))]:.2f}x" if ("none", int(r["gpus"])) in rate
-             else "", f"{float(r['bytes_per_step']):,.0f}",
-             f"{float(r['compression_ratio']):.2f}" if float(r["compression_ratio"]) else ""] for r in rows]
-    return table(["method", "GPUs", "batch per GPU", "synthetic images/s", "vs none", "bytes per step",
-                  "compression ratio"], body)
-
-
-def plot_gpu(rows, figures):
-    """Images/s per recipe and precision on the fewest GPUs measured, synthetic and JPEG; and against the
-    number of GPUs when more than one number was measured."""
-    counts = sorted({int(r["gpus"]) for r in rows})
-    configs = list(dict.fromkeys(gpu_config(r) for r in rows))
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(configs) + 1.5))
-    for i, data in enumerate(("synthetic", "jpeg")):
-        rate = {gpu_config(r): float(r["images_per_s"]) for r in rows
-                if r["data"] == data and int(r["gpus"]) == counts[0]}
-        ys = [y + 0.4 * i for y, config in enumerate(configs) if config in rate]
-        if ys:
-            ax.barh(ys, [rate[c] for c in configs if c in rate], height=0.4, label=f"{data} data")
-    ax.set_yticks([y + 0.2 for y in range(len(configs))], configs)
+def plot_table(rows, figures):
+    """Images/s of each set-up of the last GPU and torch measured, the steps' 10th to 90th percentile as a bar."""
+    at_one = [r for r in rows if r["gpus"] == "1"]
+    rate = [float(r["images_per_s"]) for r in at_one]
+    batch = [int(r["batch_size"]) for r in at_one]
+    spread = [[x - b * 1000 / float(r["step_ms_p90"]) for x, b, r in zip(rate, batch, at_one)],
+              [b * 1000 / float(r["step_ms_p10"]) - x for x, b, r in zip(rate, batch, at_one)]]
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(at_one) + 1.5))
+    ax.barh(range(len(at_one)), rate, xerr=spread, color=["gray" if r["kind"] == "bare" else "tab:blue"
+                                                          for r in at_one])
+    ax.set_yticks(range(len(at_one)), [r["setup"] for r in at_one], fontsize=7)
     ax.invert_yaxis()
-    ax.set(xlabel="training images/s", title=f"{rows[0]['arch']} at {rows[0]['image_size']} px on {counts[0]} "
-           f"x {rows[0]['gpu'].split(' x ', 1)[-1]}")
+    ax.set(xlabel="training images/s (the steps' 10th to 90th percentile as a bar)",
+           title=f"{at_one[0]['arch']} at {at_one[0]['image_size']} px on one {at_one[0]['gpu']}")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend()
     save(fig, figures / "gpu_throughput.png")
-    if len(counts) < 2:
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for config in configs:
-        points = sorted((int(r["gpus"]), float(r["images_per_s"])) for r in rows
-                        if gpu_config(r) == config and r["data"] == "synthetic")
-        if len(points) > 1:
-            ax.plot(*zip(*points), marker="o", label=config)
-    ax.set(xlabel="GPUs", ylabel="training images/s (synthetic)", title="Scaling on GPUs")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    save(fig, figures / "gpu_scaling.png")
+
+
+def targets_section(rows, profiles):
+    """Each speed target, met or not, and the profile of each that missed: where its steps' time went."""
+    asked = {name: (what, least) for name, what, least in TARGETS}
+    body = [[name, asked[name][0], f"at least {asked[name][1]:g}", "" if value is None else
+             f"{value:.0f}" if value >= 100 else f"{value:.3f}",
+             "not measured yet" if value is None else "yes" if met else "no"]
+            for name, value, met, _ in targets_of(rows)]
+    text = table(["target", "what", "asks", "measured", "met"], body)
+    for p in profiles:
+        device = (f"the GPU ran {p['busy_ms']:.1f} ms of each step's {p['step_ms']:.1f} ms and sat idle (waiting "
+                  f"for the host or the loader) {p['idle_ms']:.1f} ms ({100 * p['idle_ms'] / p['step_ms']:.0f} %)"
+                  if p["busy_ms"] is not None else f"a step took {p['step_ms']:.1f} ms on the CPU")
+        top = [[item["name"].replace("|", "\\|"), f"{item['ms']:.2f}", f"{100 * item['share']:.1f} %"]
+               for item in p["top"]]
+        why = "missed" if p["value"] is None or p["value"] < asked[p["target"]][1] else "was met: a rehearsal"
+        text += (f"\n\nProfile of {p['setup']} ({p['steps']} steps in the middle of its last epoch; its {p['target']} "
+                 f"target {why}): {device}; the loader kept the host waiting {p['loader_wait_ms']:.2f} ms a step. "
+                 f"Where the time went:\n\n" + table(["kernel" if p["busy_ms"] is not None else "operation",
+                                                       "ms a step", "of the step"], top))
+    return text
+
+
+def precision_section(rows):
+    """The mixed-precision table's GPU form: the recipe's set-ups on --synthetic images at 1 GPU, of the last GPU
+    and torch measured."""
+    synthetic = [r for r in rows if r["gpus"] == "1" and r["kind"] == "recipe" and not r["decoder"]]
+    if not synthetic:
+        return ""
+    fp32 = next((float(r["images_per_s"]) for r in synthetic if r["planned"] == setup_name(TABLE[0])), None)
+    body = [[r["setup"], f"{float(r['images_per_s']):.1f}", f"{float(r['step_ms']):.1f} ({float(r['step_ms_p10']):.1f}"
+             f"–{float(r['step_ms_p90']):.1f})", f"{float(r['images_per_s']) / fp32:.2f}x" if fp32 else ""]
+            for r in synthetic]
+    r = synthetic[0]
+    return (table(["set-up", "1 GPU: images/s", "median step, 10th–90th percentile (ms)", "vs ddp fp32"], body) +
+            f"\n\n{r['arch']} at {r['image_size']} px, batch {r['batch_size']}, on {r['gpu']} with torch "
+            f"{r['torch']}: the [GPU table](#gpus)'s rows on --synthetic images.")
+
+
+def gpu_sections(gpu_data, figures):
+    """The GPU section of RESULTS.md from gpu/; a line saying so where nothing has run."""
+    rows = read_csv(gpu_data / "table.csv") if (gpu_data / "table.csv").exists() else []
+    profiles = json.loads((gpu_data / "profiles.json").read_text()) if (gpu_data / "profiles.json").exists() else []
+    sections = {"gpu-check": gpu_check_section(gpu_data)}
+    if not [r for r in rows if r["gpus"] == "1"]:
+        missing = ("Not measured yet: the GPU table has not run on a GPU. `make gpu-check` on a machine with CUDA "
+                   "measures it (docs/gpus.md).")
+        return {**sections, "gpu-hardware": "", "gpu-table": missing, "gpu-targets": "", "gpu-precision": ""}
+    tables = list(machines([r for r in rows if r["gpus"] == "1"]).values())
+    plot_table(tables[-1], figures)
+    sections["gpu-table"] = "![GPU table](figures/gpu_throughput.png)\n\n" + "\n\n".join(gpu_table(t) for t in tables)
+    sections["gpu-targets"] = "\n\n".join(
+        f"On {t[0]['gpu']}, torch {t[0]['torch']}:\n\n" + targets_section(t, [
+            p for p in profiles if (p["gpu"], p["torch"]) == (t[0]["gpu"], t[0]["torch"])]) for t in tables)
+    sections["gpu-precision"] = precision_section(tables[-1])
+    timings = read_csv(gpu_data / "timings.csv") if (gpu_data / "timings.csv").exists() else []
+    parts = "; ".join(f"{t['part'].removeprefix('gpu-')} {float(t['seconds']) / 60:.1f} min, {t['runs_trained']} "
+                      f"run(s)" for t in timings)
+    sections["gpu-hardware"] = ("Measured on " + "; ".join(f"{t[0]['gpu']} with torch {t[0]['torch']}" for t in tables)
+                                + (f". The last command of each part: {parts}." if parts else "."))
+    return sections
+
+
+def headline(data):
+    """The headline's GPU line: each GPU and torch measured, its fastest set-up, images/s and ratio to ddp fp32."""
+    gpu_data = data / "gpu"
+    rows = read_csv(gpu_data / "table.csv") if (gpu_data / "table.csv").exists() else []
+    lines = []
+    for t in machines([r for r in rows if r["gpus"] == "1" and r["kind"] == "recipe" and not r["decoder"]]).values():
+        best = max(t, key=lambda r: float(r["images_per_s"]))
+        fp32 = next((float(r["images_per_s"]) for r in t if r["planned"] == setup_name(TABLE[0])), None)
+        lines.append(f"{t[0]['gpu']}, torch {t[0]['torch']}: {best['setup']} at {float(best['images_per_s']):.0f} "
+                     f"images/s of ResNet-50" + (f", {float(best['images_per_s']) / fp32:.2f}x ddp fp32" if fp32
+                                                 else ""))
+    if lines:
+        return "; ".join(lines)
+    return earlier_headline(gpu_data)
 
 
 def gpu_check_section(gpu_data):
@@ -115,58 +152,13 @@ def gpu_check_section(gpu_data):
               f"{node['cuda']})")
     where = (f"{device}, torch {node['torch']}, torchvision {node['torchvision']}, Python {node['python']}; CPU "
              f"{node['cpu']} ({node['cores']} cores)")
-    rows = [[c["check"], "ok" if c["ok"] else "FAILED", f"{c['seconds']:.1f}", c["said"].replace("|", "\\|")]
-            for c in smoke["checks"]]
+    rows = [[c["check"], "ok" if c["ok"] else "FAILED", f"{c['seconds']:.1f}", "; ".join(filter(None, [
+        c["said"].replace("|", "\\|"), c.get("on", node["gpu"]) != node["gpu"] and f"passed on {c['on']}"]))]
+        for c in smoke["checks"]]
     not_run = (f"; not run yet (the command's limit came first): {', '.join(smoke['not_run'])}"
                if smoke.get("not_run") else "")
     return (f"`make gpu-check` on {where}: {smoke['summary'].removeprefix('gpu-smoke: ')}{not_run}.\n\n"
             + table(["check", "result", "seconds", "what it said"], rows))
-
-
-def anchors_section(gpu_data):
-    """Published figures to read the measured ones against, each with its source (anchors.csv)."""
-    if not (gpu_data / "anchors.csv").exists():
-        return ""
-    rows = [[r["source"], r["hardware"], r["gpus"], r["model"], r["data"], r["precision"], r["images_per_s"],
-             r["seconds"], f"[source]({r['url']})"] for r in read_csv(gpu_data / "anchors.csv")]
-    return table(["published by", "hardware", "GPUs", "model", "data", "precision", "images/s", "seconds",
-                  "where"], rows) + (
-        "\n\nPublished, not measured here: each row as its source gives it (DeepLearningExamples: training "
-        "throughput with its own loader and settings; tczhangzhi/pytorch-distributed: the run time its figure "
-        "plots, for a span its page does not state).")
-
-
-def gpu_sections(gpu_data, figures):
-    """The GPU section of RESULTS.md from gpu/*.csv and *.json; a line saying so where nothing has run."""
-    sections = {"gpu-check": gpu_check_section(gpu_data), "gpu-throughput": "", "gpu-compression": "",
-                "gpu-precision": "", "gpu-anchors": anchors_section(gpu_data)}
-    measured = [name for name in ("throughput.csv", "compression.csv", "precision.csv") if (gpu_data / name).exists()]
-    if not measured:
-        return {**sections, "gpu-hardware": "Not measured yet: the figures-gpu runs have not run on a GPU. `make "
-                                            "gpu-check` on a machine with CUDA fills this section, lease by lease "
-                                            "(docs/gpus.md)."}
-    if (gpu_data / "throughput.csv").exists():
-        rows = read_csv(gpu_data / "throughput.csv")
-        plot_gpu(rows, figures)
-        charts = "![GPU throughput](figures/gpu_throughput.png)\n\n"
-        if len({r["gpus"] for r in rows}) > 1:
-            charts += "![GPU scaling](figures/gpu_scaling.png)\n\n"
-        sections["gpu-throughput"] = charts + gpu_throughput_table(rows)
-    if (gpu_data / "compression.csv").exists():
-        sections["gpu-compression"] = gpu_compression_table(read_csv(gpu_data / "compression.csv"))
-    if (gpu_data / "precision.csv").exists():
-        sections["gpu-precision"] = precision_table(read_csv(gpu_data / "precision.csv"),
-                                                    json.loads((gpu_data / "precision.json").read_text()))
-    r = read_csv(gpu_data / measured[0])[0]
-    line = f"GPU {r['gpu']}, CPU {r['cpu']} ({r['cores']} cores), torch {r['torch']}."
-    if (gpu_data / "timings.csv").exists():
-        timings = [t for t in read_csv(gpu_data / "timings.csv") if t["part"].startswith("gpu")]
-        parts = "; ".join(f"{t['part'].removeprefix('gpu-')} {float(t['seconds']) / 60:.1f} min, {t['runs_trained']} "
-                          f"run(s) trained and {t['runs_reused']} kept from an earlier start" for t in timings)
-        # (under make gpu-check each lease runs what is left: a part's row is its last command, not all of it)
-        line += f" The last command of each part: {parts}." if parts else ""
-    sections["gpu-hardware"] = line
-    return sections
 
 
 def render(data, figures, missing):

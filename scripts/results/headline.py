@@ -1,13 +1,13 @@
-"""headline: one line of what each part of make figures found, first in RESULTS.md.
+"""headline: one line of what each part of make figures found, first in RESULTS.md, after the GPU's.
 
-    reads    what each part reads (its module's headline(data))
+    reads    what each part reads (its module's headline(data)), and the GPU table's (gpu.headline(data))
     draws    none
     writes   RESULTS.md's headline
 """
 
 import importlib
 
-from scripts.results import PARTS
+from scripts.results import PARTS, gpu
 from scripts.results.common import table
 
 ANCHORS = {"io": "input-pipeline", "scaling": "scaling", "curves": "learning-curves", "recovery": "recovery",
@@ -19,6 +19,7 @@ ANCHORS = {"io": "input-pipeline", "scaling": "scaling", "curves": "learning-cur
 
 
 def render(data, figures, missing):
-    rows = [[f"[{part}](#{ANCHORS[part]})", found] for part in PARTS
-            for found in [importlib.import_module(f"scripts.results.{part}").headline(data)] if found]
-    return {"headline": table(["part", "what it found"], rows)} if rows else {}
+    rows = [["[GPU](#gpus)", gpu.headline(data)]] + [
+        [f"[{part}](#{ANCHORS[part]})", found] for part in PARTS
+        for found in [importlib.import_module(f"scripts.results.{part}").headline(data)] if found]
+    return {"headline": table(["part", "what it found"], rows)}

@@ -1,7 +1,7 @@
 """precision: the apex recipe's images/s at each --opt-level, beside ddp (scripts/bench_precision.py).
 
-    reads    figures/data/precision.csv and precision.json (gpu/precision.*: scripts/results/gpu.py, the same
-             table)
+    reads    figures/data/precision.csv and precision.json (the GPU form of the table: scripts/results/gpu.py, from
+             the GPU table)
     draws    none
     writes   RESULTS.md's precision
 """
