@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts import check_python, gpu_plan, measuring, step_times  # noqa: E402
 from scripts.gpu_plan import (BARE_STEPS, COMPRESSION, PARTS, PROFILE_STEPS,  # noqa: E402
-                              SYNTHETIC_STEPS, Setup, graph, mine)
+                              SYNTHETIC_STEPS, Setup, compressed, graph, mine)
 
 SYNTHETIC_WORKERS = 4  # enough to collate in-memory images; they decode nothing
 OUT_OF_MEMORY = ("out of memory", "CUDNN_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_ALLOC_FAILED")
@@ -175,7 +175,7 @@ def measure_table(args, found, here, cores, decode, images_of, fits, compiled):
         if planned in done:
             continue
         model = resolved and gpu_plan.model_seconds(resolved, images_of(setup), cores, decode,
-                                                    resolved.compile and graph(resolved) in compiled)
+                                                    graph(resolved) in compiled)
         if not fits(planned, model):
             continue
         name = gpu_plan.setup_name(resolved)
@@ -193,7 +193,7 @@ def measure_table(args, found, here, cores, decode, images_of, fits, compiled):
         if setup is None or met and not args.stand_in or name in {p["setup"] for p in mine(found["profiles"], here)}:
             continue
         if not fits(f"the profile of {name}", gpu_plan.model_seconds(
-                setup, images_of(setup), cores, decode, setup.compile and graph(setup) in compiled, profile=True)):
+                setup, images_of(setup), cores, decode, graph(setup) in compiled, profile=True)):
             continue
         batch = next(int(r["batch_size"]) for r in rows if r["setup"] == name)
         _, out = run_setup(args, name, setup, 1, cores, profile=True, batch=batch)
@@ -210,11 +210,10 @@ def measure_beyond_one(args, part, found, here, counts, cores, decode, images_of
         fastest = gpu_plan.fastest_of(mine(found["table"], here)) or gpu_plan.assumed_fastest()
         runs = [(gpu_plan.setup_name(setup), setup, []) for setup in (gpu_plan.TABLE[0], fastest)]
     else:
-        runs = [(f"compression {method}{' + error feedback' if ef else ''}", COMPRESSED,
-                 ["--compress", method, *(["--error-feedback"] if ef else [])]) for method, ef in COMPRESSION]
-    done = ({(r["setup"], r["gpus"]) for r in mine(found["table"], here)} |
-            {(f"compression {r['method']}{' + error feedback' if r['error_feedback'] == '1' else ''}", r["gpus"])
-             for r in mine(found["compression"], here)})
+        runs = [(compressed(method, ef), COMPRESSED, ["--compress", method, *(["--error-feedback"] if ef else [])])
+                for method, ef in COMPRESSION]
+    done = {(r["setup"], r["gpus"]) for r in mine(found["table"], here)} | {
+        (compressed(r["method"], r["error_feedback"] == "1"), r["gpus"]) for r in mine(found["compression"], here)}
     for gpus in counts:
         for name, setup, extra in runs:
             model = gpu_plan.model_seconds(setup, images_of(setup), cores, decode, graph(setup) in compiled)
@@ -268,7 +267,7 @@ def main(argv=None):
         if "table" in args.parts:
             found["profiles"] = [p for p in found["profiles"] if p not in mine(found["profiles"], here)]
     begun, left, compiled = STARTED, [], set()  # compiled: the graphs this command compiled (its Inductor cache)
-    images_of = lambda setup: jpeg if setup.decoder else (SYNTHETIC_STEPS * args.batch_size, args.batch_size)  # noqa
+    images_of = lambda setup: gpu_plan.images_of(setup, jpeg, args.batch_size)  # noqa: E731
 
     def fits(name, seconds):
         """Whether the model ends a run of `seconds` within --minutes (None: it cannot run yet); if not, it is left

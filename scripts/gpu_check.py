@@ -132,18 +132,19 @@ def command_plan(minutes=9):
     for row in measuring.read_csv(GPU_DATA / "table.csv") if (GPU_DATA / "table.csv").exists() else []:
         measured.setdefault(row["planned"], []).append(f"{row['gpu']} {float(row['seconds']):.0f} s")
     decode, jpeg = gpu_plan.decode_per_worker(ROOT / "figures" / "data" / "io.csv"), gpu_plan.jpeg_images(JPEG)
-    images_of = lambda setup: jpeg if setup.decoder else (gpu_plan.SYNTHETIC_STEPS * 256, 256)  # noqa: E731
     commands, compiled = [(FIXED_S + to_run * check_s, [
         f"{FIXED_S:5.0f} s  the preflight, the JPEG folder (25,000 files), the figures",
         f"{to_run * check_s:5.0f} s  gpu-smoke: {to_run} of {len(checks())} checks to run ({len(passed)} passed "
         f"already on compute capability {smoke.get('capability')} and torch {smoke.get('torch')}: an H100's or an "
         f"H200's; {check_s:.0f} s each)"])], set()
     plan = gpu_plan.table_plan(16, decode, jpeg)  # (a lent node's 16 cores)
+    fastest = gpu_plan.assumed_fastest()  # (the model's; and its JPEG row with nvjpeg, the model's fastest decoder)
     profiles = [(setup, f"the profile of {name}, if its target misses") for setup, name in (
-        (plan[3][0], "the fastest set-up"), (plan[-1][0], "the fastest --decoder"))]  # (the model's)
+        (fastest, "the fastest set-up"), (fastest._replace(decoder="gpu"), "the fastest --decoder"))]
     for setup, name in [(setup, name) for setup, name, _ in plan] + profiles:
         while True:
-            seconds = gpu_plan.model_seconds(setup, images_of(setup), 16, decode, gpu_plan.graph(setup) in compiled,
+            seconds = gpu_plan.model_seconds(setup, gpu_plan.images_of(setup, jpeg), 16, decode,
+                                             gpu_plan.graph(setup) in compiled,
                                              profile=name.startswith("the profile"))
             if commands[-1][0] + seconds <= 60 * minutes - MARGIN_S or len(commands[-1][1]) == 1:
                 break

@@ -49,6 +49,11 @@ BARE_STEPS = {"warmup": 10, "timed": 30}  # the bare loop's
 PROFILE_STEPS = 5  # the steps a target's profile records, in the middle of its run's last epoch
 
 
+def compressed(method, error_feedback):
+    """A run of the compression part, by name: 'compression fp8-e4m3 + error feedback'."""
+    return f"compression {method}{' + error feedback' if error_feedback else ''}"
+
+
 def setup_name(setup):
     """'apex O1 fp16 + channels_last + compile', 'bare loop fp32', and ', JPEGs, --decoder pil' on JPEGs."""
     if setup.precision is FASTEST:
@@ -155,6 +160,12 @@ def jpeg_images(folder, batch_size=256, default=(20000, 5000)):
     return train // batch_size * batch_size, val
 
 
+def images_of(setup, jpeg, batch_size=256):
+    """(images per epoch, validation images) a run of the set-up trains and evaluates: the JPEG folder's (jpeg:
+    jpeg_images()), or the --synthetic sets step_times.py cuts to SYNTHETIC_STEPS steps and one batch."""
+    return jpeg if setup.decoder else (SYNTHETIC_STEPS * batch_size, batch_size)
+
+
 def table_plan(cores, decode, jpeg, measured=(), warm=()):
     """[(set-up as it would run, its name, model seconds)] of the table's set-ups not in `measured` (set-up
     names), the fastest taken as the model's; warm: the compiles the Inductor cache holds already."""
@@ -163,8 +174,8 @@ def table_plan(cores, decode, jpeg, measured=(), warm=()):
         name, resolved = setup_name(setup), resolve(setup, fastest)
         if name in measured:
             continue
-        images = jpeg if setup.decoder else (SYNTHETIC_STEPS * 256, 256)
-        runs.append((resolved, name, model_seconds(resolved, images, cores, decode, graph(resolved) in warm)))
+        runs.append((resolved, name, model_seconds(resolved, images_of(setup, jpeg), cores, decode,
+                                                   graph(resolved) in warm)))
         if resolved.compile:
             warm.add(graph(resolved))
     return runs
