@@ -1,5 +1,5 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
-# make test   the test suite (CPU, gloo; about 28 minutes on 2 cores)
+# make test   the test suite (CPU, gloo; docs/tests.md says how long it takes on 2 cores, file by file)
 # make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/mutations.py)
 # make figures                measure every part (io, scaling, curves, recovery, compile, precision, compression, ps,
 #                             pipeline, sharding), then
@@ -13,8 +13,8 @@
 #                             fit in 9 minutes; into figures/data/gpu/ and RESULTS.md. STAND_IN=1: rehearsed on a CPU
 # make gpu-wheels             the wheels a GPU node without a package index lacks (byzfl), into .wheels/ to carry there
 # make test-compat            the compatibility run: under torch 2.11 (.venv-2.11, the GPU nodes' packages, nothing of
-#                             this project installed) the rehearsal of gpu-check, then the documented commands and the
-#                             compression, fsdp, ps and pipeline tests
+#                             this project installed) the rehearsal of gpu-check, then the documented commands, the
+#                             forked ranks against torchrun's, and the compression, fsdp, ps and pipeline tests
 #   The GPU targets install nothing: they run PY=..., else .venv's Python where it exists, else python3.
 # A stopped `make figures` started again skips the runs whose summary.json is complete (in runs/figures/);
 # delete that folder to measure everything afresh. Each target but the GPU ones creates .venv first when it is missing.
@@ -31,7 +31,7 @@ GPU_PY := $(if $(filter command line,$(origin PY)),$(PY),$(if $(wildcard $(VENV)
 COMPAT_VENV := .venv-2.11
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_PACKAGES := torch==2.11.0 torchvision==0.26.0 tensorboard tqdm matplotlib numpy pillow scipy seaborn pandas pytest
-COMPAT_TESTS := tests/test_commands.py tests/test_compression.py tests/test_fsdp.py tests/test_ps.py \
+COMPAT_TESTS := tests/test_commands.py tests/test_compression.py tests/test_forked.py tests/test_fsdp.py tests/test_ps.py \
 	tests/test_pipeline.py tests/test_gpu_check.py
 WHEELS := .wheels
 STAND_IN ?=
@@ -161,8 +161,8 @@ test-compat: setup $(DEMO_DATA)/.complete $(COMPAT_VENV)/.installed gpu-wheels
 	$(MAKE) --no-print-directory gpu-check PY=$(COMPAT_PY) STAND_IN=1
 	PYTHONPATH=$(CURDIR)/runs/gpu-check/site $(COMPAT_PY) -m pytest -q -p no:cacheprovider --durations=10 $(COMPAT_TESTS)
 
-# (test_gpu_check.py runs in make test-compat, under torch 2.11: the suite must stay under 30 minutes on 2 cores;
-# the slowest 15 tests are printed, to say where the time goes)
+# (test_gpu_check.py runs in make test-compat, under torch 2.11: the suite must stay under 15 minutes on 2 cores;
+# the slowest 15 tests are printed; scripts/test_times.py measures where the time goes, into docs/tests.md)
 test: setup
 	$(PY) -m pytest -q --durations=15 --ignore=tests/test_gpu_check.py
 

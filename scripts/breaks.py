@@ -12,6 +12,7 @@ NAIVE_ASYNC_TEST = ("tests/test_ps.py::test_local_steps_with_one_worker_train_nd
 GPU_TABLE_TEST = ("tests/test_gpu_plan.py::test_bench_gpu_measures_each_set_up_once_per_gpu_and_torch_and_profiles_"
                   "the_targets_it_misses")
 BARE_LOOP_TEST = "tests/test_gpu_plan.py::test_the_bare_loop_is_plain_pytorch_in_the_set_up_it_is_given"
+FLAG_TESTS = "tests/test_training.py::test_"  # the training flags' reference tests (each against a plain computation)
 HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives"
 
 # name, the file, the text switched off, what replaces it, the tests that must catch it
@@ -219,4 +220,40 @@ BREAKS = [
          new='else found["epochs"][0]', tests=[GPU_TABLE_TEST]),
     dict(name="fastest-set-up-is-the-slowest", file="scripts/gpu_plan.py",
          old='return setup_of(max(candidates,', new='return setup_of(min(candidates,', tests=[GPU_TABLE_TEST]),
+    # the training flags, each caught by its test against a plain computation (tests/test_training.py)
+    dict(name="label-smoothing-halved", file="recipes/ddp/train.py",
+         old="nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)",
+         new="nn.CrossEntropyLoss(label_smoothing=args.label_smoothing / 2)",
+         tests=[FLAG_TESTS + "label_smoothing_trains_on_the_smoothed_loss_written_out"]),
+    dict(name="accumulation-loads-one-micro-batch-a-step", file="recipes/common/data.py",
+         old="step_batch = args.batch_size * args.accum_steps", new="step_batch = args.batch_size",
+         tests=[FLAG_TESTS + "accumulated_micro_batches_train_as_one_batch_of_every_rank_and_micro_batch"]),
+    dict(name="warmup-starts-at-zero", file="recipes/common/schedule.py", old="return (step + 1) / warmup_steps",
+         new="return step / warmup_steps",
+         tests=[FLAG_TESTS + "the_learning_rate_at_every_step_is_the_schedule_written_out[steps after warmup]"]),
+    dict(name="cosine-counts-the-warmup", file="recipes/common/schedule.py",
+         old="math.pi * (step - warmup_steps) / decay_steps", new="math.pi * step / decay_steps",
+         tests=[FLAG_TESTS + "the_learning_rate_at_every_step_is_the_schedule_written_out[cosine after warmup]"]),
+    dict(name="lr-steps-a-step-late", file="recipes/common/schedule.py", old="epoch >= milestone",
+         new="epoch > milestone",
+         tests=[FLAG_TESTS + "the_learning_rate_at_every_step_is_the_schedule_written_out[steps after warmup]"]),
+    dict(name="ema-first-update-averages-the-initial-weights", file="recipes/common/models.py",
+         old="if ema.n_averaged == 0:  # the first update copies", new="if False:",
+         tests=[FLAG_TESTS + "the_ema_after_the_first_and_the_kth_update_is_the_average_written_out"]),
+    dict(name="mixup-alpha-ignored", file="recipes/common/data.py", old="mixes = [mix(alpha=alpha,",
+         new="mixes = [mix(alpha=1.0,",
+         tests=[FLAG_TESTS + "mixup_and_cutmix_mix_each_batch_and_its_targets_as_written_out"]),
+    dict(name="mixup-and-cutmix-only-the-first", file="recipes/common/data.py",
+         old="return v2.RandomChoice(mixes) if mixes else None", new="return mixes[0] if mixes else None",
+         tests=[FLAG_TESTS + "mixup_and_cutmix_mix_each_batch_and_its_targets_as_written_out"]),
+    dict(name="channels-last-batches-only", file="recipes/common/amp.py",
+         old="        model = model.to(memory_format=torch.channels_last)", new="        pass",
+         tests=[FLAG_TESTS + "channels_last_trains_nhwc_weights_to_the_plain_steps"]),
+    dict(name="compile-without-inductor", file="recipes/common/models.py", old="    return torch.compile(module)",
+         new="    return torch.compile(module, backend=\"eager\")",
+         tests=[FLAG_TESTS + "compile_trains_the_plain_steps_with_inductors_kernels"]),
+    dict(name="sync-bn-converted-on-a-cpu", file="recipes/common/distributed.py",
+         old='    if device.type == "cuda":\n        return nn.SyncBatchNorm',
+         new="    if True:\n        return nn.SyncBatchNorm",
+         tests=[FLAG_TESTS + "sync_bn_on_a_cpu_keeps_each_ranks_statistics_as_written_out"]),
 ]

@@ -1,4 +1,5 @@
-"""docs/tests.md from the tests themselves: each file's docstring, then each test's name as the sentence it is.
+"""docs/tests.md from the tests themselves: where the suite's time goes (tests/times.json, measured by
+scripts/test_times.py), then each file's docstring and each test's name as the sentence it is.
 
     python scripts/list_tests.py            # rewrite docs/tests.md
     python scripts/list_tests.py --check    # exit 1 if docs/tests.md is not what the tests say now
@@ -9,11 +10,13 @@ list says nothing the names do not, so what the README promises of the suite is 
 
 import argparse
 import ast
+import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "tests.md"
+TIMES = ROOT / "tests" / "times.json"
 HEADER = """# What the tests show
 
 Generated from `tests/` by `scripts/list_tests.py` (`make test` fails when this page is out of date):
@@ -43,8 +46,40 @@ def how(function):
     return f": {sentence}." if sentence else ""
 
 
+def times():
+    """The table of where the time goes, from tests/times.json."""
+    if not TIMES.is_file():
+        return ["\n## Where the time goes\n", "Not measured yet: `python scripts/test_times.py` measures it.\n"]
+    measured = json.loads(TIMES.read_text())
+    files, parts = measured["files"], ("startup_s", "training_s", "waiting_s", "pytest_s")
+    total = {key: sum(row[key] for row in files.values()) for key in ("tests", "interpreters", *parts)}
+    wall = sum(total[part] for part in parts)
+    lines = ["\n## Where the time goes\n",
+             f"`make test` on {measured['cores']} cores ({measured['cpu']}; torch {measured['torch']}, Python "
+             f"{measured['python']}), measured by `scripts/test_times.py` on {measured['measured']}: "
+             f"{total['tests']} tests in {measured['total_s'] / 60:.1f} minutes, "
+             f"{measured['collection_s']:.0f} s of them collecting. Each file's seconds are split four ways: "
+             "**start-up**, a fresh Python importing torch and the recipes (the tests' ranks are forked from a "
+             "server that imported them once: `tests/forkserver.py`; the tests of launchers start real ones); "
+             "**training**, the processes past their start-up computing; **waiting**, those processes alive but "
+             "idle (a peer, a timeout, a sleep); **pytest**, none of them alive (the tests that compute in "
+             "pytest's own process, fixtures). The last column counts the fresh Pythons the file started.\n",
+             "| file | tests | seconds | start-up | training | waiting | pytest | Pythons started |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for name, row in sorted(files.items(), key=lambda item: -sum(item[1][part] for part in parts)):
+        seconds = sum(row[part] for part in parts)
+        lines.append(f"| [{Path(name).name}](../{name}) | {row['tests']} | {seconds:.0f} | " + " | ".join(
+            f"{row[part]:.0f}" for part in parts) + f" | {row['interpreters']} |")
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        if f"tests/{path.name}" not in files:
+            lines.append(f"| [{path.name}](../tests/{path.name}) | not measured | | | | | | |")
+    lines.append(f"| all | {total['tests']} | {wall:.0f} | " + " | ".join(
+        f"{total[part]:.0f} ({total[part] / wall:.0%})" for part in parts) + f" | {total['interpreters']} |")
+    return lines
+
+
 def page():
-    lines = [HEADER]
+    lines = [HEADER, *times()]
     for path in sorted((ROOT / "tests").glob("test_*.py")):
         module = ast.parse(path.read_text())
         tests = [node for node in module.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]

@@ -2,17 +2,22 @@
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+
+import forkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("red", "green", "blue")
@@ -74,10 +79,12 @@ def recipe_command(recipe, args, nproc=None):
 
 def run_recipe(recipe, args, nproc=None, expect_ok=True, env=None, timeout=300, torchrun=False):
     """Run recipes/<recipe>/train.py: one process, or nproc of them as torchrun's workers (torchrun: under
-    torchrun itself)."""
+    torchrun itself), each forked from the suite's fork server unless torchrun."""
     args = [str(a) for a in args]
     if nproc is not None and not torchrun:
         result = launch_ranks(recipe_command(recipe, args), nproc, child_env(env), timeout)
+    elif nproc is None:
+        result = run_python(recipe_command(recipe, args), env=env, timeout=timeout)
     else:
         result = subprocess.run(recipe_command(recipe, args, nproc), cwd=ROOT, env=child_env(env),
                                 capture_output=True, text=True, timeout=timeout)
@@ -87,18 +94,42 @@ def run_recipe(recipe, args, nproc=None, expect_ok=True, env=None, timeout=300, 
     return result
 
 
+def run_python(command, cwd=ROOT, env=None, timeout=300):
+    """subprocess.run(command, capture_output=True, text=True) with the suite's environment (and env's
+    variables): forked from the fork server when command is `python SCRIPT ...` with this Python."""
+    if forkserver.forkable(command):
+        return forkserver.run(command, cwd, child_env(env), timeout, child_env())
+    return subprocess.run(command, cwd=cwd, env=child_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun_env(rank, nproc, port, run_id, errors):
+    """What torchrun --standalone --nproc_per_node=nproc adds to rank's environment (test_forked.py compares)."""
+    return {"RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
+            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
+            "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "localhost",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCHELASTIC_ERROR_FILE": str(errors / str(rank) / "error.json"),
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+
+
 def launch_ranks(command, nproc, env, timeout, grace=10):
-    """nproc processes of command, each with the environment torchrun --standalone gives its workers (RANK,
-    LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: the recipes then meet at rank 0's
-    store, env://, as under torch.distributed.launch or SLURM), without torchrun's agent, whose start-up costs
-    about a second a run, minutes over the suite; the tests of torchrun's own behaviour launch torchrun. As its
-    agent does, the first rank to fail has the others sent SIGTERM, then SIGKILL after `grace` seconds, and the
-    exit code is 1 when any rank failed. The output: every rank's stdout (then stderr), rank by rank."""
-    port, files = free_port(), [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(nproc)]
-    ranks = [subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env={
-        **env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-        "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        for rank, (out, err) in enumerate(files)]
+    """nproc processes of command as torchrun --standalone starts its workers, without its agent: the
+    environment it gives them (torchrun_env), its store (held here, as the agent holds it) and a session each;
+    `python SCRIPT` forked from the fork server. The agent's start-up costs about a second a run, a fresh
+    interpreter's imports 2.5 s a rank; the tests of torchrun's own behaviour launch torchrun. As its agent
+    does, the first rank to fail has the others sent SIGTERM, then SIGKILL after `grace` seconds, and the exit
+    code is 1 when any rank failed. The output: every rank's stdout (then stderr), rank by rank."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    run_id, errors = str(uuid.uuid4()), Path(tempfile.mkdtemp(prefix="torchelastic-"))
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(nproc)]
+    envs = [{**env, **torchrun_env(rank, nproc, store.port, run_id, errors)} for rank in range(nproc)]
+    if forkserver.forkable(command):
+        ranks = [forkserver.Forked(command, ROOT, rank_env, out, err, child_env())
+                 for rank_env, (out, err) in zip(envs, files)]
+    else:
+        ranks = [subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env=rank_env,
+                                  start_new_session=True) for rank_env, (out, err) in zip(envs, files)]
     deadline, stop_at = time.monotonic() + timeout, None
     try:
         while any(rank.poll() is None for rank in ranks):
@@ -118,6 +149,7 @@ def launch_ranks(command, nproc, env, timeout, grace=10):
             if rank.poll() is None:
                 rank.kill()
                 rank.wait()
+        shutil.rmtree(errors, ignore_errors=True)
     outputs = []
     for out, err in files:
         out.seek(0), err.seek(0)

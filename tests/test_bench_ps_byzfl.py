@@ -2,13 +2,12 @@
 
 import csv
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, child_env
+from conftest import ROOT, run_python
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
@@ -43,7 +42,7 @@ def quick(digits, tmp_path_factory):
     runs, figures = tmp / "runs", tmp / "figures"
     command = [sys.executable, str(ROOT / "scripts" / "bench_ps_byzfl.py"), "--quick", "--data", str(digits),
                "--runs", str(runs), "--figures-data", str(figures)]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return command, runs, figures, result.stdout
 
@@ -116,7 +115,7 @@ def test_a_finished_run_is_not_trained_again(quick):
     timings = sorted((runs / "quick-steps20" / "results").glob("*/train_time_tr_seed_0_dd_seed_0.txt"))
     assert len(timings) == 4
     before = [path.stat().st_mtime_ns for path in timings]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    result = run_python(command, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "0 run(s) trained now, 4 kept" in result.stdout
     assert [path.stat().st_mtime_ns for path in timings] == before
@@ -124,9 +123,8 @@ def test_a_finished_run_is_not_trained_again(quick):
 
 
 def test_a_folder_without_train_and_val_is_a_one_line_error(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_ps_byzfl.py"), "--data",
-                             str(tmp_path / "missing"), "--runs", str(tmp_path / "runs")], cwd=ROOT, env=child_env(),
-                            capture_output=True, text=True, timeout=120)
+    result = run_python([sys.executable, str(ROOT / "scripts" / "bench_ps_byzfl.py"), "--data",
+                         str(tmp_path / "missing"), "--runs", str(tmp_path / "runs")], timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing'} has no train/ and val/ folders; "
                                                   "run `python scripts/make_demo_data.py` first"]

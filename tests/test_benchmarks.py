@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, child_env, plot_results
+from conftest import ROOT, plot_results, run_python
 
 sys.path.insert(0, str(ROOT))
 from scripts import bench_sharding, measuring, bench_pipeline, bench_ps  # noqa: E402
@@ -20,7 +20,7 @@ def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     out = tmp_path / "recovery.json"
     command = [sys.executable, "scripts/bench_recovery.py", "--quick", str(tiny_data), "--json", str(out), "--runs",
                str(tmp_path / "runs"), "--cases", "ps-async-a-server-killed"]  # (every case: tests/test_faults.py)
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    result = run_python(command, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     measured = json.loads(out.read_text())
     assert measured["finished"] and measured["arch"] == "lenet"
@@ -46,7 +46,7 @@ def test_bench_precision_runs_each_precision_it_names_and_says_what_the_cpu_has(
     out = tmp_path / "precision.csv"
     command = [sys.executable, "scripts/bench_precision.py", "--quick", "--processes", "2", "--csv", str(out),
                "--runs", str(tmp_path / "runs")]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    result = run_python(command, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     native_bf16 = bool({"avx512_bf16", "amx_bf16"} & set(measuring.cpu_flags().split()))
     rows = measuring.read_csv(out)
@@ -79,7 +79,7 @@ def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
     out = tmp_path / "compile.csv"
     command = [sys.executable, "scripts/bench_compile.py", str(tiny_data), "--quick", "--epochs", "2", "--threads",
                "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
+    result = run_python(command, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -101,7 +101,7 @@ def test_bench_io_measures_both_decoders(tmp_path):
                     "--classes", "2", "--images", "40"], check=True, capture_output=True)
     command = [sys.executable, "scripts/bench_io.py", str(jpegs), "--workers", "0", "1", "--repeats", "1",
                "-b", "8", "--image-size", "64", "--csv", str(out)]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert sorted((r["decoder"], r["batches"], r["workers"]) for r in rows) == [
@@ -127,7 +127,7 @@ def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path)
     out = tmp_path / "scaling.csv"
     command = [sys.executable, "scripts/bench_scaling.py", "-a", "lenet", "--image-size", "16", "-b", "128",
                "--processes", "1", "--steps", "5", "--warmup", "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert sorted((r["kind"], r["recipe"], r["data"]) for r in rows) == [
@@ -144,7 +144,7 @@ def test_bench_compression_trains_serial_and_ddp_and_a_restart_trains_only_what_
     command = [sys.executable, "scripts/bench_compression.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
                "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--seeds", "0", "--runs", runs,
                "--figures-data", data]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "(3 run(s) trained now, 0 kept from an earlier start)" in result.stdout
     with open(data / "compression.csv", newline="") as f:
@@ -156,7 +156,7 @@ def test_bench_compression_trains_serial_and_ddp_and_a_restart_trains_only_what_
 
     # a stop cut the serial run short: its summary.json is gone; a new start trains it alone again
     (runs / "serial-seed0" / "summary.json").unlink()
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "(1 run(s) trained now, 2 kept from an earlier start)" in result.stdout
     with open(data / "compression.csv", newline="") as f:
@@ -175,7 +175,7 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
     (data / "curves" / "nd.csv").write_text("stale\n")  # an earlier layout: not drawn beside the new runs
     command = [sys.executable, "scripts/bench_curves.py", "--data", tiny_data, "--quick", "--epochs", "2",
                "--global-batch", "16", "--seeds", "3", "--runs", tmp_path / "runs", "--figures-data", data]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     native_bf16 = bool({"avx512_bf16", "amx_bf16"} & set(measuring.cpu_flags().split()))  # (the suite: CPU only)
     names = ["apex", "ddp", "nd"] + (["apex-low"] if native_bf16 else [])
@@ -310,7 +310,6 @@ def test_the_zero_model_divides_what_each_mode_shards():
 
 
 def test_bench_sharding_without_data_says_so_in_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "scripts/bench_sharding.py", "--data", tmp_path / "none"], cwd=ROOT,
-                            env=child_env(), capture_output=True, text=True, timeout=120)
+    result = run_python([sys.executable, "scripts/bench_sharding.py", "--data", tmp_path / "none"], timeout=120)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "has no train/ folder" in result.stderr

@@ -20,7 +20,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, child_env, free_port
+from conftest import ROOT, child_env, free_port, run_python
 
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("recipes/*/README.md")),
          *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*.md"))]
@@ -108,10 +108,10 @@ def test_each_command_on_the_digits_runs_as_written_and_learns(commands, digits,
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "mnist5k").symlink_to(digits)
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
-    env = child_env({"PET_MASTER_PORT": str(free_port())})  # (torchrun's --master_port, for a plain torchrun)
+    env = {"PET_MASTER_PORT": str(free_port())}  # (torchrun's --master_port, for a plain torchrun)
     for tokens in commands:
         started = time.time()
-        result = subprocess.run(argv_of(tokens), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        result = run_python(argv_of(tokens), cwd=tmp_path, env=env, timeout=300)  # (python SCRIPT: forked)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
         assert result.returncode == 0, f"{shlex.join(tokens)}\n{errors}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         written = [p for p in tmp_path.glob("runs/**/summary.json") if p.stat().st_mtime >= started]

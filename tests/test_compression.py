@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import TINY, free_port, read_summary, run_recipe
+from conftest import TINY, child_env, free_port, read_summary, run_recipe
+import forkserver
 
 from recipes.common import compat
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -79,7 +79,7 @@ def record_payloads():
 
 
 def run_hook(tmp_path, method, grads_per_step, **options):
-    mp.spawn(hook_worker, args=(free_port(), method, grads_per_step, options, tmp_path), nprocs=WORLD_SIZE)
+    forkserver.spawn(hook_worker, (free_port(), method, grads_per_step, options, tmp_path), WORLD_SIZE, child_env())
     return [torch.load(tmp_path / f"{rank}.pt") for rank in range(WORLD_SIZE)]
 
 

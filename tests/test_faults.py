@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, TINY, alive, child_env, free_port, read_summary, recipe_command, run_recipe
+from conftest import ROOT, TINY, alive, child_env, free_port, read_summary, recipe_command, run_python, run_recipe
 
 # random flips make the comparison sensitive to the random state a resume restores
 # -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps. A SIGTERM after step 9
@@ -33,6 +33,8 @@ def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_arg
     """Run a recipe under scripts/inject_fault.py (under torchrun when nproc is given)."""
     inject = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", fault, "--step", str(step), *inject_args,
               "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
+    if nproc is None and not popen:
+        return run_python([sys.executable, *inject], timeout=timeout)  # (forked: no launcher in the test)
     if nproc is None:
         command = [sys.executable, *inject]
     else:

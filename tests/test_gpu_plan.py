@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, child_env
+from conftest import ROOT, child_env, run_python
 
 sys.path.insert(0, str(ROOT))
 from scripts import bench_gpu, gpu_check, gpu_plan, gpu_smoke, measuring, step_times  # noqa: E402
@@ -24,15 +24,13 @@ DECODE = {"tensor": 1000.0, "pil": 800.0}
     ("bench_examples.py", ["{tiny}", "--examples", "no/main.py"], "--examples no/main.py is not a file")])
 def test_the_gpu_and_parity_tools_refuse_in_one_line(tiny_data, script, flags, message):
     flags = [flag.replace("{tiny}", str(tiny_data)) for flag in flags]
-    result = subprocess.run([sys.executable, f"scripts/{script}", *flags], cwd=ROOT, env=child_env(),
-                            capture_output=True, text=True, timeout=120)
+    result = run_python([sys.executable, f"scripts/{script}", *flags], timeout=120)
     assert result.returncode != 0 and result.stdout == ""
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr
 
 
 def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():
-    listed = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--list"], cwd=ROOT, env=child_env(),
-                            capture_output=True, text=True, timeout=120)
+    listed = run_python([sys.executable, "scripts/gpu_smoke.py", "--list"], timeout=120)
     assert listed.returncode == 0, listed.stderr
     plan = dict(line.split(None, 1) for line in listed.stdout.splitlines())
     assert {"nd", "dp", "ddp-decoder-pil", "ddp-decoder-gpu", "pipeline-stages-1"} <= set(plan)
@@ -46,8 +44,7 @@ def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():
     assert "--fault term" in faults and "--auto-resume" in faults
     assert "count_syncs.py" in plan["syncs-per-step-ddp"]
     assert "--amp-dtype fp16" in plan["syncs-per-step-apex-fp16-ema"] and "--ema-decay" in plan["syncs-per-step-apex-fp16-ema"]
-    result = subprocess.run([sys.executable, "scripts/gpu_smoke.py"], cwd=ROOT, env=child_env(), capture_output=True,
-                            text=True, timeout=120)
+    result = run_python([sys.executable, "scripts/gpu_smoke.py"], timeout=120)
     assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
     assert "no CUDA GPU here" in result.stderr
 
@@ -110,8 +107,7 @@ def test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command(
     assert len(again) > len(commands) and all(seconds <= 9 * 60 - gpu_check.MARGIN_S for seconds, _ in again)
     assert [line.split(" s  ", 1)[1] for _, lines in again for line in lines[2 if lines is again[0][1] else 1:]
             if "profile" not in line] == list(planned)
-    result = subprocess.run([sys.executable, "scripts/gpu_check.py", "--plan"], cwd=ROOT, env=child_env(),
-                            capture_output=True, text=True, timeout=120)
+    result = run_python([sys.executable, "scripts/gpu_check.py", "--plan"], timeout=120)
     assert result.returncode == 0 and "command 1: about" in result.stdout and "ddp fp32" in result.stdout
 
 
@@ -135,11 +131,10 @@ def test_step_times_marks_each_step_of_a_recipe_and_profiles_its_last_epoch(tmp_
     """The launcher times every step after the first of each epoch, and moves --profile into the middle of the last
     epoch; the trace's summary names where a step's time went."""
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "scripts/step_times.py", "--epoch-images", "96", "--val-images", "8",
+    result = run_python([sys.executable, "scripts/step_times.py", "--epoch-images", "96", "--val-images", "8",
                              "--profile-last-epoch", "recipes/apex/train.py", "--synthetic", "-a", "lenet",
                              "--image-size", "16", "-b", "8", "-j", "0", "--epochs", "2", "-p", "1000", "--profile",
-                             "3", "--out", str(out)], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                            timeout=300)
+                             "3", "--out", str(out)], timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     found = json.loads((out / "steps.json").read_text())
     assert found["device"] == "cpu" and [len(e) for e in found["epochs"]] == [11, 11]

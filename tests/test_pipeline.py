@@ -1,5 +1,6 @@
 """The pipeline recipe: stages against the unsplit model, each sync method, stragglers, bad input."""
 
+import json
 import threading
 import time
 import types
@@ -7,8 +8,8 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import TINY, free_port, read_summary, run_recipe
+from conftest import TINY, child_env, free_port, read_summary, run_recipe
+import forkserver
 from test_bad_input import assert_one_clear_line
 from test_faults import injected
 from torch.utils.data import DistributedSampler
@@ -179,14 +180,14 @@ def _average_in_pairs(rank, world_size, port, results):
     after = torch.cat([p.reshape(-1) for p in params])
     sums = torch.stack([before, after])
     dist.all_reduce(sums)
-    results.put((rank, (sums[0] - sums[1]).abs().max().item(), (after - before).abs().max().item()))
+    (results / f"{rank}.json").write_text(json.dumps([rank, (sums[0] - sums[1]).abs().max().item(),
+                                                      (after - before).abs().max().item()]))
     dist.destroy_process_group()
 
 
-def test_an_adpsgd_round_keeps_the_replicas_average():
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_average_in_pairs, args=(5, free_port(), results), nprocs=5, start_method="spawn")
-    found = sorted(results.get() for _ in range(5))
+def test_an_adpsgd_round_keeps_the_replicas_average(tmp_path):
+    forkserver.spawn(_average_in_pairs, (5, free_port(), tmp_path), 5, child_env())
+    found = sorted(json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(5))
     assert all(change_of_sum < 1e-5 for _, change_of_sum, _ in found), found
     assert sum(moved > 0 for _, _, moved in found) == 4  # two pairs averaged; the fifth replica sat out
 
@@ -210,15 +211,14 @@ def _split_and_compare(rank, world_size, port, schedule, results):
     mine = [(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()) if p.grad is not None]
     gap = max((a - b).abs().max().item() for a, b in mine)
     loss_gap = abs(torch.stack(losses).mean().item() - loss.item()) if rank == 1 else 0.0
-    results.put((rank, len(mine), gap, loss_gap))
+    (results / f"{rank}.json").write_text(json.dumps([rank, len(mine), gap, loss_gap]))
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_the_pipelined_model_has_the_unsplit_models_loss_and_gradients(schedule):
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_split_and_compare, args=(2, free_port(), schedule, results), nprocs=2, start_method="spawn")
-    found = sorted(results.get() for _ in range(2))
+def test_the_pipelined_model_has_the_unsplit_models_loss_and_gradients(tmp_path, schedule):
+    forkserver.spawn(_split_and_compare, (2, free_port(), schedule, tmp_path), 2, child_env())
+    found = sorted(json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2))
     assert sum(n for _, n, _, _ in found) == len(list(models.build_model("lenet", 3).parameters()))
     assert all(gap < 1e-6 and loss_gap < 1e-6 for _, _, gap, loss_gap in found), found
 

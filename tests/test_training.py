@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from conftest import TINY, free_port, read_summary, run_recipe
+from conftest import TINY, child_env, free_port, read_summary, run_recipe
+import forkserver
 from test_recipes import assert_complete_run_dir
 from recipes.common import bookkeeping, checkpoint, cli, data, models, runlog, schedule
 
@@ -79,7 +79,7 @@ def accumulation_worker(rank, port, recipe, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["ddp", "apex", "compression", "fsdp"])
 def test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step(tmp_path, recipe):
-    mp.spawn(accumulation_worker, args=(free_port(), recipe, tmp_path), nprocs=WORLD_SIZE)
+    forkserver.spawn(accumulation_worker, (free_port(), recipe, tmp_path), WORLD_SIZE, child_env())
     for rank in range(WORLD_SIZE):
         results = torch.load(tmp_path / f"{rank}.pt")
         for big, accumulated in zip(results[1]["weights"], results[4]["weights"]):
@@ -274,3 +274,234 @@ def test_accumulation_keeps_one_allreduce_per_step_in_the_compression_recipe(tin
     sent = {k: read_summary(out)["bytes_per_step"] for k, out in runs.items()}
     assert sent[1] == sent[3] > 0
     assert read_summary(runs[3])["global_batch"] == 24
+
+
+# ---- each flag against a plain computation ----------------------------------------------------------------------
+# The recipe runs its first steps (2 ddp ranks on the tiny folder, as torchrun starts them); the test computes the
+# same steps plainly, from the same data and initial weights, and compares what the recipe wrote.
+
+REFERENCE = [*TINY, "--lr", "2", "--epochs", "1"]  # lr 0.125 for a global batch of 16: steps that move the weights
+
+
+def recipe_args(recipe, tiny_data, *flags):
+    return importlib.import_module(f"recipes.{recipe}.train").parse_args([str(tiny_data), *REFERENCE, *flags])
+
+
+def cross_entropy(output, target):
+    """-log p(target), averaged over the batch, from the logits: the loss written out."""
+    return -output.log_softmax(1).gather(1, target[:, None]).mean()
+
+
+def plain_steps(args, world, loss_of=cross_entropy, lr_factor_at=lambda step: 1.0):
+    """The recipe's steps, plainly: at each step the global batch (every rank's shard of its loader, rank by rank),
+    the loss of the whole batch, and SGD with momentum and weight decay written out at lr x lr_factor_at(step).
+    Returns the weights after each step."""
+    train_set, _, num_classes = data.build_datasets(args)
+    samplers = [DistributedSampler(train_set, num_replicas=world, rank=rank, seed=args.seed) for rank in range(world)]
+    loaders = [data.train_loader(train_set, args, sampler) for sampler in samplers]
+    data.set_seed(args.seed)
+    model = models.build_model(args.arch, num_classes)  # the recipe's initial weights
+    normalise = data.device_transform(args, torch.device("cpu"), num_classes, train=False)
+    lr = args.lr * args.batch_size * args.accum_steps * world / 256
+    velocity = [torch.zeros_like(p) for p in model.parameters()]
+    history, step = [], 0
+    for epoch in range(args.epochs):
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+        for batches in zip(*loaders):
+            images, target = normalise(torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches]))
+            grads = torch.autograd.grad(loss_of(model(images), target), list(model.parameters()))
+            with torch.no_grad():
+                for weight, grad, v in zip(model.parameters(), grads, velocity):
+                    v.mul_(args.momentum).add_(grad + args.weight_decay * weight)  # (the first step: v = g)
+                    weight.sub_(lr * lr_factor_at(step) * v)
+            history.append({name: p.detach().clone() for name, p in model.named_parameters()})
+            step += 1
+    return history
+
+
+def saved(out, key="model"):
+    return torch.load(out / "checkpoint.pt", weights_only=True)[key]
+
+
+def distance(a, b):
+    return max((a[name] - b[name]).abs().max().item() for name in b)
+
+
+def step_values(out, tag):
+    """Each step's value of a TensorBoard scalar rank 0 wrote (-p 1: every step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(out)).Reload()
+    return [event.value for event in events.Scalars(tag)]
+
+
+def test_label_smoothing_trains_on_the_smoothed_loss_written_out(tiny_data, tmp_path):
+    """--label-smoothing 0.2: the weights after 3 steps are plain SGD's on (1 - e) (-log p_y) + e mean_k(-log p_k),
+    and the first step's logged loss is that of rank 0's batch; plain cross-entropy's weights are far from them."""
+    out, flags = tmp_path / "run", ["--label-smoothing", "0.2"]
+    run_recipe("ddp", [tiny_data, *REFERENCE, *flags, "--out", out], nproc=2)
+    args = recipe_args("ddp", tiny_data, *flags)
+
+    def smoothed(output, target, e=0.2):
+        log_p = output.log_softmax(1)
+        return ((1 - e) * -log_p.gather(1, target[:, None]).squeeze(1) - e * log_p.mean(1)).mean()
+    plain = plain_steps(args, 2, smoothed)
+    assert len(plain) == 3 and distance(saved(out), plain[-1]) < 1e-5
+    assert distance(saved(out), plain_steps(args, 2)[-1]) > 1e-3
+    train_set, _, _ = data.build_datasets(args)
+    loader = data.train_loader(train_set, args, DistributedSampler(train_set, 2, 0, seed=args.seed))
+    data.set_seed(args.seed)
+    model = models.build_model("lenet", 3)
+    images, target = data.device_transform(args, torch.device("cpu"), 3, train=False)(*next(iter(loader)))
+    assert step_values(out, "train/step_loss")[0] == pytest.approx(smoothed(model(images), target).item(), rel=1e-5)
+
+
+def test_accumulated_micro_batches_train_as_one_batch_of_every_rank_and_micro_batch(tiny_data, tmp_path):
+    """-b 4 --accum-steps 2 on 2 ranks: 3 steps of one global batch of 16 (the mean loss over all of it), at the
+    learning rate of 16, as plain SGD on the 16 images computes; summed micro-batch gradients would be far."""
+    out, flags = tmp_path / "run", ["-b", "4", "--accum-steps", "2"]
+    run_recipe("ddp", [tiny_data, *REFERENCE, *flags, "--out", out], nproc=2)
+    args = recipe_args("ddp", tiny_data, *flags)
+    plain = plain_steps(args, 2)
+    assert len(plain) == 3 and distance(saved(out), plain[-1]) < 1e-5
+    summed = plain_steps(args, 2, lambda output, target: 2 * cross_entropy(output, target))
+    assert distance(saved(out), summed[-1]) > 1e-3
+
+
+SCHEDULES = {  # the flags, and the rate's multiple at each of the 9 steps of 3 epochs of 3 steps, written out
+    "cosine after warmup": (["--lr-schedule", "cosine", "--warmup-epochs", "1"],
+                            [1 / 3, 2 / 3, 1] + [0.5 * (1 + math.cos(math.pi * k / 6)) for k in range(6)]),
+    "steps after warmup": (["--lr-steps", "1", "2", "--warmup-epochs", "0.67"],  # round(0.67 x 3) = 2 steps
+                           [1 / 2, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01, 0.01]),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_the_learning_rate_at_every_step_is_the_schedule_written_out(tiny_data, tmp_path, name):
+    """--lr-schedule, --warmup-epochs, --lr-steps over 3 epochs of 3 steps: the rate each step used (TensorBoard's
+    train/step_lr) is lr x the schedule's multiple written out above, and the weights are plain SGD's at those
+    rates; at the full rate throughout they would be far."""
+    flags, factors = SCHEDULES[name]
+    out, flags = tmp_path / "run", [*flags, "--epochs", "3"]
+    run_recipe("ddp", [tiny_data, *REFERENCE, *flags, "--out", out], nproc=2)
+    args = recipe_args("ddp", tiny_data, *flags)
+    lr = args.lr * 16 / 256
+    assert step_values(out, "train/step_lr") == pytest.approx([lr * f for f in factors], rel=1e-6)
+    plain = plain_steps(args, 2, lr_factor_at=factors.__getitem__)
+    assert len(plain) == 9 and distance(saved(out), plain[-1]) < 1e-5
+    assert distance(saved(out), plain_steps(args, 2)[-1]) > 1e-3
+
+
+def test_the_ema_after_the_first_and_the_kth_update_is_the_average_written_out(tiny_data, tmp_path):
+    """--ema-decay 0.5: after one update the EMA is the weights (the first update copies); after 6 (2 epochs of 3)
+    it is 0.5^5 w_1 + sum_k 0.5 x 0.5^(6-k) w_k over plain SGD's weights w_k; n_averaged counts the updates."""
+    for name, flags, updates in (("first", ["-b", "24"], 1), ("kth", ["--epochs", "2"], 6)):
+        out, flags = tmp_path / name, ["--ema-decay", "0.5", *flags]
+        run_recipe("ddp", [tiny_data, *REFERENCE, *flags, "--out", out], nproc=2)
+        weights = plain_steps(recipe_args("ddp", tiny_data, *flags), 2)
+        assert len(weights) == updates
+        expected = {name: 0.5 ** (updates - 1) * weights[0][name] + sum(
+            0.5 * 0.5 ** (updates - 1 - k) * weights[k][name] for k in range(1, updates)) for name in weights[0]}
+        ema = saved(out, "ema")
+        assert ema["n_averaged"] == updates
+        assert distance({name: ema[f"module.{name}"] for name in expected}, expected) < 1e-5
+        assert distance(saved(out), weights[-1]) < 1e-5
+    assert distance(saved(tmp_path / "kth"), {n: ema[f"module.{n}"] for n in expected}) > 1e-3
+
+
+def mixed_draws(flags, count, seed=0):
+    """count batches of 8 through the recipe's training transform (what run.to_device does to each batch) beside
+    the same batches unmixed; labels 0 1 2 0 1 2 0 1: each image's partner (the previous one) has another class."""
+    args = recipe_args("ddp", "unused", *flags)
+    mix, plain = (data.device_transform(args, torch.device("cpu"), 3, train=train) for train in (True, False))
+    torch.manual_seed(seed)
+    labels = torch.arange(8) % 3
+    for _ in range(count):
+        images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
+        yield plain(images, labels)[0], labels, *mix(images, labels)
+
+
+def mixed_as_written(x, labels, mixed, target):
+    """(kind, lambda) when mixed and target are a mixup or a cutmix of x with its partners written out, else None:
+    mixup: lambda x + (1 - lambda) partner everywhere; cutmix: the partner inside one rectangle, x outside, lambda
+    one minus the rectangle's share; the target lambda one_hot(y) + (1 - lambda) one_hot(partner's y) either way."""
+    partner, one_hot = x.roll(1, 0), torch.nn.functional.one_hot(labels, 3).float()
+    lam = target[0, labels[0]].item()
+    if not torch.allclose(target, lam * one_hot + (1 - lam) * one_hot.roll(1, 0), atol=1e-6):
+        return None
+    inside = (mixed == partner).all(0).all(0)  # (a mixup, lambda < 1, has no pixel of the partner's)
+    rows, cols = inside.any(1).nonzero().flatten(), inside.any(0).nonzero().flatten()
+    if len(rows):
+        box = torch.zeros_like(inside)
+        box[rows.min():rows.max() + 1, cols.min():cols.max() + 1] = True
+        if torch.equal(inside, box) and torch.equal(torch.where(box, partner, x), mixed):
+            return ("cutmix", lam) if lam == pytest.approx(1 - box.sum().item() / box.numel(), abs=1e-6) else None
+        return None
+    if lam == 1 and torch.equal(mixed, x):
+        return "cutmix", lam  # (a rectangle clipped away entirely)
+    if torch.allclose(mixed, lam * x + (1 - lam) * partner, atol=1e-5):
+        return "mixup", lam
+    return None
+
+
+def test_mixup_and_cutmix_mix_each_batch_and_its_targets_as_written_out():
+    """--mixup-alpha 0.4: each batch is lambda x + (1 - lambda) its partners and so is the target, lambda drawn from
+    Beta(0.4, 0.4) (over 400 batches: its mean 1/2 and variance 1 / (4 (2 alpha + 1)) within 5 and 20 %);
+    --cutmix-alpha 1: the partners' pixels in one rectangle, lambda the share left; both: one or the other, about
+    half the batches each."""
+    draws = [mixed_as_written(*draw) for draw in mixed_draws(["--mixup-alpha", "0.4"], 400)]
+    assert all(draw is not None and draw[0] == "mixup" for draw in draws)
+    lams = torch.tensor([lam for _, lam in draws])
+    assert lams.mean().item() == pytest.approx(0.5, abs=0.05)
+    assert lams.var().item() == pytest.approx(1 / (4 * (2 * 0.4 + 1)), rel=0.2)
+    draws = [mixed_as_written(*draw) for draw in mixed_draws(["--cutmix-alpha", "1"], 100)]
+    assert all(draw is not None and draw[0] == "cutmix" for draw in draws)
+    assert sum(lam < 1 for _, lam in draws) > 50  # (lambda 1: a rectangle clipped away entirely)
+    kinds = [mixed_as_written(*draw) for draw in mixed_draws(["--mixup-alpha", "0.4", "--cutmix-alpha", "1"], 200)]
+    assert 60 < sum(kind == "mixup" for kind, _ in kinds) < 140 and None not in kinds
+
+
+def test_channels_last_trains_nhwc_weights_to_the_plain_steps(tiny_data, tmp_path):
+    """apex --opt-level O0 --channels-last (fp32): the weights the recipe saved are NHWC and equal plain SGD's (in
+    NCHW) after 3 steps; the batches reach the model NHWC."""
+    out, flags = tmp_path / "run", ["--opt-level", "O0", "--channels-last"]
+    run_recipe("apex", [tiny_data, *REFERENCE, *flags, "--out", out], nproc=2)
+    args = recipe_args("apex", tiny_data, *flags)
+    weights = saved(out)
+    assert weights["0.weight"].is_contiguous(memory_format=torch.channels_last)  # lenet's first convolution
+    assert not weights["0.weight"].is_contiguous()
+    assert distance(weights, plain_steps(args, 2)[-1]) < 1e-5
+    images, _ = data.device_transform(args, torch.device("cpu"), 3)(torch.zeros(2, 3, 16, 16, dtype=torch.uint8),
+                                                                    torch.zeros(2, dtype=torch.long))
+    assert images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+
+
+def test_compile_trains_the_plain_steps_with_inductors_kernels(tiny_data, tmp_path):
+    """nd --compile: the weights after 3 steps of 16 equal plain SGD's to 1e-5, and TorchInductor wrote the
+    kernels it ran (its cache, here a folder of the test's) for the forward and the backward."""
+    out, flags = tmp_path / "run", ["-b", "16", "--compile"]
+    run_recipe("nd", [tiny_data, *REFERENCE, *flags, "--out", out], env={"TORCHINDUCTOR_CACHE_DIR": tmp_path / "ind"})
+    assert distance(saved(out), plain_steps(recipe_args("nd", tiny_data, *flags), 1)[-1]) < 1e-5
+    kernels = list((tmp_path / "ind").rglob("*.py"))
+    assert len(kernels) >= 2, kernels
+
+
+def test_sync_bn_on_a_cpu_keeps_each_ranks_statistics_as_written_out(tiny_data, tmp_path):
+    """--sync-bn where SyncBatchNorm cannot run (a CPU): one warning line, and after one step resnet18's first
+    BatchNorm holds 0.1 x the mean of rank 0's own batch through conv1 (momentum 0.1 from 0), not the global
+    batch's; on CUDA the same flag converts the model (make gpu-smoke)."""
+    out, flags = tmp_path / "run", ["-a", "resnet18", "-b", "24", "--sync-bn"]
+    result = run_recipe("ddp", [tiny_data, *REFERENCE, *flags, "--out", out], nproc=2)
+    assert "warning: --sync-bn ignored: SyncBatchNorm runs only on CUDA" in result.stdout
+    args = recipe_args("ddp", tiny_data, *flags)
+    train_set, _, _ = data.build_datasets(args)
+    batches = [next(iter(data.train_loader(train_set, args, DistributedSampler(train_set, 2, rank, seed=args.seed))))
+               for rank in range(2)]
+    data.set_seed(args.seed)
+    conv1 = models.build_model("resnet18", 3).conv1
+    normalise = data.device_transform(args, torch.device("cpu"), 3, train=False)
+    with torch.no_grad():
+        means = [conv1(normalise(*batch)[0]).mean((0, 2, 3)) for batch in batches]
+    running_mean = saved(out)["bn1.running_mean"]
+    torch.testing.assert_close(running_mean, 0.1 * means[0], rtol=1e-4, atol=1e-6)
+    assert (running_mean - 0.1 * (means[0] + means[1]) / 2).abs().max() > 1e-4
