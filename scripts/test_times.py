@@ -12,7 +12,7 @@ started, and gives the wall time since the last sample to one of four parts:
   whatever else the children compute);
 - waiting: while the suite's processes are alive but idle (a peer, a timeout, a sleep);
 - pytest: while no process of the suite's is alive (collection, fixtures, the tests that compute in pytest's
-  own process).
+  own process); the tests' fork server (tests/forkserver.py) counts while it starts, not while it waits.
 Where processes starting and processes past their start-up share an interval, it is split by their CPU time.
 """
 
@@ -77,8 +77,9 @@ class Sampler:
             suite, todo = [], list(children[me])
             while todo:
                 pid = todo.pop()
-                suite.append(pid)
                 todo += children[pid]
+                if not (self.is_fork_server(pid) and (self.marks / f"{pid}.ready").exists()):
+                    suite.append(pid)  # (the fork server, idle between tests once started, is not the tests')
             starting = working = 0.0
             for pid in suite:
                 used = table[pid][1] - cpu_before.get(pid, 0.0)  # (a new process: all it used)
@@ -96,6 +97,15 @@ class Sampler:
             else:
                 part["startup"] += wall * starting / (starting + working)
                 part["training"] += wall * working / (starting + working)
+
+    def is_fork_server(self, pid, servers={}):
+        if pid not in servers:
+            try:
+                servers[pid] = b"forkserver.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
+                    Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid())
+            except OSError:
+                servers[pid] = False
+        return servers[pid]
 
     # pytest's hooks
     def pytest_collection_finish(self, session):

@@ -110,7 +110,26 @@ def torchrun_env(rank, nproc, port, run_id, errors):
             "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
             "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCHELASTIC_ERROR_FILE": str(errors / str(rank) / "error.json"),
-            "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(signal.Signals(number).name for number in HANDLED)}
+
+
+# the signals torchrun handles (its TORCHELASTIC_SIGNALS_TO_HANDLE): its workers start with them at their default,
+# where an ignored signal is otherwise inherited (the tests under nohup, or started in a shell's background)
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def default_handled_signals():
+    for number in HANDLED:
+        signal.signal(number, signal.SIG_DFL)
+
+
+def signal_group(rank, number):
+    """What torchrun's agent does to stop a worker: the signal to its process group (its session's)."""
+    if rank.poll() is None:
+        try:
+            os.killpg(rank.pid, number)
+        except ProcessLookupError:  # ended since poll() looked
+            pass
 
 
 def launch_ranks(command, nproc, env, timeout, grace=10):
@@ -118,37 +137,36 @@ def launch_ranks(command, nproc, env, timeout, grace=10):
     environment it gives them (torchrun_env), its store (held here, as the agent holds it) and a session each;
     `python SCRIPT` forked from the fork server. The agent's start-up costs about a second a run, a fresh
     interpreter's imports 2.5 s a rank; the tests of torchrun's own behaviour launch torchrun. As its agent
-    does, the first rank to fail has the others sent SIGTERM, then SIGKILL after `grace` seconds, and the exit
-    code is 1 when any rank failed. The output: every rank's stdout (then stderr), rank by rank."""
+    does, the first rank to fail has the others' process groups sent SIGTERM, then SIGKILL after `grace`
+    seconds, and the exit code is 1 when any rank failed. The output: every rank's stdout (then stderr), rank
+    by rank."""
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     run_id, errors = str(uuid.uuid4()), Path(tempfile.mkdtemp(prefix="torchelastic-"))
     files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(nproc)]
     envs = [{**env, **torchrun_env(rank, nproc, store.port, run_id, errors)} for rank in range(nproc)]
-    if forkserver.forkable(command):
-        ranks = [forkserver.Forked(command, ROOT, rank_env, out, err, child_env())
-                 for rank_env, (out, err) in zip(envs, files)]
-    else:
-        ranks = [subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env=rank_env,
-                                  start_new_session=True) for rank_env, (out, err) in zip(envs, files)]
-    deadline, stop_at = time.monotonic() + timeout, None
+    deadline, stop_at, ranks = time.monotonic() + timeout, None, []
     try:
-        while any(rank.poll() is None for rank in ranks):
+        for rank_env, (out, err) in zip(envs, files):
+            if forkserver.forkable(command):
+                ranks.append(forkserver.Forked(command, ROOT, rank_env, out, err, child_env(), handled=HANDLED))
+            else:
+                ranks.append(subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env=rank_env,
+                                              start_new_session=True, preexec_fn=default_handled_signals))
+        while None in [rank.poll() for rank in ranks]:  # (each one polled)
             if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(command, timeout)
             if stop_at is None and any(rank.returncode for rank in ranks):
                 stop_at = time.monotonic() + grace
                 for rank in ranks:
-                    if rank.poll() is None:
-                        rank.send_signal(signal.SIGTERM)
+                    signal_group(rank, signal.SIGTERM)
             if stop_at is not None and time.monotonic() > stop_at:
                 for rank in ranks:
-                    rank.kill()
+                    signal_group(rank, signal.SIGKILL)
             time.sleep(0.02)
     finally:
         for rank in ranks:
-            if rank.poll() is None:
-                rank.kill()
-                rank.wait()
+            signal_group(rank, signal.SIGKILL)
+            rank.wait()
         shutil.rmtree(errors, ignore_errors=True)
     outputs = []
     for out, err in files:

@@ -17,15 +17,16 @@ a real interpreter), and the server's interpreter flags and hash seed are its ow
 
 import atexit
 import base64
+import builtins
 import ctypes
 import faulthandler
 import functools
 import importlib
+import importlib.machinery
 import json
 import os
 import pickle
 import random
-import runpy
 import selectors
 import signal
 import socket
@@ -34,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +88,9 @@ def serve(path):
                     pid, status = os.waitpid(-1, os.WNOHANG)
                     if pid == 0:
                         break
-                    connection = running.pop(pid)
+                    connection = running.pop(pid, None)
+                    if connection is None:
+                        continue
                     try:
                         connection.send(str(os.waitstatus_to_exitcode(status)).encode())
                     except OSError:  # the test has stopped waiting for it
@@ -103,19 +108,38 @@ def serve(path):
                 connection.close()
                 continue
             sys.stdout.flush(), sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                for fileobj in (listener, connection, sys.stdin):
+            try:
+                pid = os.fork()
+            except OSError:  # (no memory, say: the test is told by the closed connection)
+                pid = None
+            if pid == 0:  # the server's files are not the forked process's
+                selector.close()
+                for fileobj in (listener, connection, sys.stdin, *running.values()):
                     fileobj.close()
                 os.close(wakeup_r), os.close(wakeup_w)
                 run_child(message, fds, base_path)
             for fd in fds:
                 os.close(fd)
+            if pid is None:
+                connection.close()
+                continue
             running[pid] = connection
             try:
                 connection.send(str(pid).encode())
             except OSError:
                 pass
+
+
+def run_script(script):
+    """What `python SCRIPT` does with it: a module __main__ of the script's code, its __file__ absolute."""
+    path = os.path.abspath(script)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None, __spec__=None,
+                           __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = module
+    with open(path, "rb") as file:
+        code = compile(file.read(), path, "exec")
+    exec(code, module.__dict__)
 
 
 def run_child(message, fds, base_path):
@@ -156,15 +180,14 @@ def run_child(message, fds, base_path):
         # PYTHONPATH's folders, absolute (from the working folder) and each once, as site.py leaves sys.path
         python_path = [os.path.abspath(p) for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         if request["call"]:  # spawn(): function(rank, *args), from a test module
-            script = __file__
             sys.path[:] = dict.fromkeys([str(ROOT / "tests"), str(ROOT), *python_path, *base_path])
             function, args = pickle.loads(base64.b64decode(request["call"]))
             main = functools.partial(function, int(request["env"]["RANK"]), *args)
         else:  # `python SCRIPT ARGS`
             script, *args = request["argv"]
-            sys.path[:] = dict.fromkeys([str(Path(script).resolve().parent), *python_path, *base_path])
+            sys.path[:] = dict.fromkeys([os.path.dirname(os.path.abspath(script)), *python_path, *base_path])
             sys.argv = [script, *args]
-            main = functools.partial(runpy.run_path, script, run_name="__main__")
+            main = functools.partial(run_script, script)
         torch = sys.modules["torch"]
         random.seed(), sys.modules["numpy"].random.seed(), torch.seed()  # as a fresh interpreter seeds them
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count()))
@@ -179,12 +202,19 @@ def run_child(message, fds, base_path):
                 code = 1
         except BaseException as error:  # the traceback from the script's own frames on, as Python prints it
             frames = error.__traceback__
-            while frames.tb_next and frames.tb_frame.f_code.co_filename != str(Path(script).resolve()):
+            while frames.tb_next and frames.tb_frame.f_code.co_filename == __file__:
                 frames = frames.tb_next
             sys.excepthook(type(error), error.with_traceback(frames), frames)
-            code = 1
+            code = -signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
         threading._shutdown()  # as the interpreter ends: its threads joined, then the atexit functions
         atexit._run_exitfuncs()
+        if code == -signal.SIGINT:  # Python ends an uncaught KeyboardInterrupt by SIGINT
+            sys.stdout.flush(), sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # before the script ran: the request could not be set up
+        traceback.print_exc()
+        code = 1
     finally:
         try:
             sys.stdout.flush(), sys.stderr.flush()
@@ -198,8 +228,9 @@ server = {}  # the one server of this pytest session: its process and its socket
 
 
 def start(env):
-    """The server, started on the first call with env (the suite's child_env()), then the same one."""
-    if "process" not in server:
+    """The server, started on the first call with env (the suite's child_env()), then the same one (started
+    again should it have ended)."""
+    if "process" not in server or server["process"].poll() is not None:
         folder = tempfile.mkdtemp(prefix="forkserver-")
         server["path"] = os.path.join(folder, "socket")
         server["process"] = subprocess.Popen([sys.executable, __file__, server["path"]], cwd=ROOT, env=env,
@@ -219,12 +250,15 @@ class Forked:
     """subprocess.Popen's interface to a process forked by the server: pid, poll, wait, send_signal, terminate,
     kill, returncode."""
 
-    def __init__(self, command, cwd, env, stdout, stderr, server_env, call=None):
+    def __init__(self, command, cwd, env, stdout, stderr, server_env, call=None, handled=()):
+        """handled: signals its launcher handles (torchrun: SIGTERM, SIGINT, SIGHUP, SIGQUIT), which its
+        process then starts with at their default even where the tests' process ignores them."""
         self.args, self.returncode = command, None
         self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.connection.connect(start(server_env))
         ignored = [number for number in range(1, signal.NSIG) if number not in (signal.SIGPIPE, signal.SIGXFSZ)
-                   and signal.getsignal(number) == signal.SIG_IGN]  # (subprocess restores those two)
+                   and number not in handled and signal.getsignal(number) == signal.SIG_IGN]  # (subprocess
+        # restores SIGPIPE and SIGXFSZ)
         request = json.dumps({"argv": [str(part) for part in command[1:]], "cwd": str(cwd),
                               "env": {key: str(value) for key, value in env.items()}, "call": call,
                               "ignored": ignored, "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))})
@@ -237,7 +271,12 @@ class Forked:
         except BaseException:
             self.connection.close()
             raise
-        self.pid = int(self.connection.recv(64))
+        self.pid = self.number(self.connection.recv(64))
+
+    def number(self, message):
+        if not message:  # (the server is gone: the next request starts another)
+            raise RuntimeError(f"the fork server ended before {self.args} did")
+        return int(message)
 
     def poll(self):
         if self.returncode is None:
@@ -258,12 +297,16 @@ class Forked:
         return self.returncode
 
     def exited(self, message):
-        self.returncode = int(message)
+        self.returncode = self.number(message)
         self.connection.close()
 
     def send_signal(self, number):
+        """To its process group, as torchrun's agent signals a worker (each leads a session of its own)."""
         if self.poll() is None:
-            os.kill(self.pid, number)
+            try:
+                os.killpg(self.pid, number)
+            except ProcessLookupError:  # ended since poll() looked
+                pass
 
     def terminate(self):
         self.send_signal(signal.SIGTERM)
@@ -278,11 +321,12 @@ def spawn(function, args, nprocs, env, timeout=300):
     the others are killed and AssertionError carries its exit code and stderr, as spawn's exception does."""
     call = base64.b64encode(pickle.dumps((function, args))).decode()
     files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(nprocs)]
-    processes = [Forked([sys.executable, function.__module__], ROOT, {**env, "RANK": str(rank)}, out, err, env,
-                        call=call) for rank, (out, err) in enumerate(files)]
-    deadline, failed = time.monotonic() + timeout, None
+    deadline, failed, processes = time.monotonic() + timeout, None, []
     try:
-        while failed is None and any(process.poll() is None for process in processes):
+        for rank, (out, err) in enumerate(files):
+            processes.append(Forked([sys.executable, function.__module__], ROOT, {**env, "RANK": str(rank)}, out, err,
+                                    env, call=call))
+        while failed is None and None in [process.poll() for process in processes]:  # (each one polled)
             failed = next((rank for rank, process in enumerate(processes) if process.returncode), None)
             if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(function.__name__, timeout)

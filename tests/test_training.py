@@ -393,15 +393,18 @@ def test_the_learning_rate_at_every_step_is_the_schedule_written_out(tiny_data, 
 
 
 def test_the_ema_after_the_first_and_the_kth_update_is_the_average_written_out(tiny_data, tmp_path):
-    """--ema-decay 0.5: after one update the EMA is the weights (the first update copies); after 6 (2 epochs of 3)
-    it is 0.5^5 w_1 + sum_k 0.5 x 0.5^(6-k) w_k over plain SGD's weights w_k; n_averaged counts the updates."""
+    """--ema-decay 0.75: after one update the EMA is the weights (the first update copies); after 6 (2 epochs of
+    3) it is 0.75^5 w_1 + sum_k 0.25 x 0.75^(6-k) w_k over plain SGD's weights w_k; n_averaged counts the
+    updates."""
+    decay = 0.75  # (not 0.5: decay and 1 - decay swapped must show)
     for name, flags, updates in (("first", ["-b", "24"], 1), ("kth", ["--epochs", "2"], 6)):
-        out, flags = tmp_path / name, ["--ema-decay", "0.5", *flags]
+        out, flags = tmp_path / name, ["--ema-decay", str(decay), *flags]
         run_recipe("ddp", [tiny_data, *REFERENCE, *flags, "--out", out], nproc=2)
         weights = plain_steps(recipe_args("ddp", tiny_data, *flags), 2)
         assert len(weights) == updates
-        expected = {name: 0.5 ** (updates - 1) * weights[0][name] + sum(
-            0.5 * 0.5 ** (updates - 1 - k) * weights[k][name] for k in range(1, updates)) for name in weights[0]}
+        expected = {name: decay ** (updates - 1) * weights[0][name] + sum(
+            (1 - decay) * decay ** (updates - 1 - k) * weights[k][name] for k in range(1, updates))
+            for name in weights[0]}
         ema = saved(out, "ema")
         assert ema["n_averaged"] == updates
         assert distance({name: ema[f"module.{name}"] for name in expected}, expected) < 1e-5
