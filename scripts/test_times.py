@@ -49,13 +49,18 @@ def processes():
     return found
 
 
-def is_python(pid, cache={}):
+def command_line(pid, cache={}):
+    """pid's command line, as a list of bytes (empty once it is gone)."""
     if pid not in cache:
         try:
-            cache[pid] = "python" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().lower()
+            cache[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            cache[pid] = False
+            cache[pid] = []
     return cache[pid]
+
+
+def is_python(pid):
+    return b"python" in (command_line(pid) or [b""])[0].lower()
 
 
 class Sampler:
@@ -78,7 +83,8 @@ class Sampler:
             while todo:
                 pid = todo.pop()
                 todo += children[pid]
-                if not (self.is_fork_server(pid) and (self.marks / f"{pid}.ready").exists()):
+                fork_server = pid in children[me] and any(part.endswith(b"forkserver.py") for part in command_line(pid))
+                if not (fork_server and (self.marks / f"{pid}.ready").exists()):
                     suite.append(pid)  # (the fork server, idle between tests once started, is not the tests')
             starting = working = 0.0
             for pid in suite:
@@ -97,15 +103,6 @@ class Sampler:
             else:
                 part["startup"] += wall * starting / (starting + working)
                 part["training"] += wall * working / (starting + working)
-
-    def is_fork_server(self, pid, servers={}):
-        if pid not in servers:
-            try:
-                servers[pid] = b"forkserver.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
-                    Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid())
-            except OSError:
-                servers[pid] = False
-        return servers[pid]
 
     # pytest's hooks
     def pytest_collection_finish(self, session):

@@ -123,15 +123,6 @@ def default_handled_signals():
         signal.signal(number, signal.SIG_DFL)
 
 
-def signal_group(rank, number):
-    """What torchrun's agent does to stop a worker: the signal to its process group (its session's)."""
-    if rank.poll() is None:
-        try:
-            os.killpg(rank.pid, number)
-        except ProcessLookupError:  # ended since poll() looked
-            pass
-
-
 def launch_ranks(command, nproc, env, timeout, grace=10):
     """nproc processes of command as torchrun --standalone starts its workers, without its agent: the
     environment it gives them (torchrun_env), its store (held here, as the agent holds it) and a session each;
@@ -158,14 +149,14 @@ def launch_ranks(command, nproc, env, timeout, grace=10):
             if stop_at is None and any(rank.returncode for rank in ranks):
                 stop_at = time.monotonic() + grace
                 for rank in ranks:
-                    signal_group(rank, signal.SIGTERM)
+                    forkserver.signal_group(rank, signal.SIGTERM)
             if stop_at is not None and time.monotonic() > stop_at:
                 for rank in ranks:
-                    signal_group(rank, signal.SIGKILL)
+                    forkserver.signal_group(rank, signal.SIGKILL)
             time.sleep(0.02)
     finally:
         for rank in ranks:
-            signal_group(rank, signal.SIGKILL)
+            forkserver.signal_group(rank, signal.SIGKILL)
             rank.wait()
         shutil.rmtree(errors, ignore_errors=True)
     outputs = []

@@ -301,18 +301,23 @@ class Forked:
         self.connection.close()
 
     def send_signal(self, number):
-        """To its process group, as torchrun's agent signals a worker (each leads a session of its own)."""
-        if self.poll() is None:
-            try:
-                os.killpg(self.pid, number)
-            except ProcessLookupError:  # ended since poll() looked
-                pass
+        signal_group(self, number)
 
     def terminate(self):
         self.send_signal(signal.SIGTERM)
 
     def kill(self):
         self.send_signal(signal.SIGKILL)
+
+
+def signal_group(process, number):
+    """What torchrun's agent does to stop a worker, for a Forked or a Popen process that leads a session of its
+    own: the signal to its process group, unless it has ended."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, number)
+        except ProcessLookupError:  # ended since poll() looked
+            pass
 
 
 def spawn(function, args, nprocs, env, timeout=300):
