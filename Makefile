@@ -1,6 +1,6 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
 # make test   the test suite (CPU, gloo; docs/tests.md says how long it takes on 2 cores, file by file)
-# make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/mutations.py)
+# make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/checks/mutations.py)
 # make figures                measure every part (io, scaling, curves, recovery, compile, precision, compression, ps,
 #                             pipeline, sharding), then
 #                             redraw figures/ and RESULTS.md from figures/data/
@@ -71,7 +71,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[ps,digits,figures,test]'
 	touch $@
 
 $(DEMO_DATA)/.complete: | $(SETUP)
@@ -89,25 +89,25 @@ $(JPEG_DATA)/.complete: | $(SETUP)
 	touch $@
 
 # the parts of make figures, each one command
-figure-part-io = $(PY) scripts/bench_io.py $(JPEG_DATA) --csv $(FIG_DATA)/io.csv \
+figure-part-io = $(PY) scripts/figures/io/measure.py $(JPEG_DATA) --csv $(FIG_DATA)/io.csv \
 	$(if $(quick),--workers 0 2 --repeats 1)
-figure-part-scaling = $(PY) scripts/bench_scaling.py --jpeg $(JPEG_DATA) --csv $(FIG_DATA)/scaling.csv \
+figure-part-scaling = $(PY) scripts/figures/scaling/measure.py --jpeg $(JPEG_DATA) --csv $(FIG_DATA)/scaling.csv \
 	--runs $(RUNS)/scaling $(if $(quick),-a lenet --image-size 16 --steps 20)
-figure-part-curves = $(PY) scripts/bench_curves.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+figure-part-curves = $(PY) scripts/figures/curves/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/curves $(if $(quick),--quick --epochs 2)
-figure-part-recovery = $(PY) scripts/bench_recovery.py --json $(FIG_DATA)/recovery.json --runs $(RUNS)/recovery \
+figure-part-recovery = $(PY) scripts/figures/recovery/measure.py --json $(FIG_DATA)/recovery.json --runs $(RUNS)/recovery \
 	$(if $(quick),--quick $(DEMO_DATA))
-figure-part-compile = $(PY) scripts/bench_compile.py $(if $(quick),--quick $(DEMO_DATA) --epochs 2) \
+figure-part-compile = $(PY) scripts/figures/compile/measure.py $(if $(quick),--quick $(DEMO_DATA) --epochs 2) \
 	--csv $(FIG_DATA)/compile.csv --runs $(RUNS)/compile
-figure-part-precision = $(PY) scripts/bench_precision.py --csv $(FIG_DATA)/precision.csv --runs $(RUNS)/precision \
+figure-part-precision = $(PY) scripts/figures/precision/measure.py --csv $(FIG_DATA)/precision.csv --runs $(RUNS)/precision \
 	$(if $(quick),--quick)
-figure-part-compression = $(PY) scripts/bench_compression.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+figure-part-compression = $(PY) scripts/figures/compression/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/compression $(if $(quick),--quick --epochs 2 --processes 2 --methods none fp8-e4m3)
-figure-part-ps = $(PY) scripts/bench_ps.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \
+figure-part-ps = $(PY) scripts/figures/ps/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \
 	$(if $(quick),--quick --epochs 1 --seeds 0)
-figure-part-pipeline = $(PY) scripts/bench_pipeline.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+figure-part-pipeline = $(PY) scripts/figures/pipeline/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/pipeline $(if $(quick),--quick --epochs 1 --seeds 0)
-figure-part-sharding = $(PY) scripts/bench_sharding.py --data $(JPEG_DATA) --csv $(FIG_DATA)/sharding.csv \
+figure-part-sharding = $(PY) scripts/figures/sharding/measure.py --data $(JPEG_DATA) --csv $(FIG_DATA)/sharding.csv \
 	--runs $(RUNS)/sharding $(if $(quick),-a lenet --image-size 16 --processes 1 2)
 define newline
 
@@ -116,34 +116,34 @@ endef
 
 figures: $(SETUP) $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
 	mkdir -p $(FIG_DATA)
-	$(if $(quick),cp RESULTS.md $(RESULTS))
+	$(if $(quick),mkdir -p $(FIG_DIR)/docs && cp RESULTS.md $(RESULTS) && cp -r docs/results $(FIG_DIR)/docs/)
 	$(foreach part,$(filter $(ONLY),$(PARTS)),$(figure-part-$(part))$(newline))
-	$(PY) scripts/plot_results.py --data $(FIG_DATA) --figures $(FIG_DIR) --results $(RESULTS)
+	$(PY) scripts/figures/plot_results.py --data $(FIG_DATA) --figures $(FIG_DIR) --results $(RESULTS)
 
 # GPUs need longer epochs than the CPU folder gives: 100 classes x 250 (20,000 train JPEGs, 78 steps of 256), as
-# scripts/gpu_check.py writes it
+# scripts/gpu/check.py writes it
 $(GPU_JPEG_DATA)/.complete:
 	$(GPU_PY) scripts/make_demo_data.py --imagenet-like $(GPU_JPEG_DATA) --classes 100 --images 250 --jobs 0
 	touch $@
 
-# a CUDA GPU, and the packages the target needs in $(GPU_PY): else one line (scripts/check_python.py) and exit 2
+# a CUDA GPU, and the packages the target needs in $(GPU_PY): else one line (scripts/checks/check_python.py) and exit 2
 # (its exit status decides: a warning torch prints on stderr is no failure)
 gpu-check-figures-gpu gpu-check-gpu-smoke:
-	$(eval problem := $(shell $(GPU_PY) scripts/check_python.py --gpu --stdout $(@:gpu-check-%=%) 2>/dev/null))
+	$(eval problem := $(shell $(GPU_PY) scripts/checks/check_python.py --gpu --stdout $(@:gpu-check-%=%) 2>/dev/null))
 	$(if $(filter-out 0,$(.SHELLSTATUS)),$(error $(or $(patsubst error:%,%,$(problem)),$(GPU_PY) \
-		scripts/check_python.py $(@:gpu-check-%=%) failed)))
+		scripts/checks/check_python.py $(@:gpu-check-%=%) failed)))
 
 figures-gpu: gpu-check-figures-gpu $(if $(filter table,$(GPU_ONLY)),$(GPU_JPEG_DATA)/.complete)
-	$(GPU_PY) scripts/bench_gpu.py $(if $(filter table,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) --parts $(GPU_ONLY) \
+	$(GPU_PY) scripts/gpu/measure.py $(if $(filter table,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) --parts $(GPU_ONLY) \
 		--figures-data figures/data/gpu --runs runs/figures-gpu
-	$(GPU_PY) scripts/plot_results.py
+	$(GPU_PY) scripts/figures/plot_results.py
 
 gpu-smoke: gpu-check-gpu-smoke
-	$(GPU_PY) scripts/gpu_smoke.py
+	$(GPU_PY) scripts/gpu/smoke.py
 
-# the device command: what a lent GPU runs in one call (scripts/gpu_check.py; docs/gpus.md)
+# the device command: what a lent GPU runs in one call (scripts/gpu/check.py; docs/gpus.md)
 gpu-check:
-	$(GPU_PY) scripts/gpu_check.py $(if $(filter-out 0,$(STAND_IN)),--stand-in) $(if $(ARCHIVE),--archive $(ARCHIVE))
+	$(GPU_PY) scripts/gpu/check.py $(if $(filter-out 0,$(STAND_IN)),--stand-in) $(if $(ARCHIVE),--archive $(ARCHIVE))
 
 # byzfl's wheel (pure Python; what a GPU node's image lacks) for gpu-check to install from, with no index
 gpu-wheels: $(WHEELS)/.complete
@@ -162,12 +162,12 @@ test-compat: setup $(DEMO_DATA)/.complete $(COMPAT_VENV)/.installed gpu-wheels
 	PYTHONPATH=$(CURDIR)/runs/gpu-check/site $(COMPAT_PY) -m pytest -q -p no:cacheprovider --durations=10 $(COMPAT_TESTS)
 
 # (test_gpu_check.py runs in make test-compat, under torch 2.11: the suite must stay under 15 minutes on 2 cores;
-# the slowest 15 tests are printed; scripts/test_times.py measures where the time goes, into docs/tests.md)
+# the slowest 15 tests are printed; scripts/checks/test_times.py measures where the time goes, into docs/tests.md)
 test: setup
 	$(PY) -m pytest -q --durations=15 --ignore=tests/test_gpu_check.py
 
 test-mutations: setup
-	$(PY) scripts/mutations.py
+	$(PY) scripts/checks/mutations.py
 
 clean:
 	rm -rf runs .pytest_cache $(WHEELS)

@@ -63,14 +63,14 @@ def child_env(extra=None):
 
 
 # recipes whose many groups and point-to-point messages run under NCCL's rules in every test, on gloo as on NCCL
-# (scripts/nccl_rules.py: a call NCCL would refuse ends the run with one line naming it)
+# (scripts/gpu/nccl_rules.py: a call NCCL would refuse ends the run with one line naming it)
 UNDER_NCCL_RULES = ("ps", "pipeline")
 
 
 def recipe_command(recipe, args, nproc=None):
     script = [str(ROOT / "recipes" / recipe / "train.py")]
     if recipe in UNDER_NCCL_RULES:
-        script.insert(0, str(ROOT / "scripts" / "nccl_rules.py"))
+        script.insert(0, str(ROOT / "scripts" / "gpu" / "nccl_rules.py"))
     if nproc is None:
         return [sys.executable, *script, *args]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -182,7 +182,7 @@ def alive(pid):
 
 def plot_results(data, figures, results, pngs):
     """Run plot_results.py on data; check that it drew the figures named; return RESULTS.md's text."""
-    command = [sys.executable, "scripts/plot_results.py", "--data", data, "--figures", figures, "--results", results]
+    command = [sys.executable, "scripts/figures/plot_results.py", "--data", data, "--figures", figures, "--results", results]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     for name in pngs:

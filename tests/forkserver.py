@@ -40,7 +40,7 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# what the recipes, their wrappers (scripts/nccl_rules.py, scripts/inject_fault.py) and the tests' scripts import
+# what the recipes, their wrappers (scripts/gpu/nccl_rules.py, scripts/checks/inject_fault.py) and the tests' scripts import
 PRELOAD = ["numpy", "PIL.Image", "torch", "torchvision", "torch.distributed.pipelining", "torch.utils.tensorboard",
            "torch.distributed.elastic.multiprocessing.errors", "tqdm", "byzfl"]
 FDS = 2  # stdout, stderr
@@ -364,7 +364,7 @@ def run(command, cwd, env, timeout, server_env):
 
 if __name__ == "__main__":
     preload()
-    import argparse  # (after the imports: scripts/test_times.py counts the server's start-up up to parse_args)
+    import argparse  # (after the imports: scripts/checks/test_times.py counts the server's start-up up to parse_args)
 
     parser = argparse.ArgumentParser(description="the fork server: see the module's docstring")
     parser.add_argument("socket")

@@ -41,6 +41,21 @@ def test_low_precision_loss_curves_follow_fp32(tiny_data, tmp_path):
     assert not torch.load(tmp_path / "bf16" / "checkpoint.pt", weights_only=True)["scaler"]  # bf16 needs none
 
 
+def test_nd_says_it_evaluates_in_fp32_a_run_that_evaluated_in_bf16(tiny_data, tmp_path):
+    """nd has no --opt-level: its -e of an O1 bf16 run evaluates in fp32, and its result line says so; apex's
+    repeats the run's precision, and says nothing of fp32."""
+    train = tmp_path / "bf16"
+    run_recipe("apex", [tiny_data, *TINY, "--epochs", "1", "--opt-level", "O1", "--amp-dtype", "bf16", "--out", train])
+    lines = {}
+    for recipe in ("nd", "apex"):
+        result = run_recipe(recipe, [tiny_data, *TINY, "-e", "--resume", train / "checkpoint.pt",
+                                     "--out", tmp_path / recipe])
+        lines[recipe] = next(line for line in result.stdout.splitlines() if line.startswith("done: top1"))
+    assert "evaluation only in fp32, where the run evaluated at O1 bf16 (nd has no --opt-level" in lines["nd"], lines
+    assert "evaluation only  |" in lines["apex"] and "fp32" not in lines["apex"], lines
+    assert read_summary(tmp_path / "apex")["precision"] == "bf16"  # (repeated: the checkpoint's precision)
+
+
 class Printed:
     """A stand-in for RunLog: what resolve() printed."""
 

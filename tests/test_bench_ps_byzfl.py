@@ -1,4 +1,4 @@
-"""scripts/bench_ps_byzfl.py: byzfl's own benchmark on the digits, read from IDX files, with no download."""
+"""scripts/figures/ps/byzfl_reference.py: byzfl's own benchmark on the digits, read from IDX files, with no download."""
 
 import csv
 import socket
@@ -11,7 +11,7 @@ from conftest import ROOT, run_python
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_ps_byzfl  # noqa: E402
+from scripts.figures.ps import byzfl_reference  # noqa: E402
 
 TRAIN_PER_DIGIT, VAL_PER_DIGIT = 12, 3
 
@@ -40,7 +40,7 @@ def quick(digits, tmp_path_factory):
     """One --quick run of the script (1 seed, Average and Median, SignFlipping and no attack, 20 steps)."""
     tmp = tmp_path_factory.mktemp("byzfl")
     runs, figures = tmp / "runs", tmp / "figures"
-    command = [sys.executable, str(ROOT / "scripts" / "bench_ps_byzfl.py"), "--quick", "--data", str(digits),
+    command = [sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "byzfl_reference.py"), "--quick", "--data", str(digits),
                "--runs", str(runs), "--figures-data", str(figures)]
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -95,7 +95,7 @@ def test_byzfl_read_the_idx_files_and_downloaded_nothing(quick, monkeypatch):
     _, runs, _, _ = quick
     raw = runs / "mnist-idx" / "MNIST" / "raw"
     # a download leaves its .gz archives beside the files, and a processed/ folder would be read instead of them
-    assert sorted(p.name for p in raw.iterdir()) == sorted(bench_ps_byzfl.IDX_FILES.values())
+    assert sorted(p.name for p in raw.iterdir()) == sorted(byzfl_reference.IDX_FILES.values())
     assert not (runs / "mnist-idx" / "MNIST" / "processed").exists()
     for config in (runs / "quick-steps20" / "configs").glob("*/config.json"):  # byzfl was pointed at them
         assert f'"data_folder": "{(runs / "mnist-idx").resolve()}"' in config.read_text()
@@ -107,7 +107,7 @@ def test_byzfl_read_the_idx_files_and_downloaded_nothing(quick, monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
     assert len(MNIST(runs / "mnist-idx", train=True, download=True)) == 10 * TRAIN_PER_DIGIT
     assert len(MNIST(runs / "mnist-idx", train=False, download=True)) == 10 * VAL_PER_DIGIT
-    assert sorted(p.name for p in raw.iterdir()) == sorted(bench_ps_byzfl.IDX_FILES.values())
+    assert sorted(p.name for p in raw.iterdir()) == sorted(byzfl_reference.IDX_FILES.values())
 
 
 def test_a_finished_run_is_not_trained_again(quick):
@@ -123,7 +123,7 @@ def test_a_finished_run_is_not_trained_again(quick):
 
 
 def test_a_folder_without_train_and_val_is_a_one_line_error(tmp_path):
-    result = run_python([sys.executable, str(ROOT / "scripts" / "bench_ps_byzfl.py"), "--data",
+    result = run_python([sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "byzfl_reference.py"), "--data",
                          str(tmp_path / "missing"), "--runs", str(tmp_path / "runs")], timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing'} has no train/ and val/ folders; "

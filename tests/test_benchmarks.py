@@ -13,12 +13,15 @@ import torch
 from conftest import ROOT, plot_results, run_python
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_sharding, measuring, bench_pipeline, bench_ps  # noqa: E402
+from scripts.figures.sharding import measure as sharding_measure  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
+from scripts.figures.pipeline import measure as pipeline_measure  # noqa: E402
+from scripts.figures.ps import table as ps_table  # noqa: E402
 
 
 def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     out = tmp_path / "recovery.json"
-    command = [sys.executable, "scripts/bench_recovery.py", "--quick", str(tiny_data), "--json", str(out), "--runs",
+    command = [sys.executable, "scripts/figures/recovery/measure.py", "--quick", str(tiny_data), "--json", str(out), "--runs",
                str(tmp_path / "runs"), "--cases", "ps-async-a-server-killed"]  # (every case: tests/test_faults.py)
     result = run_python(command, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -32,7 +35,7 @@ def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     assert ps["deterministic"] == "False"  # of a second, could all fall before or after the third into epoch 2)
     assert ps["finished"] == "True" and float(ps["kill_to_first_step_s"]) > 0
     assert 0 <= int(ps["steps_redone"]) <= 2 * int(ps["steps_per_epoch"])
-    from scripts.results.recovery import recovery_recipes_table  # the script's own output, in RESULTS.md's table
+    from scripts.figures.recovery.render import recovery_recipes_table  # the script's own output, in RESULTS.md's table
 
     text = recovery_recipes_table(list(rows.values()))
     assert f"| ps async, a server killed | 4 | 1 | {ps['kill_to_first_step_s']} |" in text
@@ -44,7 +47,7 @@ def test_bench_precision_runs_each_precision_it_names_and_says_what_the_cpu_has(
     really in bf16), the CPU's flags are recorded, and the text follows them: the same data with a CPU that
     lacks native bf16 says so."""
     out = tmp_path / "precision.csv"
-    command = [sys.executable, "scripts/bench_precision.py", "--quick", "--processes", "2", "--csv", str(out),
+    command = [sys.executable, "scripts/figures/precision/measure.py", "--quick", "--processes", "2", "--csv", str(out),
                "--runs", str(tmp_path / "runs")]
     result = run_python(command, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -56,7 +59,7 @@ def test_bench_precision_runs_each_precision_it_names_and_says_what_the_cpu_has(
     assert all(float(r["images_per_s"]) > 0 and r["cpu_flags"] == measuring.cpu_flags() for r in rows)
     info = json.loads(out.with_suffix(".json").read_text())
     assert info["native_bf16"] == native_bf16 and info["hardware"]["cpu_flags"] == measuring.cpu_flags()
-    from scripts.results import precision
+    from scripts.figures.precision import render as precision
 
     text = precision.render(tmp_path, tmp_path, [])["precision"]
     o0 = statistics.median(float(r["images_per_s"]) for r in rows if r["setup"] == "O0")
@@ -77,7 +80,7 @@ def test_bench_precision_runs_each_precision_it_names_and_says_what_the_cpu_has(
                     reason="torch.compile on CPU needs a C++ compiler (g++ or clang++) for TorchInductor")
 def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
     out = tmp_path / "compile.csv"
-    command = [sys.executable, "scripts/bench_compile.py", str(tiny_data), "--quick", "--epochs", "2", "--threads",
+    command = [sys.executable, "scripts/figures/compile/measure.py", str(tiny_data), "--quick", "--epochs", "2", "--threads",
                "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
     result = run_python(command, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -99,7 +102,7 @@ def test_bench_io_measures_both_decoders(tmp_path):
     jpegs, out = tmp_path / "jpegs", tmp_path / "io.csv"
     subprocess.run([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", jpegs,
                     "--classes", "2", "--images", "40"], check=True, capture_output=True)
-    command = [sys.executable, "scripts/bench_io.py", str(jpegs), "--workers", "0", "1", "--repeats", "1",
+    command = [sys.executable, "scripts/figures/io/measure.py", str(jpegs), "--workers", "0", "1", "--repeats", "1",
                "-b", "8", "--image-size", "64", "--csv", str(out)]
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -125,7 +128,7 @@ def test_bench_io_measures_both_decoders(tmp_path):
 
 def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path):
     out = tmp_path / "scaling.csv"
-    command = [sys.executable, "scripts/bench_scaling.py", "-a", "lenet", "--image-size", "16", "-b", "128",
+    command = [sys.executable, "scripts/figures/scaling/measure.py", "-a", "lenet", "--image-size", "16", "-b", "128",
                "--processes", "1", "--steps", "5", "--warmup", "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -141,7 +144,7 @@ def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path)
 
 def test_bench_compression_trains_serial_and_ddp_and_a_restart_trains_only_what_is_missing(tiny_data, tmp_path):
     runs, data = tmp_path / "runs", tmp_path / "data"
-    command = [sys.executable, "scripts/bench_compression.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
+    command = [sys.executable, "scripts/figures/compression/measure.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
                "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--seeds", "0", "--runs", runs,
                "--figures-data", data]
     result = run_python(command, timeout=300)
@@ -173,7 +176,7 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
     data = tmp_path / "data"
     (data / "curves").mkdir(parents=True)
     (data / "curves" / "nd.csv").write_text("stale\n")  # an earlier layout: not drawn beside the new runs
-    command = [sys.executable, "scripts/bench_curves.py", "--data", tiny_data, "--quick", "--epochs", "2",
+    command = [sys.executable, "scripts/figures/curves/measure.py", "--data", tiny_data, "--quick", "--epochs", "2",
                "--global-batch", "16", "--seeds", "3", "--runs", tmp_path / "runs", "--figures-data", data]
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -198,66 +201,66 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
 
 
 def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(tiny_data, tmp_path):
-    runs = bench_ps.plan([0, 1, 2])
+    runs = ps_table.plan([0, 1, 2])
     per_seed = 4 * 4 + 4 * 4 + 2 * 4 + 2 * 4 + 5 * 2 + 4 * 3 + 7 + 1 + 2 + 3  # sync-1v, sync-2v, async-1v, async-2v,
     # zeno, zeno++, eta and its baseline, batch, speed
     assert len(runs) == 3 * per_seed and len(set(runs)) == len(runs) and {run[-1] for run in runs} == {0, 1, 2}
-    args = bench_ps.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
+    args = ps_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
 
     def value(flags, flag):
         return flags[flags.index(flag) + 1]
-    recipe, processes, flags = bench_ps.flags_of("sync-1v", "sync", "zenops", "random x8", None, 0, args)
+    recipe, processes, flags = ps_table.flags_of("sync-1v", "sync", "zenops", "random x8", None, 0, args)
     assert (recipe, processes) == ("ps", 10) and value(flags, "--validators") == "1"  # ZenoPS's one validator
     assert value(flags, "--worker-subsample") == "0.5" and value(flags, "--local-steps") == "8"
     assert value(flags, "--attack") == "random" and value(flags, "--attack-scale") == "8"
     assert value(flags, "--attack-draw") == "tensor" and value(flags, "--attack-prob") == "0.2"
     assert value(flags, "--validation-split") == "0.1111"  # a worker's share, 1 / (8 + 1)
-    recipe, processes, flags = bench_ps.flags_of("sync-2v", "sync", "zenops", "signflip x6", None, 0, args)
+    recipe, processes, flags = ps_table.flags_of("sync-2v", "sync", "zenops", "signflip x6", None, 0, args)
     assert processes == 11 and "--worker-subsample" not in flags and value(flags, "--attack-scale") == "6"
-    recipe, processes, flags = bench_ps.flags_of("async-1v", "async", "naive-async", "signflip x2", None, 0, args)
+    recipe, processes, flags = ps_table.flags_of("async-1v", "async", "naive-async", "signflip x2", None, 0, args)
     assert processes == 9 and value(flags, "--aggregate") == "naive-async" and value(flags, "--attack-scale") == "2"
     assert value(flags, "--validation-split") == "0.1111"  # no validator, the same shards as the zenops row's
-    recipe, processes, flags = bench_ps.flags_of("sync-1v", "sync", "trimmed-mean", "none", None, 0, args)
+    recipe, processes, flags = ps_table.flags_of("sync-1v", "sync", "trimmed-mean", "none", None, 0, args)
     assert value(flags, "--trim-ratio") == "0.2" and "--zeno-b" not in flags  # ZenoPS's b, from each round's n
-    recipe, processes, flags = bench_ps.flags_of("async-2v", "async", "zenops", "N(0,1)", None, 0, args)
+    recipe, processes, flags = ps_table.flags_of("async-2v", "async", "zenops", "N(0,1)", None, 0, args)
     assert processes == 12 and value(flags, "--servers") == "2" and value(flags, "--validators") == "2"
-    recipe, processes, flags = bench_ps.flags_of("batch", "sync", "zenops, batch 32", "none", None, 0, args)
+    recipe, processes, flags = ps_table.flags_of("batch", "sync", "zenops, batch 32", "none", None, 0, args)
     assert value(flags, "--worker-subsample") == "0.5" and processes == 10  # sync-1v's zenops
     # (the last flags win) the tiny data's 1 round an epoch at any batch: as many epochs; the same lr a step
     assert flags[-8:] == ["-b", "32", "--epochs", "3", "--warmup-epochs", "1", "--lr", "0.025"]
     for index in range(4000):  # the digits' 4000: 445 images a worker, 6 rounds of 8 steps at 8, 3 at 16, 1 at 32
         (tmp_path / "digits" / "train" / "0").mkdir(parents=True, exist_ok=True)
         (tmp_path / "digits" / "train" / "0" / f"{index}.png").touch()
-    assert [bench_ps.rounds_per_epoch(tmp_path / "digits", b) for b in (8, 16, 32)] == [6, 3, 1]
-    recipe, processes, flags = bench_ps.flags_of("zeno", "sync", "zeno, 1 step", "3 of 8 flip x4", None, 0, args)
+    assert [ps_table.rounds_per_epoch(tmp_path / "digits", b) for b in (8, 16, 32)] == [6, 3, 1]
+    recipe, processes, flags = ps_table.flags_of("zeno", "sync", "zeno, 1 step", "3 of 8 flip x4", None, 0, args)
     assert value(flags, "--zeno-b") == "5" and value(flags, "--byzantine") == "3" and "--local-steps" not in flags
-    recipe, processes, flags = bench_ps.flags_of("zeno++", "async", "zeno++, 1 step", "signflip x10, p 0.4 per push",
+    recipe, processes, flags = ps_table.flags_of("zeno++", "async", "zeno++, 1 step", "signflip x10, p 0.4 per push",
                                                  None, 1, args)
     assert processes == 10 and value(flags, "--attack-draw") == "push" and value(flags, "--momentum") == "0"
     assert value(flags, "--clean-epochs") == "1"  # Zeno++'s attack-free first epoch
-    recipe, processes, flags = bench_ps.flags_of("eta", "sync", "zenops", "N(0,1)", -0.01, 1, args)
+    recipe, processes, flags = ps_table.flags_of("eta", "sync", "zenops", "N(0,1)", -0.01, 1, args)
     assert value(flags, "--zeno-eta") == "-0.01" and value(flags, "--attack") == "gaussian"
     assert value(flags, "--validators") == "2" and "--worker-subsample" not in flags  # the two-validator runs
-    assert bench_ps.flags_of("speed", "ddp", "ddp", "none", None, 0, args)[:2] == ("ddp", 8)
-    recipe, processes, flags = bench_ps.flags_of("speed", "sync", "ps sync, mean, 1 step", "none", None, 0, args)
+    assert ps_table.flags_of("speed", "ddp", "ddp", "none", None, 0, args)[:2] == ("ddp", 8)
+    recipe, processes, flags = ps_table.flags_of("speed", "sync", "ps sync, mean, 1 step", "none", None, 0, args)
     assert (recipe, processes) == ("ps", 9) and "--local-steps" not in flags
-    recipe, processes, flags = bench_ps.flags_of("eta", "nd", "validation data only", "none", None, 0, args)
+    recipe, processes, flags = ps_table.flags_of("eta", "nd", "validation data only", "none", None, 0, args)
     assert (recipe, processes) == ("nd", 1) and value(flags, "-b") == "8"  # one worker's batch
     assert flags.count("--lr") == 1 and value(flags, "--lr") == "0.4"  # half a worker's step: 0.4 x 8 = 0.1 x 64 / 2
     assert value(flags, "--epochs") == "3"  # a ninth of the data for as many steps as a worker on its ninth
-    quick = bench_ps.plan([0], quick=True)
+    quick = ps_table.plan([0], quick=True)
     assert {part for part, *_ in quick} == {"sync-1v", "zeno++", "eta", "speed"} and len(quick) < 15
-    folder = bench_ps.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
+    folder = ps_table.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
     assert len(list((folder / "train").rglob("*.png"))) == 24  # half of the 48 train images
     assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]
 
 
 def test_bench_pipeline_plans_each_sync_layout_and_schedule_with_and_without_stragglers(tiny_data):
-    runs = bench_pipeline.plan([0, 1, 2])
+    runs = pipeline_measure.plan([0, 1, 2])
     sync = [run for run in runs if run[0] == "sync"]
     assert len(sync) == 3 * (3 + 3 * 2) * 4 * 2 and len(set(runs)) == len(runs)  # one stage: pipedream alone
     assert {(s, stragglers, stages, replicas, schedule) for _, s, stragglers, stages, replicas, schedule, *_
-            in sync} == {(s, h, stages, replicas, schedule) for s in bench_pipeline.SYNCS for h in (False, True)
+            in sync} == {(s, h, stages, replicas, schedule) for s in pipeline_measure.SYNCS for h in (False, True)
                          for stages, replicas in ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2))
                          for schedule in (["pipedream"] if stages == 1 else ["pipedream", "1f1b"])}
     for seed in (0, 1, 2):  # X is sized from allreduce's run without stragglers: it comes first in its layout
@@ -268,48 +271,48 @@ def test_bench_pipeline_plans_each_sync_layout_and_schedule_with_and_without_str
     assert {run[6] for run in sync if run[5] == "1f1b"} == {2, 4}  # 1f1b: S microbatches
     bubble = [(schedule, m) for part, _, _, _, _, schedule, m, _ in runs if part == "bubble"]
     assert ("gpipe", 1) in bubble and ("1f1b", 1) not in bubble and len(bubble) == 5 + 4  # 1f1b needs M >= S
-    args = bench_pipeline.argparse.Namespace(data=tiny_data, epochs=1, quick=False)
-    processes, flags = bench_pipeline.flags_of("sync", "hetpipe", 0.0409, 2, 4, "1f1b", 2, 1, args)
+    args = pipeline_measure.argparse.Namespace(data=tiny_data, epochs=1, quick=False)
+    processes, flags = pipeline_measure.flags_of("sync", "hetpipe", 0.0409, 2, 4, "1f1b", 2, 1, args)
     assert processes == 10 and flags[flags.index("--hetero") + 1] == "0.0409"  # 4 replicas x 2 stages, 2 servers
     assert flags[flags.index("-b") + 1] == "8" and flags[flags.index("--microbatches") + 1] == "2"
-    processes, flags = bench_pipeline.flags_of("sync", "preduce", 0.0, 1, 8, "pipedream", 1, 1, args)
+    processes, flags = pipeline_measure.flags_of("sync", "preduce", 0.0, 1, 8, "pipedream", 1, 1, args)
     assert processes == 8 and flags[flags.index("--stages") + 1] == "1" and flags[flags.index("--hetero") + 1] == "0"
-    processes, flags = bench_pipeline.flags_of("bubble", "allreduce", 0.0, 2, 1, "gpipe", 16, 0, args)
+    processes, flags = pipeline_measure.flags_of("bubble", "allreduce", 0.0, 2, 1, "gpipe", 16, 0, args)
     assert processes == 2 and flags[flags.index("-b") + 1] == "256" and flags[flags.index("--epochs") + 1] == "1"
-    assert len(bench_pipeline.plan([0], quick=True)) == 2 * 2 + 2 * 2 * 2 + 3  # and the bubble's 3
-    assert bench_pipeline.straggler_sleep(0.05) == 0.1  # c / X = 0.5
+    assert len(pipeline_measure.plan([0], quick=True)) == 2 * 2 + 2 * 2 * 2 + 3  # and the bubble's 3
+    assert pipeline_measure.straggler_sleep(0.05) == 0.1  # c / X = 0.5
 
 
 def test_the_model_of_what_stragglers_cost():
     # one replica, 2 slots at q 0.1: E[delay] = 2 x 0.1 x X; two: 1 - 0.81^2 (one sleep or more) + 1 - 0.99^2 (two)
-    assert abs(bench_pipeline.expected_max(1, 2, 0.1, 1.0) - 0.2) < 1e-12
-    assert abs(bench_pipeline.expected_max(2, 2, 0.1, 1.0) - (1 - 0.81 ** 2 + 1 - 0.99 ** 2)) < 1e-12
-    assert bench_pipeline.expected_max(3, 4, 0.0, 1.0) == 0 and bench_pipeline.expected_max(3, 4, 1.0, 1.0) == 4
+    assert abs(pipeline_measure.expected_max(1, 2, 0.1, 1.0) - 0.2) < 1e-12
+    assert abs(pipeline_measure.expected_max(2, 2, 0.1, 1.0) - (1 - 0.81 ** 2 + 1 - 0.99 ** 2)) < 1e-12
+    assert pipeline_measure.expected_max(3, 4, 0.0, 1.0) == 0 and pipeline_measure.expected_max(3, 4, 1.0, 1.0) == 4
     c, x = 0.01, 0.02
     # a core per process: c + E[the largest delay] for allreduce; 2 S slots per minibatch, whatever M
     for replicas, stages in ((2, 1), (8, 1), (2, 2), (4, 2)):
-        step = bench_pipeline.expected_step("allreduce", c, replicas, stages, 100, x, replicas * stages, 64)
-        assert abs(step - c - bench_pipeline.expected_max(replicas, 2 * stages, 0.1, x)) < 1e-12
-    steps = {sync: bench_pipeline.expected_step(sync, c, 8, 1, 62, x, 8, 8) for sync in bench_pipeline.SYNCS}
+        step = pipeline_measure.expected_step("allreduce", c, replicas, stages, 100, x, replicas * stages, 64)
+        assert abs(step - c - pipeline_measure.expected_max(replicas, 2 * stages, 0.1, x)) < 1e-12
+    steps = {sync: pipeline_measure.expected_step(sync, c, 8, 1, 62, x, 8, 8) for sync in pipeline_measure.SYNCS}
     assert steps["preduce"] < steps["adpsgd"] < steps["allreduce"] and steps["hetpipe"] < steps["allreduce"]
     # hetpipe waits at the epoch's end only: the longer the epoch, the nearer its step to c + a replica's own delay
     own = c + 2 * 0.1 * x
-    assert own < bench_pipeline.expected_step("hetpipe", c, 8, 1, 1000, x, 8, 8) < steps["hetpipe"] < own + 0.002
+    assert own < pipeline_measure.expected_step("hetpipe", c, 8, 1, 1000, x, 8, 8) < steps["hetpipe"] < own + 0.002
     # 8 processes on 2 cores: one computes in c / 4 alone, so a sleep shorter than 3 c / 4 costs a method that waits
     # for nobody nothing (the others use the core), and the lockstep ones lose less than with a core each
-    assert bench_pipeline.expected_step("hetpipe", c, 8, 1, 1000, 0.5 * c, 8, 2) < c * 1.02  # (the epoch's end)
-    assert c < bench_pipeline.expected_step("allreduce", c, 8, 1, 62, x, 8, 2) < steps["allreduce"]
+    assert pipeline_measure.expected_step("hetpipe", c, 8, 1, 1000, 0.5 * c, 8, 2) < c * 1.02  # (the epoch's end)
+    assert c < pipeline_measure.expected_step("allreduce", c, 8, 1, 62, x, 8, 2) < steps["allreduce"]
 
 
 def test_the_zero_model_divides_what_each_mode_shards():
     p, n = 1000, 4  # parameters, processes: 4 bytes each for weights, gradients and momentum
-    assert [bench_sharding.model_bytes(mode, p, n) for mode in bench_sharding.MODES] == [12000, 9000, 6000, 3000]
-    assert all(bench_sharding.model_bytes(mode, p, 1) == 12000 for mode in bench_sharding.MODES)
-    assert [bench_sharding.comm_bytes(mode, p, n) for mode in bench_sharding.MODES] == [6000, 9000, 6000, 9000]
-    assert all(bench_sharding.comm_bytes(mode, p, 1) == 0 for mode in bench_sharding.MODES)
+    assert [sharding_measure.model_bytes(mode, p, n) for mode in sharding_measure.MODES] == [12000, 9000, 6000, 3000]
+    assert all(sharding_measure.model_bytes(mode, p, 1) == 12000 for mode in sharding_measure.MODES)
+    assert [sharding_measure.comm_bytes(mode, p, n) for mode in sharding_measure.MODES] == [6000, 9000, 6000, 9000]
+    assert all(sharding_measure.comm_bytes(mode, p, 1) == 0 for mode in sharding_measure.MODES)
 
 
 def test_bench_sharding_without_data_says_so_in_one_line(tmp_path):
-    result = run_python([sys.executable, "scripts/bench_sharding.py", "--data", tmp_path / "none"], timeout=120)
+    result = run_python([sys.executable, "scripts/figures/sharding/measure.py", "--data", tmp_path / "none"], timeout=120)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "has no train/ folder" in result.stderr

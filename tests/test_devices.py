@@ -2,7 +2,7 @@
 
 The model's tensors travel over device groups (NCCL on CUDA), everything else over a
 gloo group of CPU tensors. Here the meta device stands in for a GPU where a tensor's
-device is what matters, and scripts/nccl_rules.py refuses, on gloo, what NCCL refuses.
+device is what matters, and scripts/gpu/nccl_rules.py refuses, on gloo, what NCCL refuses.
 """
 
 import argparse
@@ -233,7 +233,7 @@ def test_fully_sharded_training_takes_channels_last(tiny_data, tmp_path, shard):
 
 def test_adpsgd_exchanges_weights_in_grouped_pairs(tiny_data, tmp_path):
     """Posted one after the other (isend, then irecv) on both partners, the pairs' exchanges could deadlock NCCL;
-    as every ps and pipeline test, this one runs under scripts/nccl_rules.py (conftest.recipe_command)."""
+    as every ps and pipeline test, this one runs under scripts/gpu/nccl_rules.py (conftest.recipe_command)."""
     run_recipe("pipeline", [tiny_data, *TINY, "-b", "4", "--epochs", "1", "--stages", "2", "--microbatches", "2",
                             "--sync", "adpsgd", "--out", tmp_path], nproc=6)
     summary = read_summary(tmp_path)
@@ -258,7 +258,7 @@ def test_nccl_rules_end_a_run_that_breaks_one(tmp_path, rule):
     script.write_text("import torch, torch.distributed as dist\n"
                       "dist.init_process_group('gloo', rank=0, world_size=1, store=dist.HashStore())\n"
                       f"{RULE_BREAKERS[rule]}\n")
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "nccl_rules.py"), str(script)], cwd=ROOT,
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "nccl_rules.py"), str(script)], cwd=ROOT,
                             env=child_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "nccl-rules: rank 0: " in result.stderr and rule in result.stderr and "breaks_a_rule.py:3" in result.stderr

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT))
-from scripts import check_python  # noqa: E402
+from scripts.checks import check_python  # noqa: E402
 
 EPOCHS = ["-a", "lenet", "--image-size", "16", "-b", "8", "-j", "0", "--epochs", "2", "-p", "1000", "--seed", "0"]
 
@@ -38,7 +38,7 @@ def test_a_recipe_imports_the_recipes_of_its_own_clone_whatever_is_installed(tmp
 
 def count_syncs(tree, tiny_data, tmp_path, recipe="ddp"):
     out = tmp_path / f"run-{recipe}"
-    result = subprocess.run([sys.executable, str(tree / "scripts" / "count_syncs.py"), "--stand-in", "--json",
+    result = subprocess.run([sys.executable, str(tree / "scripts" / "gpu" / "count_syncs.py"), "--stand-in", "--json",
                              str(tmp_path / "syncs.json"), "--", str(tree / "recipes" / recipe / "train.py"),
                              str(tiny_data), *EPOCHS, "--out", str(out)], cwd=tree, env=child_env(),
                             capture_output=True, text=True, timeout=300)
@@ -66,10 +66,10 @@ def test_the_sync_counter_s_stand_in_names_a_per_step_item_in_a_recipe_and_stops
 
 
 def test_the_smoke_cuts_a_hung_check_at_its_limit_and_goes_on(tmp_path):
-    """gpu_smoke.py --stand-in: a check that hangs (SIGSTOP after its 2nd step) is cut at its limit with every
+    """scripts/gpu/smoke.py --stand-in: a check that hangs (SIGSTOP after its 2nd step) is cut at its limit with every
     process it started, the next check runs, and the JSON holds each line and the summary as they come."""
     report = tmp_path / "smoke.json"
-    result = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--stand-in", "--only", "faults",
+    result = subprocess.run([sys.executable, "scripts/gpu/smoke.py", "--stand-in", "--only", "faults",
                              "--hang-timeout", "10", "--json", str(report), "--out", str(tmp_path / "smoke")],
                             cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
@@ -84,7 +84,7 @@ def test_the_smoke_cuts_a_hung_check_at_its_limit_and_goes_on(tmp_path):
     kept = json.loads(report.read_text())
     kept["checks"][[c["check"] for c in kept["checks"]].index("stand-in-hung-check")]["ok"] = False
     report.write_text(json.dumps(kept))
-    again = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--stand-in", "--only", "faults",
+    again = subprocess.run([sys.executable, "scripts/gpu/smoke.py", "--stand-in", "--only", "faults",
                             "--hang-timeout", "10", "--json", str(report), "--out", str(tmp_path / "smoke"),
                             "--keep-passed"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr[-2000:]
@@ -129,8 +129,8 @@ def test_installing_the_recipes_keeps_the_torch_that_is_there():
 
 
 def test_the_gpu_section_shows_the_check_s_node_and_each_check_or_says_it_has_not_run(tmp_path):
-    """RESULTS.md's gpu-check section, from preflight.json and smoke.json as gpu_check.py writes them."""
-    from scripts.results import gpu
+    """RESULTS.md's gpu-check section, from preflight.json and smoke.json as scripts/gpu/check.py writes them."""
+    from scripts.gpu import render as gpu
 
     assert "has not run on a GPU yet" in gpu.gpu_check_section(tmp_path)
     (tmp_path / "preflight.json").write_text(json.dumps({

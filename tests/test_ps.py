@@ -76,6 +76,17 @@ def test_more_servers_than_chunks_is_one_line():
         pushpull.partition([5], 4_096_000, 2)
 
 
+def test_a_byzfl_rule_without_byzfl_is_one_line_naming_the_extra(monkeypatch):
+    """pip install -e . brings no byzfl (an extra): its rules say what to install, before any process starts."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "byzfl" else found(name, *a))
+    with pytest.raises(RecipeError, match=r"--aggregate median is byzfl's: pip install byzfl \(or pip install -e "):
+        ps.parse_args(["data", "--aggregate", "median"])
+    assert ps.parse_args(["data", "--aggregate", "phocas"]).aggregate == "phocas"  # (the recipe's own rules)
+
+
 def honest_and_flipped():
     generator = torch.Generator().manual_seed(0)
     v = torch.randn(1000, generator=generator)

@@ -1,4 +1,4 @@
-"""scripts/probe_ps.py and scripts/bench_ps_why.py: the validators' judgements written down as the recipe makes
+"""scripts/figures/ps/probe.py and scripts/figures/ps/why.py: the validators' judgements written down as the recipe makes
 them, and what the why-table computes from them."""
 
 import argparse
@@ -10,20 +10,21 @@ import torch
 from conftest import ROOT, TINY, child_env, launch_ranks, read_summary, recipe_command
 
 from recipes.ps import steps
-from scripts import bench_ps_why, probe_ps
+from scripts.figures.ps import why as ps_why
+from scripts.figures.ps import probe as ps_probe
 
 # 1 server, 1 validator, 2 workers on 24 of the 48 tiny images (12 each): 3 rounds of 2 steps of 2 an epoch
 PS = ["--epochs", "2", "-b", "2", "--validators", "1", "--validation-split", "0.5", "--local-steps", "2"]
 
 
 def probed(tiny_data, out, probe_flags, flags):
-    """The recipe on 4 ranks under the probe (and, as every ps test, under scripts/nccl_rules.py)."""
+    """The recipe on 4 ranks under the probe (and, as every ps test, under scripts/gpu/nccl_rules.py)."""
     recipe = recipe_command("ps", [tiny_data, *TINY, *PS, *flags, "--out", out])
-    command = [sys.executable, str(ROOT / "scripts" / "probe_ps.py"), "--judgements", str(out / "probe"),
+    command = [sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "probe.py"), "--judgements", str(out / "probe"),
                *probe_flags, "--", *recipe[1:]]
     result = launch_ranks(command, 4, child_env(), 300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return bench_ps_why.probe_lines(out), read_summary(out)
+    return ps_why.probe_lines(out), read_summary(out)
 
 
 def test_the_probe_writes_down_every_tensor_sync_zenops_judges_as_the_run_counts_it(tiny_data, tmp_path):
@@ -36,7 +37,7 @@ def test_the_probe_writes_down_every_tensor_sync_zenops_judges_as_the_run_counts
     rejected = [t for t in tensors if t["dot"] <= -0.001 or t["square"] >= 1.6]
     assert len(rejected) == summary["honest_tensors_rejected"] + summary["byzantine_tensors_rejected"]
     params = (summary[f"{who}_params_{what}"] for what in ("rejected", "pushed") for who in ("honest", "byzantine"))
-    assert bench_ps_why.rejections(lines, 0, 0.5)["honest_params_rejected"] == round(
+    assert ps_why.rejections(lines, 0, 0.5)["honest_params_rejected"] == round(
         100 * (next(params) + next(params)) / (next(params) + next(params)), 1)
     # each tensor is its sender's: the liar's (rank 2) flipped x 10, the honest worker's (rank 3) not
     liar, honest = ([t["square"] for t in tensors if t["sender"] == rank] for rank in (2, 3))
@@ -71,10 +72,10 @@ def test_the_probe_writes_down_what_zeno_plus_plus_judged_it_on(tiny_data, tmp_p
 def test_what_the_probe_applies_of_an_accepted_gradient():
     g, v = torch.tensor([3.0, 4.0]), torch.tensor([0.0, 10.0])  # ||g|| 5, ||v|| 10
     rescaled = g * 2
-    assert torch.equal(probe_ps.applied(g, v, rescaled, None), rescaled)  # Zeno++'s
-    assert torch.equal(probe_ps.applied(g, v, rescaled, "g"), g)
-    assert torch.equal(probe_ps.applied(g, v, rescaled, "at-most-v"), g)  # (it would lengthen g: g as pushed)
-    assert probe_ps.applied(g, v / 5, rescaled / 5, "at-most-v").norm().item() == pytest.approx(2.0)  # shortened
+    assert torch.equal(ps_probe.applied(g, v, rescaled, None), rescaled)  # Zeno++'s
+    assert torch.equal(ps_probe.applied(g, v, rescaled, "g"), g)
+    assert torch.equal(ps_probe.applied(g, v, rescaled, "at-most-v"), g)  # (it would lengthen g: g as pushed)
+    assert ps_probe.applied(g, v / 5, rescaled / 5, "at-most-v").norm().item() == pytest.approx(2.0)  # shortened
 
 
 def test_the_why_table_splits_rejections_by_test_by_third_and_by_the_round_before():
@@ -84,10 +85,10 @@ def test_the_why_table_splits_rejections_by_test_by_third_and_by_the_round_befor
     lines = [tensor(0, 2, 10, 0.5, 1.0), tensor(0, 3, 30, -0.5, 1.0),  # round 0: one fails the sign test
              tensor(1, 2, 20, 0.5, 2.0), tensor(1, 3, 20, 0.5, 1.0),  # round 1: one fails the norm test
              tensor(2, 2, 10, -0.5, 2.0), tensor(2, 3, 10, 0.5, 1.0)]  # round 2: one fails both
-    found = bench_ps_why.rejections(lines, 0, 1.0)
+    found = ps_why.rejections(lines, 0, 1.0)
     assert found == {"honest_params_rejected": 60.0, "sign_failed": 40.0, "norm_failed": 30.0,
                      "first_third_rejected": 75.0, "last_third_rejected": 50.0}
-    found = bench_ps_why.rejections(lines, 0, 0.5)  # seed 0: worker 0 (rank 2) sat out round 0, worker 1 round 1
+    found = ps_why.rejections(lines, 0, 0.5)  # seed 0: worker 0 (rank 2) sat out round 0, worker 1 round 1
     assert (found["after_sit_out_rejected"], found["after_push_rejected"]) == (66.7, 33.3)  # 20 of 30, 10 of 30
 
 
@@ -96,16 +97,16 @@ def test_the_why_table_measures_the_steps_each_way_of_applying_zeno_plus_plus_ac
              {"rule": "zeno++", "g": 2.0, "v": 3.0, "accepted": True},
              {"rule": "zeno++", "g": 8.0, "v": 2.0, "accepted": True},
              {"rule": "zeno++", "g": 0.5, "v": 9.0, "accepted": False}, {"rule": "zenops async"}]
-    found = {step: bench_ps_why.zeno_plus_plus(lines, step) for step in (None, "g", "at-most-v")}
+    found = {step: ps_why.zeno_plus_plus(lines, step) for step in (None, "g", "at-most-v")}
     assert found[None] == {"accepted": 75.0, "lengthened": 66.7, "longest_step": 1.0}  # (at v: 3, 3, 2)
     assert found["g"]["longest_step"] == 4.0  # 8 / 2
     assert found["at-most-v"]["longest_step"] == 1.0  # 1, 2, 2
-    assert bench_ps_why.zeno_plus_plus([{"rule": "zeno++", "g": 1.0, "v": 1.0, "accepted": False}], None) == \
+    assert ps_why.zeno_plus_plus([{"rule": "zeno++", "g": 1.0, "v": 1.0, "accepted": False}], None) == \
         {"accepted": 0.0}
 
 
 def test_the_why_text_names_the_attacks_that_leave_the_plain_rule_as_it_was():
-    from scripts.results.ps_why import unbroken
+    from scripts.figures.ps.render_why import unbroken
 
     def runs(aggregate, attack, top1s):
         return [{"part": "sync-2v", "aggregate": aggregate, "attack": attack, "seed": str(seed), "diverged": "0",
@@ -125,14 +126,14 @@ def test_the_why_table_counts_the_lies_zeno_plus_plus_accepted_and_where_its_los
         return {"rule": "zeno++", "g": 1.0, "v": 1.0, "accepted": accepted, "lie": lie, "v_loss": v_loss}
     lines = [push(False, True, 9.0)] + [push(False, True, 2.0)] * 9  # (the first tenth's loss is left out)
     lines += [push(True, True, 2.0), push(True, False, 2.0), push(True, True, 6.0), push(True, True, 2.0)]
-    found = bench_ps_why.zeno_plus_plus(lines, None)
+    found = ps_why.zeno_plus_plus(lines, None)
     assert (found["lies_pushed"], found["lies_accepted"], found["peak_loss"], found["lies_before_peak"]) == \
         (4, 3, 6.0, 1)  # (the lie judged where the loss peaked is not before it)
 
 
 def test_the_signflip_text_counts_the_runs_under_90_percent_and_tests_the_difference():
-    from scripts.results.common import fisher
-    from scripts.results.ps_why import signflip
+    from scripts.figures.rendering import fisher
+    from scripts.figures.ps.render_why import signflip
 
     assert fisher(3, 8, 1, 8) == pytest.approx(0.5692, abs=1e-4)  # (scipy.stats.fisher_exact's)
     assert fisher(8, 8, 0, 8) == pytest.approx(0.000155, abs=1e-6) and fisher(0, 8, 0, 8) == pytest.approx(1.0)

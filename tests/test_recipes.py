@@ -161,8 +161,9 @@ def test_ddp_checkpoint_evaluates_in_nd_and_apex(tiny_data, tmp_path):
     expected = read_summary(train)["top1_correct"]
     for recipe in ("nd", "apex"):
         out = tmp_path / f"eval-{recipe}"
-        run_recipe(recipe, [tiny_data, *TINY, "-e", "--resume", train / "checkpoint.pt", "--out", out])
+        result = run_recipe(recipe, [tiny_data, *TINY, "-e", "--resume", train / "checkpoint.pt", "--out", out])
         assert read_summary(out)["top1_correct"] == expected
+        assert "in fp32" not in result.stdout  # (an fp32 run: nothing differs to say)
 
 
 def test_resume_matches_an_uninterrupted_run(tiny_data, tmp_path):

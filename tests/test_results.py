@@ -1,4 +1,4 @@
-"""scripts/results/ and plot_results.py: RESULTS.md and the figures drawn from figures/data/, part by part."""
+"""scripts/figures/ and plot_results.py: RESULTS.md and the figures drawn from figures/data/, part by part."""
 
 import csv
 import json
@@ -10,8 +10,17 @@ import sys
 from conftest import ROOT, plot_results
 
 sys.path.insert(0, str(ROOT))
-from scripts import (bench_compile, bench_gpu, bench_io, bench_scaling, bench_sharding, bench_ps_byzfl,  # noqa: E402
-                     bench_compression, gpu_plan, measuring, bench_pipeline, bench_ps)
+from scripts.figures.compile import measure as compile_measure  # noqa: E402
+from scripts.gpu import measure as gpu_measure  # noqa: E402
+from scripts.figures.io import measure as io_measure  # noqa: E402
+from scripts.figures.scaling import measure as scaling_measure  # noqa: E402
+from scripts.figures.sharding import measure as sharding_measure  # noqa: E402
+from scripts.figures.ps import byzfl_reference  # noqa: E402
+from scripts.figures.compression import measure as compression_measure  # noqa: E402
+from scripts.gpu import plan as gpu_plan  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
+from scripts.figures.pipeline import measure as pipeline_measure  # noqa: E402
+from scripts.figures.ps import table as ps_table  # noqa: E402
 
 
 def write_figures_data(data):
@@ -28,7 +37,7 @@ def write_figures_data(data):
                 {"world_size": world_size, "images_per_s": 120 + seed, "wall_s": 55.0 + seed, "arch": "lenet",
                  "global_batch": 64}))
     header = "kind,recipe,data,processes,threads,arch,image_size,batch_size,images_per_s,epoch_s,cpu,cores,gpu,torch"
-    assert header.split(",") == bench_scaling.FIELDS  # (each header here is the script's own, checked)
+    assert header.split(",") == scaling_measure.FIELDS  # (each header here is the script's own, checked)
     rows = [("recipe", "nd", "synthetic", 1, 97, 10), ("recipe", "ddp", "synthetic", 1, 100, 10),
             ("recipe", "ddp", "jpeg", 1, 50, 2), ("recipe", "ddp", "synthetic", 2, 180, 6),
             ("recipe", "ddp", "jpeg", 2, 80, 1.5), ("bare", "nd", "memory", 1, 100, ""),
@@ -39,7 +48,7 @@ def write_figures_data(data):
         for k, r, d, p, rate, epoch_s in rows]) + "\n")
     header = ("decoder,batches,workers,batch_size,image_size,images,seconds,images_per_s,mb_per_s,"
               "images_per_s_per_worker,cpu,cores,gpu,torch")
-    assert header.split(",") == bench_io.FIELDS
+    assert header.split(",") == io_measure.FIELDS
     rows = [("pil", "uint8", 0, 100), ("pil", "uint8", 2, 200), ("tensor", "uint8", 0, 150),
             ("tensor", "uint8", 2, 300), ("tensor", "float32", 0, 125), ("tensor", "float32", 2, 240)]
     (data / "io.csv").write_text("\n".join([header] + [
@@ -60,7 +69,7 @@ def write_figures_data(data):
          "stop_check_share_of_step": 0.0015}))
     header = ("method,error_feedback,processes,seed,threads,arch,epochs,global_batch,train_s,wall_s,top1,top5,"
               "bytes_per_step,compression_ratio,cpu,cores,gpu,torch")
-    assert header.split(",") == bench_compression.FIELDS
+    assert header.split(",") == compression_measure.FIELDS
     rows = [("serial", 0, 1, 60, (95.0, 95.5, 96.0), "", ""), ("none", 0, 2, 40, (94.5, 94.0, 95.0), 4000, 1.0),
             ("fp8-e4m3", 0, 2, 45, (93.25, 93.0, 93.5), 1004, 3.984),  # below none's range: beyond the spread
             ("fp8-e4m3", 1, 2, 46, (94.0, 94.75, 94.25), 1004, 3.984)]  # inside it
@@ -72,56 +81,79 @@ def write_figures_data(data):
         f"{part},{seconds},{trained},0,2026-11-24,{','.join(map(str, machine.values()))}\n"
         for part, seconds, trained in (("io", 60, 0), ("curves", 600, 9), ("compression", 3000, 57))))
     rows = [("eager", (12, 10, 10), 100), ("cold", (70, 5, 5), 200), ("warm", (20, 5, 5), 200)]
-    assert "mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch".split(",") == bench_compile.FIELDS
+    assert "mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch".split(",") == compile_measure.FIELDS
     (data / "compile.csv").write_text("\n".join(["mode,epoch,epoch_s,images_per_s,arch,threads,cpu,cores,gpu,torch"] + [
         f"{mode},{e + 1},{t},{rate},resnet18,2,{','.join(map(str, machine.values()))}"
         for mode, times, rate in rows for e, t in enumerate(times)]) + "\n")
 
 
 def test_the_committed_data_redraws_results_md_and_every_figure_as_committed(tmp_path):
-    """RESULTS.md byte for byte and each figure pixel for pixel, from figures/data/ alone."""
+    """RESULTS.md and each of its long forms (docs/results/) byte for byte, and each figure pixel for pixel,
+    from figures/data/ alone."""
     import matplotlib.image
 
-    results = tmp_path / "RESULTS.md"
-    shutil.copy(ROOT / "RESULTS.md", results)
-    subprocess.run([sys.executable, "scripts/plot_results.py", "--figures", tmp_path, "--results", results], cwd=ROOT,
-                   check=True, capture_output=True)
-    assert results.read_bytes() == (ROOT / "RESULTS.md").read_bytes()
+    pages = [ROOT / "RESULTS.md", *sorted((ROOT / "docs" / "results").glob("*.md"))]
+    assert len(pages) > 10
+    for page in pages:
+        (tmp_path / page.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(page, tmp_path / page.relative_to(ROOT))
+    subprocess.run([sys.executable, "scripts/figures/plot_results.py", "--figures", tmp_path, "--results",
+                    tmp_path / "RESULTS.md"], cwd=ROOT, check=True, capture_output=True)
+    for page in pages:
+        assert (tmp_path / page.relative_to(ROOT)).read_bytes() == page.read_bytes(), page.name
     drawn = sorted(tmp_path.glob("*.png"))
     assert {png.name for png in drawn} == {png.name for png in (ROOT / "figures").glob("*.png")}
     for png in drawn:
         assert (matplotlib.image.imread(png) == matplotlib.image.imread(ROOT / "figures" / png.name)).all(), png.name
 
 
-def test_each_part_of_make_figures_has_its_renderer():
-    """The Makefile's parts are scripts/results' index, in the same order; each module renders, in 200 lines."""
-    import importlib
+def test_every_table_and_figure_has_its_place_on_results_md_or_a_long_form_and_results_md_stays_a_page(tmp_path):
+    """Each section a renderer writes stands between its markers on RESULTS.md or a page of docs/results/ (none
+    appended at RESULTS.md's end), each figure is shown on one of them, each part's section of RESULTS.md links
+    its long form, and RESULTS.md stays at about 300 lines."""
+    from scripts import figures as results
 
-    from scripts import results
+    sections = {}
+    for part in results.PARTS + results.OTHERS:
+        sections.update(results.renderer(part).render(ROOT / "figures" / "data", tmp_path, []))
+    pages = {page: page.read_text() for page in [ROOT / "RESULTS.md", *(ROOT / "docs" / "results").glob("*.md")]}
+    unplaced = [name for name in sections if not any(f"<!-- BEGIN {name} -->" in text for text in pages.values())]
+    assert not unplaced
+    shown = {png for text in pages.values() for png in re.findall(r"figures/(\w+\.png)\)", text)}
+    assert shown == {png.name for png in (ROOT / "figures").glob("*.png")}
+    text = pages[ROOT / "RESULTS.md"]
+    assert len(text.splitlines()) <= 320
+    for heading, body in re.findall(r"^## ([^\n]+)\n(.*?)(?=^## |\Z)", text, re.M | re.S):
+        if heading not in ("The answers", "Regenerating it"):
+            assert re.search(r"\]\(docs/results/\w+\.md\)", body), heading
+            assert body.count("<!-- BEGIN ") <= 2, heading  # (one table; the GPU's has its earlier sweep's line)
+
+
+def test_each_part_of_make_figures_has_its_renderer():
+    """The Makefile's parts are scripts/figures' index, in the same order; each module renders, in 200 lines."""
+    from scripts import figures as results
 
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^PARTS := (.*)$", makefile, re.M)[1].split() == results.PARTS
     for part in results.PARTS + results.OTHERS:
-        assert callable(importlib.import_module(f"scripts.results.{part}").render), part
-    for module in (ROOT / "scripts" / "results").glob("*.py"):
+        assert callable(results.renderer(part).render), part
+    for module in (ROOT / "scripts").rglob("render*.py"):
         assert len(module.read_text().splitlines()) <= 200, module.name
 
 
 def test_each_part_keeps_one_name_from_the_makefile_to_its_figures(tmp_path):
-    """Part P: the Makefile runs scripts/bench_P.py, scripts/results/P.py renders it from figures/data/P*,
-    draws figures/P*.png and writes RESULTS.md sections P or P-* (hardware, where it ran, is no one part's)."""
-    import importlib
-
-    from scripts import results
+    """Part P: the Makefile runs scripts/figures/P/measure.py, scripts/figures/P/render.py renders it from
+    figures/data/P*, draws figures/P*.png and writes sections P or P-* (hardware, where it ran, is no one part's)."""
+    from scripts import figures as results
 
     makefile = (ROOT / "Makefile").read_text()
     data = ROOT / "figures" / "data"
     for part in results.PARTS:
-        assert re.search(rf"^figure-part-{part} = \$\(PY\) scripts/bench_{part}\.py ", makefile, re.M), part
+        assert re.search(rf"^figure-part-{part} = \$\(PY\) scripts/figures/{part}/measure\.py ", makefile, re.M), part
         assert list(data.glob(f"{part}*")), part
         figures, missing = tmp_path / part, []
         figures.mkdir()
-        sections = importlib.import_module(f"scripts.results.{part}").render(data, figures, missing)
+        sections = results.renderer(part).render(data, figures, missing)
         assert sections and not missing, part
         assert all(name == part or name.startswith(f"{part}-") for name in set(sections) - {"hardware"}), part
         assert all(png.name.startswith(part) for png in figures.glob("*.png")), part
@@ -171,7 +203,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
 
 
 def write_gpu_data(data):
-    """The GPU table of one GPU as bench_gpu.py writes it (every set-up, the fastest O1 fp16 + channels_last at 5000
+    """The GPU table of one GPU as scripts/gpu/measure.py writes it (every set-up, the fastest O1 fp16 + channels_last at 5000
     images/s), a profile, the published figures and an earlier sweep; and the CPU's scaling."""
     machine = {"cpu": "Test CPU", "cores": 16, "gpu": "Test GPU", "capability": "9.0", "torch": "2.11.0"}
     fastest = gpu_plan.Setup("recipe", "apex", "", "fp16", True, False)
@@ -186,7 +218,7 @@ def write_gpu_data(data):
                      "step_ms_p90": round(270_000 / rate, 3), "images_per_s": rate, "data_wait_share": 0.02,
                      "seconds": 31, "model_seconds": 28, "arch": "resnet50", "image_size": 224, **machine})
     (data / "gpu").mkdir(parents=True)
-    measuring.write_csv(data / "gpu" / "table.csv", bench_gpu.TABLE_FIELDS, rows)
+    measuring.write_csv(data / "gpu" / "table.csv", gpu_measure.TABLE_FIELDS, rows)
     (data / "gpu" / "profiles.json").write_text(json.dumps([{
         "setup": "apex O1 fp16 + channels_last", "target": "speed", "value": 5000.0, **machine, "steps": 5,
         "loader_wait_ms": 0.05, "step_ms": 51.2, "busy_ms": 48.0, "idle_ms": 3.2,
@@ -206,13 +238,13 @@ def write_gpu_data(data):
 def test_plot_results_writes_the_gpu_section_from_the_table(tmp_path):
     data, figures, results = tmp_path / "data", tmp_path / "figures", tmp_path / "RESULTS.md"
     write_gpu_data(data)
-    measuring.write_csv(data / "scaling.csv", bench_scaling.FIELDS, [
+    measuring.write_csv(data / "scaling.csv", scaling_measure.FIELDS, [
         {"kind": "recipe", "recipe": "ddp", "data": "synthetic", "processes": n, "images_per_s": rate, "epoch_s": 10}
         for n, rate in ((1, 100), (2, 150))])
     results.write_text("# Results\n")
     text = plot_results(data, figures, results, ("gpu_throughput",))
-    assert "| [GPU](#gpus) | Test GPU, torch 2.11.0: apex O1 fp16 + channels_last at 5000 images/s of ResNet-50, " \
-           "2.78x ddp fp32 |" in text  # (the headline's first line)
+    assert "| [What does mixed precision buy on a GPU?](#gpus) | apex O1 fp16 + channels_last at 5000 images/s of " \
+           "ResNet-50, 2.78x ddp fp32 | Test GPU, torch 2.11.0 |" in text  # (the headline's first line)
     assert "| ddp fp32 | synthetic | 1800 | 142.2 | 138.9–150.0 | 1.00x | 2 % | 28 / 31 |" in text
     assert ("| bare loop fp16 + channels_last | synthetic | 5100 | 50.2 | 49.0–52.9 | 2.83x | 2 % | 28 / 31 |"
             in text)
@@ -236,7 +268,7 @@ def test_plot_results_writes_the_gpu_section_from_the_table(tmp_path):
         in text  # (published figures beside the measured ones)
     # a GPU with part of its table (one bare row), and another's rows beyond one GPU: drawn, not in the way
     rows = measuring.read_csv(data / "gpu" / "table.csv")
-    measuring.write_csv(data / "gpu" / "table.csv", bench_gpu.TABLE_FIELDS, rows + [
+    measuring.write_csv(data / "gpu" / "table.csv", gpu_measure.TABLE_FIELDS, rows + [
         dict(rows[6], gpu="Half GPU"), dict(rows[0], gpus="2", images_per_s="3400", setup="ddp fp32")])
     (data / "gpu" / "preflight.json").write_text(json.dumps({"gpu": "Test H200", "capability": "9.0", "cuda": "13.0",
                                                              "torch": "2.11.0", "torchvision": "0.26.0", "cpu": "Xeon",
@@ -244,12 +276,13 @@ def test_plot_results_writes_the_gpu_section_from_the_table(tmp_path):
     (data / "gpu" / "smoke.json").write_text(json.dumps({"summary": "gpu-smoke: 1 of 1 checks ok", "checks": [
         {"check": "nd", "ok": True, "seconds": 9.0, "said": "", "earlier": True, "on": "Test H100"}]}))
     text = plot_results(data, figures, results, ())
-    assert "| ddp fp32 | 2 | 3400 |" in text and "Test GPU, torch 2.11.0: apex O1 fp16" in text
+    assert "| ddp fp32 | 2 | 3400 |" in text and "Half GPU, torch 2.11.0" in text
     assert "Half GPU (compute capability 9.0)" in text and "| nd | ok | 9.0 | passed on Test H100 |" in text
     (data / "gpu" / "table.csv").unlink()  # before the table is measured, the headline gives the earlier sweep's
     text = plot_results(data, figures, results, ())
-    assert ("| [GPU](#gpus) | the GPU table is not measured yet; the sweep before it, on 1 x Old GPU with torch "
-            "2.11.0: apex O1 fp16 + channels_last at 4500 images/s of ResNet-50, 2.50x ddp fp32 |") in text
+    assert ("| [What does mixed precision buy on a GPU?](#gpus) | apex O1 fp16 + channels_last at 4500 images/s of "
+            "ResNet-50, 2.50x ddp fp32 (the sweep before the GPU table, which is not measured yet) | 1 x Old GPU, "
+            "torch 2.11.0 |") in text
 
 
 def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_path):
@@ -274,7 +307,7 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
                          "byzantine_params_rejected": 10 * poisoned_rejected,
                          "stale_dropped": 0, "images_per_s": rate, "train_s": 10, **machine})
             if honest == "":  # (nd and ddp count no pushes)
-                rows[-1].update({key: "" for key in bench_ps.COUNTS})
+                rows[-1].update({key: "" for key in ps_table.COUNTS})
     add("sync-1v", "sync", "mean", "none", (96, 97, 98))
     add("sync-1v", "sync", "mean", flip, (30, 31, 32), counts=(64, 16, 0, 0))
     add("sync-1v", "sync", "trimmed-mean", "none", (95, 95, 95))
@@ -299,9 +332,9 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     for row in rows:  # a run that diverged has no top-1 and no counts
         row["diverged"] = int(row["top1"] == "")
         if row["diverged"]:
-            row.update({key: "" for key in bench_ps.COUNTS})
+            row.update({key: "" for key in ps_table.COUNTS})
     with open(data / "ps.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=bench_ps.FIELDS)
+        writer = csv.DictWriter(f, fieldnames=ps_table.FIELDS)
         writer.writeheader()
         writer.writerows(rows)
     theirs = []  # ByzFL's benchmark: mean and trimmed mean, no attack and sign flip, 3 seeds
@@ -312,7 +345,7 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
                     "batch": 25, "lr": 0.1, "momentum": 0.9, "top1": top1, "diverged": 0, "train_s": 1,
                     "byzfl": "0.0.11", **machine} for seed, top1 in enumerate(top1s)]
     with open(data / "ps_byzfl.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=bench_ps_byzfl.FIELDS)
+        writer = csv.DictWriter(f, fieldnames=byzfl_reference.FIELDS)
         writer.writeheader()
         writer.writerows(theirs)
     text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("ps", "ps_eta"))
@@ -386,8 +419,8 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
         for m, rate in rates.items():
             rows.append({**rows[0], "part": "bubble", "schedule": schedule, "microbatches": m, "batch": 256,
                          "stages": 2, "replicas": 1, "processes": 2, "images_per_s": rate, "seconds_to_target": ""})
-    for name, fields, table_rows in (("pipeline.csv", bench_pipeline.FIELDS, rows),
-                                     ("pipeline_curves.csv", bench_pipeline.CURVE_FIELDS, curves)):
+    for name, fields, table_rows in (("pipeline.csv", pipeline_measure.FIELDS, rows),
+                                     ("pipeline_curves.csv", pipeline_measure.CURVE_FIELDS, curves)):
         with open(data / name, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
@@ -399,7 +432,7 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     assert "| 8 x 1 | pipedream | `preduce` | 0.02 s | 3 | 76 (72–80) | 12.0 (12.0–12.0) | 92.00 (92.00–92.00) |" \
         " 2.50 |" in text
     # the model: 8 trainers on 2 cores, c 0.01 s, X 0.02 s
-    allreduce = 0.01 / bench_pipeline.expected_step("allreduce", 0.01, 8, 1, 0, 0.02, 8, 2)  # (steps: not read)
+    allreduce = 0.01 / pipeline_measure.expected_step("allreduce", 0.01, 8, 1, 0, 0.02, 8, 2)  # (steps: not read)
     assert f"| 8 x 1 | pipedream | `allreduce` | 8 / 2 | 0.0100 | 0.02 | 0.50 | {allreduce:.2f} | 0.25 (0.20–0.30) |" \
         in text
     assert "| 8 x 1, pipedream, no stragglers: `preduce` within 10 % of `allreduce` | 0.95 (0.90–1.00) | yes |" in text
@@ -411,7 +444,8 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     assert "| 1 | 0.50 | 0.62 | 500 (0.50) |  |" in text  # (1/2) / (4/5)
     assert "| 2 | 0.33 | 0.83 | 800 (0.80) | 900 (0.90) |" in text
     assert (tmp_path / "pipeline.png").exists()
-    assert ("| [pipeline](#pipelined-replicas-allreduce-partial-reduce-ad-psgd-hetpipe) | PipeDream with stragglers (X "
+    assert ("| [What does partial reduce buy over allreduce?](#pipelined-replicas-allreduce-partial-reduce-ad-psgd-"
+            "hetpipe) | PipeDream with stragglers (X "
             "sized to SD-PIPE's c / X): partial reduce at 1.33x (2 x 2) allreduce's updates/s, on 2 CPU cores shared by "
             "up to 4 processes; ") in text  # (RESULTS.md's headline)
 
@@ -422,16 +456,16 @@ def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
     machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
     p, rows = 2 ** 20, []
     for n, rates in ((1, (100, 99, 98, 97)), (2, (180, 150, 160, 90))):
-        for mode, rate in zip(bench_sharding.MODES, rates):
-            model = bench_sharding.model_bytes(mode, p, n)
-            rows.append({"shard": mode, "zero": bench_sharding.ZERO[mode], "processes": n, "arch": "resnet50",
+        for mode, rate in zip(sharding_measure.MODES, rates):
+            model = sharding_measure.model_bytes(mode, p, n)
+            rows.append({"shard": mode, "zero": sharding_measure.ZERO[mode], "processes": n, "arch": "resnet50",
                          "image_size": 32, "batch": 16, "parameters": p, "param_bytes": int(model) // 3,
                          "grad_bytes": int(model) // 3, "optimizer_bytes": int(model) // 3,
                          "state_bytes": 3 * (int(model) // 3), "model_bytes": model,
                          "peak_rss_bytes": 700 * 2 ** 20, "peak_cuda_bytes": "", "images_per_s": rate,
-                         "comm_bytes_model": bench_sharding.comm_bytes(mode, p, n), "top1": 10.0, **machine})
+                         "comm_bytes_model": sharding_measure.comm_bytes(mode, p, n), "top1": 10.0, **machine})
     with open(data / "sharding.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=bench_sharding.FIELDS)
+        writer = csv.DictWriter(f, fieldnames=sharding_measure.FIELDS)
         writer.writeheader()
         writer.writerows(rows)
     text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("sharding",))
@@ -445,7 +479,7 @@ def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
 def test_the_hardware_section_names_each_parts_machine_from_its_data(tmp_path):
     """RESULTS.md's hardware: one line when every part ran on one machine, else a row per part, each from the
     part's own files (timings.csv's row for a part whose files record none)."""
-    from scripts.results.common import hardware_line
+    from scripts.figures.rendering import hardware_line
 
     header = "kind,cpu,cores,gpu,torch\n"
     (tmp_path / "scaling.csv").write_text(header + "recipe,AMD EPYC,2,,2.14.1\n")

@@ -168,9 +168,40 @@ def test_a_recipes_readme_teaches_without_repeating_its_docstrings(recipe):
     assert max(shared.values()) <= 15, {name: n for name, n in shared.items() if n > 15}
 
 
-def test_no_script_is_longer_than_300_lines():
-    lengths = {path.name: len(path.read_text().splitlines()) for path in (ROOT / "scripts").rglob("*.py")}
-    assert max(lengths.values()) <= 300, {name: n for name, n in lengths.items() if n > 300}
+def test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder():
+    """scripts/ by part: make figures' parts in scripts/figures/<part>/ (measure.py, render.py), the GPU tools in
+    scripts/gpu/, the checks in scripts/checks/; the import graph between them has no cycle (no two modules, or
+    chains of them, importing each other, even inside a function)."""
+    import ast
+
+    from scripts.figures import PARTS
+
+    modules = {".".join(path.relative_to(ROOT).with_suffix("").parts): path for path in (ROOT / "scripts").rglob("*.py")}
+    imports = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("scripts"):
+                found |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                          for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.startswith("scripts")}
+        imports[name] = {m.removesuffix(".__init__") for m in found if m in modules or f"{m}.__init__" in modules} - {name}
+
+    def reaches(start, goal, seen=()):
+        return any(m == goal or (m not in seen and reaches(m, goal, (*seen, m))) for m in imports.get(start, ()))
+
+    assert not [name for name in imports if reaches(name, name)]
+    for part in PARTS:
+        assert {"measure", "render"} <= {path.stem for path in (ROOT / "scripts" / "figures" / part).glob("*.py")}, part
+    assert {path.name for path in (ROOT / "scripts").glob("*") if path.is_file()} == {
+        "make_demo_data.py", "slurm_ddp.sbatch", "preemptible_torchrun.py"}  # (what a user runs by hand)
+
+
+def test_no_script_is_longer_than_400_lines():
+    """A script is one thing (a part's measuring, the GPU plan, the smoke check); past 400 lines it is two."""
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in (ROOT / "scripts").rglob("*.py")}
+    assert max(lengths.values()) <= 400, {name: n for name, n in lengths.items() if n > 400}
 
 
 def test_every_relative_link_of_the_pages_leads_to_a_file():

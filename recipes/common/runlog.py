@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recipes.common import RecipeError
+from recipes.common import RecipeError, checkpoint
 
 CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr"]
 
@@ -150,7 +150,7 @@ class RunLog:
             "ema": {key: ema_stats[key] for key in ("top1", "top5", "loss")} if ema_stats else None,
             **precision(args), **extra}
         self.write_json("summary.json", summary)
-        throughput = f"{summary['images_per_s']:.1f} images/s" if rates else "evaluation only"
+        throughput = f"{summary['images_per_s']:.1f} images/s" if rates else f"evaluation only{in_fp32(args)}"
         ema = f"  (EMA: top1 {ema_stats['top1']:.2f} %  top5 {ema_stats['top5']:.2f} %)" if ema_stats else ""
         self.print(f"done: top1 {summary['top1']:.2f} %  top5 {summary['top5']:.2f} %{ema}  on "
                    f"{summary['val_images']} val images  |  {throughput}  |  wall {summary['wall_s']:.1f} s")
@@ -175,3 +175,15 @@ def precision(args):
     if getattr(args, "opt_level", None) is None:
         return {}
     return {"opt_level": args.opt_level, "precision": "fp32" if args.opt_level == "O0" else args.amp_dtype}
+
+
+def in_fp32(args):
+    """-e --resume FILE in a recipe without --opt-level (it evaluates in fp32) of a checkpoint whose run trained
+    and evaluated in mixed precision, which this recipe cannot repeat: what differs, for the result line; else ""."""
+    if not args.evaluate or hasattr(args, "opt_level"):  # (apex and fsdp repeat the run's precision)
+        return ""
+    recorded = checkpoint.settings_from(args.resume)
+    if recorded.get("opt_level", "O0") == "O0":
+        return ""
+    run = " ".join(recorded[key] for key in ("opt_level", "amp_dtype") if key in recorded)
+    return f" in fp32, where the run evaluated at {run} ({args.recipe} has no --opt-level; apex -e repeats it)"

@@ -17,7 +17,7 @@ Each attack acts tensor by tensor (u_t: one parameter tensor of u), as ZenoPS's 
 
 ALIE and IPM are not here: they are omniscient (computed from the honest workers' updates of the
 step), which workers that see only their own batches cannot be; byzfl's benchmark, run by
-scripts/bench_ps_byzfl.py, measures them with that knowledge.
+scripts/figures/ps/byzfl_reference.py, measures them with that knowledge.
 """
 
 import torch

@@ -5,6 +5,7 @@ workers: one object says it, so that no role computes it again.
 """
 
 import argparse
+import importlib.util
 from dataclasses import dataclass
 
 from recipes.common import RecipeError, cli
@@ -124,6 +125,8 @@ def check_flags(args):
             raise RecipeError(f"--{flag.replace('_', '-')} is not supported by the parameter-server recipe")
     if args.accum_steps != 1 or args.save_every or args.profile:
         raise RecipeError("--accum-steps, --save-every and --profile are not supported by the parameter-server recipe")
+    if args.aggregate in BYZFL_RULES and importlib.util.find_spec("byzfl") is None:
+        raise RecipeError(f"--aggregate {args.aggregate} is byzfl's: pip install byzfl (or pip install -e '.[ps]')")
     cli.check_ranges(args, {"--servers": (lambda v: v >= 1, "must be at least 1"),
                             "--validators": (lambda v: v >= 0, "must be 0 or more"),
                             "--local-steps": (lambda v: v >= 1, "must be at least 1"),

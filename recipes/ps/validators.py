@@ -48,7 +48,7 @@ Where this departs from the authors' code (xcgoner/zeno_ps, icml2019_zeno, Async
 - --validator-batch: zenops's v is computed as a push is, on the workers' batch (ZenoPS's); a larger
   one would average away more of v's noise, and lower with it the norm test's bar, 1.6 ||v||^2. zeno and
   zeno++ score on 4 x --batch-size (Zeno++'s authors score on the workers' batch of 128): a gradient
-  of 8 images has 4 times the variance of one of 32. RESULTS.md's zeno table measures Zeno's own scoring batch of 4.
+  of 8 images has 4 times the variance of one of 32. docs/results/ps.md's zeno table measures Zeno's own scoring batch of 4.
 - The held-out data is a share of train/ for every rule, and every validator trains on all of it,
   shuffled its own way, as ZenoPS's validators all hold the same last shard of W + 1
   (train_cifar10_byteps_zeno_validator.py 210-220); Zeno++ holds a 20th.

@@ -1,4 +1,4 @@
-"""The breaks of the mutation check (scripts/mutations.py): name, the file, the text switched off, what replaces
+"""The breaks of the mutation check (scripts/checks/mutations.py): name, the file, the text switched off, what replaces
 it, the tests that must catch it."""
 
 PRECISION_TEST = ("tests/test_benchmarks.py::test_bench_precision_runs_each_precision_it_names_and_says_what_the_"
@@ -161,12 +161,12 @@ BREAKS = [
          tests=["tests/test_pipeline.py::test_stragglers_are_drawn_per_slot_from_the_seed"]),
     # the precision part of make figures: what each row ran in, and what the CPU has (caught on a CPU with native
     # bf16, where the low-precision rows run; elsewhere they are left out and the first has nothing to break)
-    dict(name="precision-rows-silently-fp32", file="scripts/bench_precision.py",
+    dict(name="precision-rows-silently-fp32", file="scripts/figures/precision/measure.py",
          old='*(["--opt-level", level] if level else [])', new='*(["--opt-level", "O0"] if level else [])',
          tests=[PRECISION_TEST]),
-    dict(name="precision-cpu-flags-not-recorded", file="scripts/bench_precision.py",
+    dict(name="precision-cpu-flags-not-recorded", file="scripts/figures/precision/measure.py",
          old='"cpu_flags": flags_found}', new='"cpu_flags": ""}', tests=[PRECISION_TEST]),
-    dict(name="precision-text-ignores-the-cpu", file="scripts/results/precision.py",
+    dict(name="precision-text-ignores-the-cpu", file="scripts/figures/precision/render.py",
          old='if info["native_bf16"] else', new='if True else', tests=[PRECISION_TEST]),
     # PipeDream: each backward on its forward's weights, an update per minibatch
     dict(name="pipedream-weights-not-stashed", file="recipes/pipeline/pipedream.py",
@@ -191,34 +191,34 @@ BREAKS = [
          old='bound = float("inf") if args.staleness is None', new='bound = 0 if args.staleness is None',
          tests=["tests/test_pipeline.py::test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked"]),
     # the same part on GPUs (make figures on a CUDA machine): fp16 where every CUDA GPU runs it, a GPU per process
-    dict(name="precision-gpu-without-fp16", file="scripts/bench_precision.py",
+    dict(name="precision-gpu-without-fp16", file="scripts/figures/precision/measure.py",
          old='return dtype == "fp16" or torch.cuda.is_bf16_supported()',
          new='return dtype != "fp16" and torch.cuda.is_bf16_supported()', tests=[PRECISION_GPU_TEST]),
-    dict(name="precision-gpus-all-on-the-first", file="scripts/bench_precision.py",
+    dict(name="precision-gpus-all-on-the-first", file="scripts/figures/precision/measure.py",
          old='visible_gpus(processes)', new='visible_gpus(1)', tests=[PRECISION_GPU_TEST]),
     # the GPU table (make gpu-check): every set-up planned, the smoke's passes kept for a GPU of the same compute
     # capability, a bare loop that is bare and runs its set-up, the timed epoch, the fastest set-up
-    dict(name="gpu-table-leaves-a-set-up-out", file="scripts/gpu_plan.py",
+    dict(name="gpu-table-leaves-a-set-up-out", file="scripts/gpu/plan.py",
          old='         Setup("recipe", "apex", "", "bf16", True, True),\n', new="",
          tests=["tests/test_gpu_plan.py::test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command"]),
-    dict(name="smoke-again-on-a-gpu-of-the-same-capability", file="scripts/gpu_smoke.py",
+    dict(name="smoke-again-on-a-gpu-of-the-same-capability", file="scripts/gpu/smoke.py",
          old='(report.get("capability"), report.get("torch")) != (capability', new='(report.get("device"), '
          'report.get("torch")) != (capability',
          tests=["tests/test_gpu_plan.py::test_the_smoke_s_passes_hold_on_a_gpu_of_the_same_compute_capability_and_"
                 "torch"]),
-    dict(name="bare-loop-goes-through-the-recipes", file="scripts/bare_loop.py",
+    dict(name="bare-loop-goes-through-the-recipes", file="scripts/figures/bare_loop.py",
          old="from recipes.common.models import build_model  # noqa",
          new="from recipes.common import bookkeeping  # noqa: E402,F401\n"
              "from recipes.common.models import build_model  # noqa",
          tests=[BARE_LOOP_TEST]),
-    dict(name="bare-loop-ignores-its-layout", file="scripts/bare_loop.py",
+    dict(name="bare-loop-ignores-its-layout", file="scripts/figures/bare_loop.py",
          old="layout = torch.channels_last if args.channels_last else torch.contiguous_format",
          new="layout = torch.contiguous_format", tests=[BARE_LOOP_TEST]),
-    dict(name="bare-loop-row-runs-the-recipe", file="scripts/bench_gpu.py", old='        if setup.kind == "bare":\n'
+    dict(name="bare-loop-row-runs-the-recipe", file="scripts/gpu/measure.py", old='        if setup.kind == "bare":\n'
          '            flags =', new='        if False:\n            flags =', tests=[GPU_TABLE_TEST]),
-    dict(name="table-times-the-warm-up-epoch", file="scripts/bench_gpu.py", old='else found["epochs"][-1]',
+    dict(name="table-times-the-warm-up-epoch", file="scripts/gpu/measure.py", old='else found["epochs"][-1]',
          new='else found["epochs"][0]', tests=[GPU_TABLE_TEST]),
-    dict(name="fastest-set-up-is-the-slowest", file="scripts/gpu_plan.py",
+    dict(name="fastest-set-up-is-the-slowest", file="scripts/gpu/plan.py",
          old='return setup_of(max(candidates,', new='return setup_of(min(candidates,', tests=[GPU_TABLE_TEST]),
     # the training flags, each caught by its test against a plain computation (tests/test_training.py)
     dict(name="label-smoothing-halved", file="recipes/ddp/train.py",
@@ -256,4 +256,18 @@ BREAKS = [
          old='    if device.type == "cuda":\n        return nn.SyncBatchNorm',
          new="    if True:\n        return nn.SyncBatchNorm",
          tests=[FLAG_TESTS + "sync_bn_on_a_cpu_keeps_each_ranks_statistics_as_written_out"]),
+    # what a user meets beyond the recipes: another recipe's evaluation, the install, the pages of results
+    dict(name="evaluation-precision-unsaid", file="recipes/common/runlog.py",
+         old='if recorded.get("opt_level", "O0") == "O0":', new="if True:",
+         tests=["tests/test_amp.py::test_nd_says_it_evaluates_in_fp32_a_run_that_evaluated_in_bf16"]),
+    dict(name="byzfl-rule-without-byzfl-unchecked", file="recipes/ps/layout.py",
+         old='if args.aggregate in BYZFL_RULES and importlib.util.find_spec("byzfl") is None:', new="if False:",
+         tests=["tests/test_ps.py::test_a_byzfl_rule_without_byzfl_is_one_line_naming_the_extra"]),
+    dict(name="long-forms-not-rewritten", file="scripts/figures/plot_results.py",
+         old='return [results, *sorted((results.parent / "docs" / "results").glob("*.md"))]', new="return [results]",
+         tests=["tests/test_results.py::test_the_committed_data_redraws_results_md_and_every_figure_as_committed"]),
+    dict(name="scripts-importing-each-other", file="scripts/figures/ps/rows.py",
+         old="from scripts.figures.rendering import spread, with_range",
+         new="from scripts.figures.rendering import spread, with_range\nfrom scripts.figures.ps import render_why  # noqa",
+         tests=["tests/test_shape.py::test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder"]),
 ]

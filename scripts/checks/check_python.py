@@ -1,6 +1,6 @@
 """Check, before a make target starts, that its Python has what the target needs: one line and exit 2 if not.
 
-    python scripts/check_python.py --gpu gpu-smoke      # (the Makefile runs it: PY=python3 make gpu-smoke)
+    python scripts/checks/check_python.py --gpu gpu-smoke      # (the Makefile runs it: PY=python3 make gpu-smoke)
 
 GPU nodes often have a Python with torch and torchvision and no package index: a missing
 package is then named at the start, with the way to bring it, not met as an ImportError

@@ -1,8 +1,8 @@
 """docs/tests.md from the tests themselves: where the suite's time goes (tests/times.json, measured by
-scripts/test_times.py), then each file's docstring and each test's name as the sentence it is.
+scripts/checks/test_times.py), then each file's docstring and each test's name as the sentence it is.
 
-    python scripts/list_tests.py            # rewrite docs/tests.md
-    python scripts/list_tests.py --check    # exit 1 if docs/tests.md is not what the tests say now
+    python scripts/checks/list_tests.py            # rewrite docs/tests.md
+    python scripts/checks/list_tests.py --check    # exit 1 if docs/tests.md is not what the tests say now
 
 A test's name is its claim (test_a_crash_between_write_and_rename_leaves_the_old_checkpoint); the
 list says nothing the names do not, so what the README promises of the suite is what this page shows.
@@ -14,15 +14,15 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "tests.md"
 TIMES = ROOT / "tests" / "times.json"
 HEADER = """# What the tests show
 
-Generated from `tests/` by `scripts/list_tests.py` (`make test` fails when this page is out of date):
+Generated from `tests/` by `scripts/checks/list_tests.py` (`make test` fails when this page is out of date):
 each test's name, as the sentence it is, and the first sentence of its docstring, file by file.
 `make test` runs them all on CPU with gloo; `make test-mutations` breaks each lesson in a copy of the
-tree and checks that the tests named for it fail (`scripts/mutations.py`).
+tree and checks that the tests named for it fail (`scripts/checks/mutations.py`).
 """
 
 
@@ -49,14 +49,14 @@ def how(function):
 def times():
     """The table of where the time goes, from tests/times.json."""
     if not TIMES.is_file():
-        return ["\n## Where the time goes\n", "Not measured yet: `python scripts/test_times.py` measures it.\n"]
+        return ["\n## Where the time goes\n", "Not measured yet: `python scripts/checks/test_times.py` measures it.\n"]
     measured = json.loads(TIMES.read_text())
     files, parts = measured["files"], ("startup_s", "training_s", "waiting_s", "pytest_s")
     total = {key: sum(row[key] for row in files.values()) for key in ("tests", "interpreters", *parts)}
     wall = sum(total[part] for part in parts)
     lines = ["\n## Where the time goes\n",
              f"`make test` on {measured['cores']} cores ({measured['cpu']}; torch {measured['torch']}, Python "
-             f"{measured['python']}), measured by `scripts/test_times.py` on {measured['measured']}: "
+             f"{measured['python']}), measured by `scripts/checks/test_times.py` on {measured['measured']}: "
              f"{total['tests']} tests in {measured['total_s'] / 60:.1f} minutes, "
              f"{measured['collection_s']:.0f} s of them collecting. Each file's seconds are split four ways: "
              "**start-up**, a fresh Python importing torch and the recipes (the tests' ranks are forked from a "
@@ -95,7 +95,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.check:
         if not PAGE.is_file() or PAGE.read_text() != page():
-            print(f"error: {PAGE.relative_to(ROOT)} is not what tests/ says now: run python scripts/list_tests.py",
+            print(f"error: {PAGE.relative_to(ROOT)} is not what tests/ says now: run python scripts/checks/list_tests.py",
                   file=sys.stderr)
             return 1
         return 0

@@ -1,10 +1,10 @@
 """The mutation check: break each lesson on purpose and watch the tests that claim it fail.
 
     make test-mutations                      # every break, one after another
-    python scripts/mutations.py --only checkpoint-written-in-place weights-only-dropped   # some
-    python scripts/mutations.py --list       # the breaks and their tests
+    python scripts/checks/mutations.py --only checkpoint-written-in-place weights-only-dropped   # some
+    python scripts/checks/mutations.py --list       # the breaks and their tests
 
-Each break in BREAKS (scripts/breaks.py) is one exact text of the implementation replaced by another (the
+Each break in BREAKS (scripts/checks/breaks.py) is one exact text of the implementation replaced by another (the
 feature switched off, as a slip in a change would switch it off), with the tests that
 must catch it. For each break the tree (git's tracked and untracked files, not the
 ignored ones) is copied to a temporary folder, the break applied there, and only its
@@ -26,11 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 sys.path.insert(0, str(ROOT))
 
-from scripts.breaks import BREAKS  # noqa: E402 (the list: each break and the tests that must catch it)
+from scripts.checks.breaks import BREAKS  # noqa: E402 (the list: each break and the tests that must catch it)
 
 
 def copy_tree(destination):

@@ -1,8 +1,8 @@
-"""Where the suite's time goes, file by file: written to tests/times.json, which scripts/list_tests.py renders
+"""Where the suite's time goes, file by file: written to tests/times.json, which scripts/checks/list_tests.py renders
 into docs/tests.md.
 
-    python scripts/test_times.py                      # the suite as `make test` runs it, then the page
-    python scripts/test_times.py tests/test_ps.py     # these files again; the other files' rows are kept
+    python scripts/checks/test_times.py                      # the suite as `make test` runs it, then the page
+    python scripts/checks/test_times.py tests/test_ps.py     # these files again; the other files' rows are kept
 
 pytest runs in this process. Every 0.1 s a sampler reads, from /proc, the CPU time of each process the suite
 started, and gives the wall time since the last sample to one of four parts:
@@ -27,7 +27,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMES = ROOT / "tests" / "times.json"
 SITE = Path(__file__).resolve().parent / "test_times_site"  # its sitecustomize.py marks each Python's start-up
 MAKE_TEST = ["-q", "-p", "no:cacheprovider", "--ignore=tests/test_gpu_check.py"]  # as the Makefile's `test` runs

@@ -1,6 +1,6 @@
 """The bare loop: a recipe's set-up in plain PyTorch, what the GPU table holds the recipes against.
 
-    python scripts/bare_loop.py -a resnet50 --image-size 224 -b 256 --precision fp16 --channels-last --compile \\
+    python scripts/figures/bare_loop.py -a resnet50 --image-size 224 -b 256 --precision fp16 --channels-last --compile \\
         --json OUT.json
 
 The same model (the recipes' by name), batch, precision, layout and optimizer as the recipes (SGD at the GPU
@@ -9,7 +9,7 @@ GradScaler in fp16; autocast in fp16 or bf16; channels_last weights and input; t
 and nothing else: one batch that stays on the device, then forward, loss, backward and step, --warmup steps
 and then --steps more. No loader, no copy to the device, no meter, no DDP, no logs, no checks: whatever the
 recipe's images/s lacks of this loop's is what the recipe costs. A mark after each step (a CUDA event, or on
-a CPU the clock) gives the seconds of each timed step, as scripts/step_times.py gives a recipe's; written to
+a CPU the clock) gives the seconds of each timed step, as scripts/gpu/step_times.py gives a recipe's; written to
 --json with what ran (the dtype the model computed in, the batch's layout) and the modules of this project it
 imported.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from recipes.common.models import build_model  # noqa: E402 (the model only: lenet, or torchvision's by name)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -1,25 +1,36 @@
-"""headline: one line of what each part of make figures found, first in RESULTS.md, after the GPU's.
+"""headline: RESULTS.md's first table, a user's questions each answered by one part, with the machine it ran on.
 
-    reads    what each part reads (its module's headline(data)), and the GPU table's (gpu.headline(data))
+    reads    what each part reads (its module's headline(data)), the GPU table's (scripts/gpu/render.py), and
+             the machine each part's data records (rendering.measured_on)
     draws    none
     writes   RESULTS.md's headline
 """
 
-import importlib
+from scripts.figures import renderer
+from scripts.figures.rendering import measured_on, table
+from scripts.gpu import render as gpu
 
-from scripts.results import PARTS, gpu
-from scripts.results.common import table
-
-ANCHORS = {"io": "input-pipeline", "scaling": "scaling", "curves": "learning-curves", "recovery": "recovery",
-           "compile": "torchcompile", "precision": "mixed-precision",
-           "compression": "gradient-compression",
-           "ps": "parameter-server-against-byzantine-workers",
-           "pipeline": "pipelined-replicas-allreduce-partial-reduce-ad-psgd-hetpipe",
-           "sharding": "sharded-data-parallel-bytes-per-rank-zero-1-to-zero-3"}
+# the questions a user comes with, first those the page is for; each answered by one part (its section's anchor)
+QUESTIONS = [("gpu", "What does mixed precision buy on a GPU?", "gpus"),
+             ("precision", "And on a CPU?", "mixed-precision"),
+             ("scaling", "How does DDP scale?", "scaling"),
+             ("ps", "Does the parameter server with Zeno validators hold against attacks, and at what cost?",
+              "parameter-server-against-byzantine-workers"),
+             ("pipeline", "What does partial reduce buy over allreduce?",
+              "pipelined-replicas-allreduce-partial-reduce-ad-psgd-hetpipe"),
+             ("sharding", "What does ZeRO save?", "sharded-data-parallel-bytes-per-rank-zero-1-to-zero-3"),
+             ("curves", "Do the recipes learn alike?", "learning-curves"),
+             ("compression", "What does gradient compression cost in accuracy?", "gradient-compression"),
+             ("recovery", "How soon does a killed run train again?", "recovery"),
+             ("io", "How fast can the loader feed a trainer?", "input-pipeline"),
+             ("compile", "What does torch.compile buy?", "torchcompile")]
 
 
 def render(data, figures, missing):
-    rows = [["[GPU](#gpus)", gpu.headline(data)]] + [
-        [f"[{part}](#{ANCHORS[part]})", found] for part in PARTS
-        for found in [importlib.import_module(f"scripts.results.{part}").headline(data)] if found]
-    return {"headline": table(["part", "what it found"], rows)}
+    rows = []
+    for part, question, anchor in QUESTIONS:
+        module, machine = (gpu, gpu.measured_on(data)) if part == "gpu" else (renderer(part), measured_on(data, part))
+        answer = module.headline(data)
+        if answer:
+            rows.append([f"[{question}](#{anchor})", answer, machine])
+    return {"headline": table(["question", "answer", "measured on"], rows)}

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from recipes.common import workers
 from recipes.common.cli import usable_cores  # noqa: F401 (the cores a run may use, as the recipes count them)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # the demo's model and augmentation (as `make demo`), and a small stand-in for tests and QUICK=1;
 # each script adds its own batch size, learning rate, workers and seed
 DEMO_MODEL = ["-a", "resnet18", "--image-size", "28", "--scale", "0.6", "1", "--hflip", "0"]
@@ -181,7 +181,7 @@ def run_forked(processes, script_and_flags, threads, env=None):
 # what the recipes import, byzfl included (the parameter server's robust rules and attacks: 2.6 s per process)
 FORKSERVER_PRELOAD = ["recipes.common.workers", "torch", "torchvision", "byzfl", "recipes.common.bookkeeping",
                       "torch.distributed.pipelining",
-                      "scripts.measuring"]
+                      "scripts.figures.measuring"]
 forkserver_threads = {}  # the server starts on the first forked run, with its threads, and serves every later one
 
 
@@ -226,7 +226,7 @@ def train(recipe, processes, flags, out, threads, env=None, check=True, forked=F
     what it has. A run that did not finish starts afresh. Returns its summary (None when it failed and check
     is False: its output is then in OUT/failed.log). forked: the processes start as run_forked() starts them;
     echo: their output is printed as it comes (run()); launcher: a script and its flags that run the recipe
-    (scripts/inject_fault.py's way: it takes the recipe's path and flags after them)."""
+    (scripts/checks/inject_fault.py's way: it takes the recipe's path and flags after them)."""
     out, launch = Path(out), launch_of(recipe, processes, flags, env, threads, launcher)
     summary = finished_summary(out, launch)
     if summary is not None:

@@ -46,21 +46,38 @@ def beyond_spread(a, b):
     return a["n"] > 1 and b["n"] > 1 and (a["low"] > b["high"] or b["low"] > a["high"])
 
 
+def records_of(data, part, timings=None):
+    """What a part's files in the data folder record of the machine they were measured on (timings.csv's row
+    where they record nothing): a list of dicts with cpu, cores, gpu and torch."""
+    records = [r for path in sorted(data.glob(f"{part}*.csv")) for r in read_csv(path) if r.get("cpu")]
+    for path in sorted(data.glob(f"{part}*.json")):
+        record = json.loads(path.read_text())
+        record = record.get("hardware", record) if isinstance(record, dict) else {}
+        records += [record] if record.get("cpu") else []
+    if timings is None:
+        timings = {r["part"]: r for r in read_csv(data / "timings.csv")} if (data / "timings.csv").exists() else {}
+    return records or ([timings[part]] if part in timings else [])
+
+
+def measured_on(data, part):
+    """'AMD EPYC, 2 cores, torch 2.14.1': the machine a part ran on, for the headline's column (with the CPU's
+    flags where the part records them: whether it computes bf16 natively)."""
+    records = records_of(data, part)
+    machines = sorted({f"{r['cpu']}, {r['cores']} cores" + (f" ({r['cpu_flags']})" if r.get("cpu_flags") else "") +
+                       (f", {r['gpu']}" if r.get("gpu") else "") for r in records})
+    torches = sorted({r["torch"] for r in records if r.get("torch")})
+    return "; ".join(machines) + (f", torch {', '.join(torches)}" if torches else "")
+
+
 def hardware_line(data):
     """Where the CPU parts ran, from what each part's files in the data folder record (timings.csv's row where
     they record nothing): one line when every part ran on one machine, else one row per part."""
-    from scripts.results import PARTS
+    from scripts.figures import PARTS
 
     timings = {r["part"]: r for r in read_csv(data / "timings.csv")} if (data / "timings.csv").exists() else {}
     machines, torches, gpus = {}, set(), set()
     for part in PARTS:
-        records = [r for path in sorted(data.glob(f"{part}*.csv")) for r in read_csv(path) if r.get("cpu")]
-        for path in sorted(data.glob(f"{part}*.json")):
-            record = json.loads(path.read_text())
-            record = record.get("hardware", record) if isinstance(record, dict) else {}
-            records += [record] if record.get("cpu") else []
-        if not records and part in timings:
-            records = [timings[part]]
+        records = records_of(data, part, timings)
         if records:
             machines[part] = sorted({f"{r['cpu']} ({r['cores']} cores)" for r in records})
             torches |= {r["torch"] for r in records if r.get("torch")}

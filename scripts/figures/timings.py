@@ -5,8 +5,8 @@
     writes   RESULTS.md's timings
 """
 
-from scripts.results import PARTS
-from scripts.results.common import read_csv, table
+from scripts.figures import PARTS
+from scripts.figures.rendering import read_csv, table
 
 
 def timings_table(rows):

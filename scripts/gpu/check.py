@@ -2,30 +2,30 @@
 
     make gpu-check PY=python3            # on the GPU node, with .wheels/ (make gpu-wheels) carried beside it
     make gpu-check STAND_IN=1 PY=...     # the rehearsal on a CPU (make test-compat runs it under torch 2.11)
-    python scripts/gpu_check.py [--stand-in] [--minutes 9] [--archive FILE] [--plan]
+    python scripts/gpu/check.py [--stand-in] [--minutes 9] [--archive FILE] [--plan]
 
 1. Preflight: the wheels in .wheels/ installed into runs/gpu-check/site (pip, no index, no
    dependencies) for this run's processes; then Python, torch, torchvision, CUDA, the driver
    and the GPU (its compute capability too), and each package the checks need and this
    Python lacks, one line each.
-2. gpu-smoke (scripts/gpu_smoke.py), each check cut at --check-timeout seconds; the checks
+2. gpu-smoke (scripts/gpu/smoke.py), each check cut at --check-timeout seconds; the checks
    figures/data/gpu/smoke.json holds as passed on a GPU of the same compute capability and
    the same torch are left out (--smoke runs them all again): an H100's passes hold on an
    H200, and a smoke cut at the deadline goes on in the next command.
-3. The GPU table (scripts/bench_gpu.py --parts table): its set-ups not yet measured on this
+3. The GPU table (scripts/gpu/measure.py --parts table): its set-ups not yet measured on this
    GPU and torch that the model says fit in the minutes left (data/imagenet-like-gpu written
    first on every core, once), then, once all are measured, a profile of each speed target
    that missed, in the minutes left; the whole cut at the deadline whatever the model said.
    What is left is named; the next command goes on with it.
 Everything goes under runs/gpu-check/ (preflight.json, the runs), then into
-figures/data/gpu/ and RESULTS.md (plot_results.py). --archive FILE packs those into one
+figures/data/gpu/, RESULTS.md and docs/results/ (plot_results.py). --archive FILE packs those into one
 .tar.gz, for a machine whose results come back as files. --plan prints, without running
 anything, what the command runs on a GPU whose table is not measured yet, by the model, and
 the seconds a GPU measured for each set-up where one did.
 
---stand-in: the same steps on a CPU, as CI rehearses them: gpu_smoke.py --stand-in, then the
+--stand-in: the same steps on a CPU, as CI rehearses them: scripts/gpu/smoke.py --stand-in, then the
 whole table with lenet at 16 px on a small JPEG folder (and a profile of every target, met or
-not); everything is written under runs/gpu-check/ (its figures/data/gpu/ and RESULTS.md),
+not); everything is written under runs/gpu-check/ (its figures/data/gpu/, RESULTS.md, docs/results/),
 never into the committed ones.
 Exits 1 when a check or a run failed, 2 when the preflight found something missing.
 """
@@ -41,10 +41,12 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts import check_python, gpu_plan, measuring  # noqa: E402
+from scripts.checks import check_python  # noqa: E402
+from scripts.gpu import plan as gpu_plan  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 OUT = ROOT / "runs" / "gpu-check"
 WHEELS = ROOT / ".wheels"
@@ -122,7 +124,7 @@ def command_plan(minutes=9):
     """[(seconds, [line, ...])]: the commands of --minutes that a GPU whose table is not measured yet needs, by the
     model; its smoke's checks those smoke.json does not hold as passed on the last lease's capability and torch.
     Each command starts on a machine of its own, its Inductor cache empty."""
-    from scripts.gpu_smoke import checks
+    from scripts.gpu.smoke import checks
 
     smoke = gpu_plan.read_json(GPU_DATA / "smoke.json", {})
     passed = [c for c in smoke.get("checks", []) if c["ok"]]
@@ -158,7 +160,7 @@ def command_plan(minutes=9):
 
 def rehearsed_in_full(gpu_data):
     """Whether a rehearsal measured every set-up of the table and profiled every target; if not, says what not."""
-    from scripts.bench_gpu import machine
+    from scripts.gpu.measure import machine
 
     here = machine(stand_in=True)
     table = gpu_data / "table.csv"
@@ -195,12 +197,13 @@ def main(argv=None):
         shutil.rmtree(gpu_data, ignore_errors=True)
         gpu_data.mkdir(parents=True)
         shutil.copy(ROOT / "RESULTS.md", results)
+        shutil.copytree(ROOT / "docs" / "results", OUT / "docs" / "results", dirs_exist_ok=True)
     gpu_data.mkdir(parents=True, exist_ok=True)
     found = preflight(args, install_wheels(OUT / "site"))
     (OUT / "preflight.json").write_text(json.dumps(found, indent=2) + "\n")
     print("gpu-check: " + ", ".join(f"{k} {v}" for k, v in found.items() if k not in ("wheels", "stand_in")),
           flush=True)
-    smoke = [sys.executable, str(ROOT / "scripts" / "gpu_smoke.py"), "--json", str(gpu_data / "smoke.json"),
+    smoke = [sys.executable, str(ROOT / "scripts" / "gpu" / "smoke.py"), "--json", str(gpu_data / "smoke.json"),
              "--out", str(OUT / "smoke"), "--timeout", str(args.check_timeout),
              *([] if args.smoke else ["--keep-passed"]), *(["--stand-in"] if args.stand_in else [])]
     code = run_limited(smoke, deadline - time.monotonic())
@@ -215,7 +218,7 @@ def main(argv=None):
             subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like", str(jpeg),
                             *JPEG_SIZE["stand-in" if args.stand_in else "gpu"], "--jobs", "0"], check=True)
             (jpeg / ".complete").touch()
-        table = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--parts", "table", "--jpeg", str(jpeg),
+        table = [sys.executable, str(ROOT / "scripts" / "gpu" / "measure.py"), "--parts", "table", "--jpeg", str(jpeg),
                  "--skip-measured", "--minutes", f"{(deadline - time.monotonic() - MARGIN_S) / 60:.2f}",
                  "--figures-data", str(gpu_data), "--runs", str(OUT / "runs"),
                  *(["--stand-in", *STAND_IN_RUNS] if args.stand_in else [])]
@@ -227,13 +230,13 @@ def main(argv=None):
             failed = True
         if args.stand_in:  # the rehearsal runs the whole plan: every set-up, and a profile for every target
             failed |= not rehearsed_in_full(gpu_data)
-    drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_results.py"), "--data", str(gpu_data.parent),
+    drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "figures" / "plot_results.py"), "--data", str(gpu_data.parent),
                             "--figures", str(OUT / "figures" if args.stand_in else ROOT / "figures"), "--results",
                             str(results)], stdout=subprocess.DEVNULL, timeout=300)
     failed |= drawn.returncode != 0
     if args.archive:
         with tarfile.open(args.archive, "w:gz") as archive:
-            for path in (OUT / "preflight.json", gpu_data, results):
+            for path in (OUT / "preflight.json", gpu_data, results, results.parent / "docs" / "results"):
                 if path.exists():
                     archive.add(path, arcname=str(path.relative_to(ROOT)))
     print(f"gpu-check: done in {(time.monotonic() - started) / 60:.1f} min; {gpu_data.relative_to(ROOT)}/, "

@@ -1,7 +1,7 @@
 """Run a recipe on CUDA and count the host synchronisations of its training steps, by where they come from.
 
-    python scripts/count_syncs.py --json syncs.json -- recipes/ddp/train.py DIR -a resnet18 ...
-    python scripts/count_syncs.py --stand-in --json syncs.json -- recipes/ddp/train.py DIR ...   # on a CPU
+    python scripts/gpu/count_syncs.py --json syncs.json -- recipes/ddp/train.py DIR -a resnet18 ...
+    python scripts/gpu/count_syncs.py --stand-in --json syncs.json -- recipes/ddp/train.py DIR ...   # on a CPU
 
 A synchronisation makes the CPU wait for the GPU (`loss.item()`, a copy to the host, a
 CUDA tensor turned into a Python number): while it waits, it queues no work, and the GPU
@@ -39,7 +39,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402

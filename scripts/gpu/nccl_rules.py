@@ -1,6 +1,6 @@
 """Run a recipe with NCCL's rules checked at every collective and point-to-point call, whatever the backend.
 
-    torchrun --nproc_per_node=4 scripts/nccl_rules.py -- recipes/pipeline/train.py DIR --sync adpsgd ...
+    torchrun --nproc_per_node=4 scripts/gpu/nccl_rules.py -- recipes/pipeline/train.py DIR --sync adpsgd ...
 
 The recipes send the model's tensors over device groups (NCCL on CUDA) and everything
 else over gloo groups made for it (recipes/common/distributed.py: new_control_group,
@@ -30,7 +30,7 @@ import threading
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402

@@ -1,9 +1,9 @@
-"""The GPU table's plan (scripts/bench_gpu.py): its set-ups, the flags each runs with, the speed targets, and the
-model of the seconds each takes on one H100, from which scripts/gpu_check.py --plan fits a lease.
+"""The GPU table's plan (scripts/gpu/measure.py): its set-ups, the flags each runs with, the speed targets, and the
+model of the seconds each takes on one H100, from which scripts/gpu/check.py --plan fits a lease.
 
 The table, at 1 GPU, in the order it is measured: the set-ups a user chooses between on --synthetic images
 (ddp in fp32; apex at O0 with channels_last; O1 fp16 and O1 bf16, each with channels_last, with and without
---compile); the bare loop (scripts/bare_loop.py: plain PyTorch, no recipe) in fp32 and at the fastest of
+--compile); the bare loop (scripts/figures/bare_loop.py: plain PyTorch, no recipe) in fp32 and at the fastest of
 those set-ups; and that fastest set-up once more on a folder of JPEGs under each --decoder. Beyond 1 GPU (a
 node with more), the scaling part runs ddp fp32 and the fastest set-up on 2, 4, ... GPUs, and the compression
 part the compression recipe's hooks over NCCL.
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from scripts import measuring
+from scripts.figures import measuring
 
 PARTS = ["table", "scaling", "compression"]
 ONE_GPU = "one GPU has no peer to scale to, nor to send gradients to; it runs on 2 GPUs or more"
@@ -21,7 +21,7 @@ FASTEST = None  # a set-up's field taken from the fastest set-up measured above 
 
 
 class Setup(NamedTuple):
-    kind: str  # "recipe", or "bare" for scripts/bare_loop.py
+    kind: str  # "recipe", or "bare" for scripts/figures/bare_loop.py
     recipe: str  # ddp or apex ("" for the bare loop)
     decoder: str  # "" on --synthetic images, else the --decoder of the JPEG folder
     precision: str  # fp32, fp16 or bf16 (apex: O0 for fp32, O1 for the others)
@@ -182,7 +182,7 @@ def table_plan(cores, decode, jpeg, measured=(), warm=()):
 
 
 def print_plan(cores, decode, jpeg, counts):
-    """bench_gpu.py --list: the table's runs as planned, each with the model's seconds; then the parts beyond one
+    """scripts/gpu/measure.py --list: the table's runs as planned, each with the model's seconds; then the parts beyond one
     GPU, on `counts` GPUs."""
     runs = table_plan(cores, decode, jpeg)
     print(f"table, about {sum(seconds for *_, seconds in runs) / 60:.1f} min by the model (an H100), the fastest set-up"

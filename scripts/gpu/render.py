@@ -1,7 +1,7 @@
-"""gpu: the GPU table (scripts/bench_gpu.py, make gpu-check or make figures-gpu; not a part of make figures).
+"""gpu: the GPU table (scripts/gpu/measure.py, make gpu-check or make figures-gpu; not a part of make figures).
 
-    reads    figures/data/gpu/table.csv, profiles.json, timings.csv (bench_gpu.py); preflight.json and smoke.json
-             (gpu_check.py)
+    reads    figures/data/gpu/table.csv, profiles.json, timings.csv (scripts/gpu/measure.py); preflight.json and smoke.json
+             (scripts/gpu/check.py)
     draws    figures/gpu_throughput.png
     writes   RESULTS.md's gpu-hardware, gpu-check, gpu-table, gpu-targets, gpu-precision; and the headline's
              first line (headline())
@@ -9,9 +9,9 @@
 
 import json
 
-from scripts.gpu_plan import BARE_STEPS, SYNTHETIC_STEPS, TABLE, TARGETS, setup_name, targets_of
-from scripts.results.common import plt, read_csv, save, table
-from scripts.results.gpu_context import earlier_headline
+from scripts.gpu.plan import BARE_STEPS, SYNTHETIC_STEPS, TABLE, TARGETS, setup_name, targets_of
+from scripts.figures.rendering import plt, read_csv, save, table
+from scripts.gpu.render_context import earlier_headline
 
 
 def machines(rows):
@@ -40,7 +40,7 @@ def gpu_table(rows):
             f"batch over the median step. A recipe trains two epochs (of {SYNTHETIC_STEPS} steps on --synthetic "
             f"images, of the whole folder on the JPEGs) and the second's steps after its first are timed on the GPU; "
             f"the bare loop times {BARE_STEPS['timed']} steps after {BARE_STEPS['warmup']}. The last column: the "
-            f"plan's model of the run's seconds (scripts/gpu_plan.py), and the run's own, start-up included."
+            f"plan's model of the run's seconds (scripts/gpu/plan.py), and the run's own, start-up included."
             + (f" Not measured yet: {'; '.join(left)} (the next `make gpu-check` goes on with them)." if left else ""))
 
 
@@ -125,19 +125,32 @@ def gpu_sections(gpu_data, figures):
 
 
 def headline(data):
-    """The headline's GPU line: each GPU and torch measured, its fastest set-up, images/s and ratio to ddp fp32."""
+    """The headline's GPU answer: for each GPU and torch measured, its fastest set-up, images/s and ratio to ddp
+    fp32 (measured_on() names the GPU)."""
     gpu_data = data / "gpu"
-    rows = read_csv(gpu_data / "table.csv") if (gpu_data / "table.csv").exists() else []
-    lines = []
-    for t in machines([r for r in rows if r["gpus"] == "1" and r["kind"] == "recipe" and not r["decoder"]]).values():
+    lines, measured = [], machines(table_rows(gpu_data))
+    for t in measured.values():
         best = max(t, key=lambda r: float(r["images_per_s"]))
         fp32 = next((float(r["images_per_s"]) for r in t if r["planned"] == setup_name(TABLE[0])), None)
-        lines.append(f"{t[0]['gpu']}, torch {t[0]['torch']}: {best['setup']} at {float(best['images_per_s']):.0f} "
-                     f"images/s of ResNet-50" + (f", {float(best['images_per_s']) / fp32:.2f}x ddp fp32" if fp32
-                                                 else ""))
+        lines.append((f"{t[0]['gpu']}: " if len(measured) > 1 else "") + f"{best['setup']} at {float(best['images_per_s']):.0f} images/s of ResNet-50" +
+                     (f", {float(best['images_per_s']) / fp32:.2f}x ddp fp32" if fp32 else ""))
     if lines:
         return "; ".join(lines)
     return earlier_headline(gpu_data)
+
+
+def measured_on(data):
+    """The GPUs (and torch) behind the headline's GPU answer: the table's, else the earlier sweep's."""
+    gpu_data = data / "gpu"
+    rows = table_rows(gpu_data) or (read_csv(gpu_data / "earlier" / "throughput.csv")
+                                    if (gpu_data / "earlier" / "throughput.csv").exists() else [])
+    return "; ".join(f"{gpu}, torch {torch}" for gpu, torch in dict.fromkeys((r["gpu"], r["torch"]) for r in rows))
+
+
+def table_rows(gpu_data):
+    """The GPU table's rows at 1 GPU on synthetic data (figures/data/gpu/table.csv), if it is measured."""
+    rows = read_csv(gpu_data / "table.csv") if (gpu_data / "table.csv").exists() else []
+    return [r for r in rows if r["gpus"] == "1" and r["kind"] == "recipe" and not r["decoder"]]
 
 
 def gpu_check_section(gpu_data):

@@ -1,14 +1,14 @@
-"""gpu_context: what the GPU table is read beside (scripts/results/gpu.py renders the table itself).
+"""gpu_context: what the GPU table is read beside (scripts/gpu/render.py renders the table itself).
 
-    reads    figures/data/gpu/table.csv and compression.csv (bench_gpu.py on a node with 2 GPUs or more);
+    reads    figures/data/gpu/table.csv and compression.csv (scripts/gpu/measure.py on a node with 2 GPUs or more);
              scaling.csv (the CPU's); anchors.csv (published figures, each with its source: not measured here);
              gpu/earlier/ (the sweep the table replaced)
     draws    none
     writes   RESULTS.md's gpu-beyond-one, gpu-earlier, gpu-anchors
 """
 
-from scripts.results.common import read_csv, table
-from scripts.results.compression import method_label
+from scripts.figures.rendering import read_csv, table
+from scripts.figures.compression.render import method_label
 
 
 def beyond_one_section(gpu_data, data, rows, compression):
@@ -81,11 +81,11 @@ def earlier_headline(gpu_data):
         return "the GPU table is not measured yet"
     earlier = read_csv(gpu_data / "earlier" / "throughput.csv")
     best, fp32 = max(earlier, key=lambda r: float(r["images_per_s"])), next(r for r in earlier if r["recipe"] == "ddp")
-    return (f"the GPU table is not measured yet; the sweep before it, on {best['gpu']} with torch {best['torch']}: "
-            f"{best['recipe']} {level(best)}{best['precision']}"
+    return (f"{best['recipe']} {level(best)}{best['precision']}"
             f"{' + channels_last' if best['channels_last'] == '1' else ''} at "
             f"{float(best['images_per_s']):.0f} images/s of ResNet-50, "
-            f"{float(best['images_per_s']) / float(fp32['images_per_s']):.2f}x ddp fp32")
+            f"{float(best['images_per_s']) / float(fp32['images_per_s']):.2f}x ddp fp32 (the sweep before the GPU "
+            f"table, which is not measured yet)")
 
 
 def render(data, figures, missing):

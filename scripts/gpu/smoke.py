@@ -1,8 +1,8 @@
 """The one-GPU check: every recipe's single-GPU path, a few steps each, one line per check.
 
     make gpu-smoke                          # PY=python3 make gpu-smoke: a Python of your own
-    python scripts/gpu_smoke.py [--only ddp apex ...] [--timeout S] [--json FILE] [--list]
-    python scripts/gpu_smoke.py --stand-in  # the same checks rehearsed on a CPU
+    python scripts/gpu/smoke.py [--only ddp apex ...] [--timeout S] [--json FILE] [--list]
+    python scripts/gpu/smoke.py --stand-in  # the same checks rehearsed on a CPU
 
 On the first GPU, a small JPEG folder (written once into runs/gpu-smoke/jpeg) and
 ResNet-18 at 64 px, one or two short epochs per check:
@@ -18,11 +18,11 @@ ResNet-18 at 64 px, one or two short epochs per check:
                           go over gloo on the CPU; NCCL takes one GPU per process, so
                           --dist-backend gloo makes the default group gloo too: ps over
                           NCCL needs a GPU per process, and only nccl_rules checks it here)
-                          (ddp's first check, the pipeline and ps run under scripts/nccl_rules.py)
+                          (ddp's first check, the pipeline and ps run under scripts/gpu/nccl_rules.py)
   faults                  a SIGTERM ends in exit 75, and --auto-resume then finishes
   syncs                   ddp in fp32, and apex at O1 fp16 (GradScaler) with --ema-decay, under
                           torch.cuda.set_sync_debug_mode("warn"): the host synchronisations
-                          per training step, by source (scripts/count_syncs.py); the check
+                          per training step, by source (scripts/gpu/count_syncs.py); the check
                           fails when the recipes' own code makes one
 Each run goes to <--out>/<check>/ (default runs/gpu-smoke; its output in output.log). A
 check still running after --timeout seconds (default 90; the longest passing check took 35 s
@@ -50,10 +50,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scripts import check_python, measuring  # noqa: E402
+from scripts.checks import check_python  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 OUT = ROOT / "runs" / "gpu-smoke"
 SMALL = ["-a", "resnet18", "--image-size", "64", "-b", "32", "--lr", "0.01", "-p", "2", "-j", "2"]
@@ -67,9 +68,9 @@ SHARDS = ["none", "optimizer", "grad-op", "full"]
 
 
 def under_nccl_rules(recipe):
-    """The recipe, run under scripts/nccl_rules.py: where tensors' devices differ, a CPU tensor on a device group
+    """The recipe, run under scripts/gpu/nccl_rules.py: where tensors' devices differ, a CPU tensor on a device group
     or a CUDA tensor on the control group ends the run."""
-    return [str(ROOT / "scripts" / "nccl_rules.py"), str(ROOT / "recipes" / recipe / "train.py")]
+    return [str(ROOT / "scripts" / "gpu" / "nccl_rules.py"), str(ROOT / "recipes" / recipe / "train.py")]
 
 
 def checks(data="{data}", small=SMALL, stand_in=False):
@@ -101,18 +102,18 @@ def checks(data="{data}", small=SMALL, stand_in=False):
                                                         "--microbatches", "2")]))
     found.append(("ps-1-server-2-workers", "ps", [one(under_nccl_rules("ps"), "--servers", "1", "--aggregate",
                                                       "median", "--dist-backend", "gloo", "-b", "16", processes=3)]))
-    injected = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", "term", "--step", "3", "--",
+    injected = [str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", "term", "--step", "3", "--",
                 str(ROOT / "recipes" / "ddp" / "train.py")]
     found.append(("faults-sigterm-then-resume", "faults", [
         (injected, 1, [data, *small, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 75),
         ("ddp", 1, [data, *small, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 0)]))
     for recipe, flags in (("ddp", []), ("apex", ["--opt-level", "O1", "--amp-dtype", "fp16", "--ema-decay", "0.99"])):
-        counted = [str(ROOT / "scripts" / "count_syncs.py"), "--json", "{out}/syncs.json",
+        counted = [str(ROOT / "scripts" / "gpu" / "count_syncs.py"), "--json", "{out}/syncs.json",
                    *(["--stand-in"] if stand_in else []), "--", str(ROOT / "recipes" / recipe / "train.py")]
         found.append((f"syncs-per-step-{recipe}{'-fp16-ema' if flags else ''}", "syncs",
                       [(counted, 1, [data, *small, "--epochs", "2", "-p", "1000", *flags], 0)]))
     if stand_in:  # a check that hangs: the limit must cut it, and the next check start
-        stopped = [str(ROOT / "scripts" / "inject_fault.py"), "--fault", "stop", "--step", "2", "--times",
+        stopped = [str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", "stop", "--step", "2", "--times",
                    "{out}/times.jsonl", "--", str(ROOT / "recipes" / "ddp" / "train.py")]
         found.append((HUNG, "faults", [(stopped, 1, [data, *small, "--epochs", "1"], "cut")]))
     return found

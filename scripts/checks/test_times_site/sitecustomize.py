@@ -1,4 +1,4 @@
-"""For scripts/test_times.py only (on PYTHONPATH while it measures): marks this Python's start (<pid>.exec) and
+"""For scripts/checks/test_times.py only (on PYTHONPATH while it measures): marks this Python's start (<pid>.exec) and
 the end of its start-up, its first parse_args call (<pid>.ready), in $TEST_TIMES_MARKS; a process it forks
 after that is past its start-up too."""
 

@@ -1,7 +1,7 @@
 """What --compile costs at start-up and gains in steady state: the nd recipe, eager against compiled.
 
-    python scripts/bench_compile.py                    # ResNet-18 on data/mnist5k, 3 epochs per run
-    python scripts/bench_compile.py --quick DIR        # lenet on a tiny folder (for tests)
+    python scripts/figures/compile/measure.py                    # ResNet-18 on data/mnist5k, 3 epochs per run
+    python scripts/figures/compile/measure.py --quick DIR        # lenet on a tiny folder (for tests)
 
 Three runs of the same recipe, seed and data, one after the other:
   eager      no --compile
@@ -23,11 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from scripts import measuring  # noqa: E402
-from scripts.measuring import DEMO_MODEL, QUICK_MODEL, hardware, write_csv  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
+from scripts.figures.measuring import DEMO_MODEL, QUICK_MODEL, hardware, write_csv  # noqa: E402
 
 DEMO = [*DEMO_MODEL, "-b", "32", "--lr", "0.05", "-j", "1", "--seed", "0"]
 QUICK = [*QUICK_MODEL, "-b", "8", "-j", "0", "--seed", "0"]

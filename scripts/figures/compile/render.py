@@ -1,4 +1,4 @@
-"""compile: epoch times, eager against torch.compile (scripts/bench_compile.py).
+"""compile: epoch times, eager against torch.compile (scripts/figures/compile/measure.py).
 
     reads    figures/data/compile.csv
     draws    none
@@ -7,7 +7,7 @@
 
 import statistics
 
-from scripts.results.common import read_csv, table
+from scripts.figures.rendering import read_csv, table
 
 
 COMPILE_MODES = {"eager": "eager (no --compile)", "cold": "--compile, empty Inductor cache",
@@ -37,7 +37,7 @@ def compile_table(rows):
 
 def render(data, figures, missing):
     if not (data / "compile.csv").exists():
-        missing.append("compile.csv (scripts/bench_compile.py)")
+        missing.append("compile.csv (scripts/figures/compile/measure.py)")
         return {}
     return {"compile": compile_table(read_csv(data / "compile.csv"))}
 

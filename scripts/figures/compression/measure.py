@@ -1,6 +1,6 @@
 """Serial, data-parallel and compressed data-parallel training on the digits: time, accuracy and bytes.
 
-    python scripts/bench_compression.py     # figures/data/compression.csv (then plot_results.py draws it)
+    python scripts/figures/compression/measure.py     # figures/data/compression.csv (then plot_results.py draws it)
 
 On data/mnist5k, with the same epochs and global batch, for each of 3 seeds, it trains
   nd                   serial: one process
@@ -9,7 +9,7 @@ On data/mnist5k, with the same epochs and global batch, for each of 3 seeds, it 
                        the fp8s and PowerSGD again with --error-feedback
 and keeps each run's training time (the train epochs' seconds summed), final
 validation top-1, bytes per step and compression ratio in compression.csv, one
-row per run. The set-up is scripts/measuring.py's ACCURACY. Each process gets
+row per run. The set-up is scripts/figures/measuring.py's ACCURACY. Each process gets
 cores / processes threads (at least 1). Run directories go to
 runs/figures/compression/<method>[-ef]-<processes>-seed<S>; a run whose
 summary.json is complete is not trained again.
@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from scripts import measuring  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 METHODS = [("none", False), ("fp16", False), ("bf16", False), ("fp8-e4m3", False), ("fp8-e4m3", True),
            ("fp8-e5m2", False), ("fp8-e5m2", True), ("powersgd", False), ("powersgd", True)]

@@ -1,4 +1,4 @@
-"""compression: time, accuracy and bytes of each gradient compression, over seeds (scripts/bench_compression.py).
+"""compression: time, accuracy and bytes of each gradient compression, over seeds (scripts/figures/compression/measure.py).
 
     reads    figures/data/compression.csv
     draws    figures/compression.png
@@ -7,7 +7,7 @@
 
 import statistics
 
-from scripts.results.common import beyond_spread, plt, read_csv, spread, table, with_range
+from scripts.figures.rendering import beyond_spread, plt, read_csv, spread, table, with_range
 
 
 def method_label(row):
@@ -88,7 +88,7 @@ def compression_table(rows):
 
 def render(data, figures, missing):
     if not (data / "compression.csv").exists():
-        missing.append("compression.csv (scripts/bench_compression.py)")
+        missing.append("compression.csv (scripts/figures/compression/measure.py)")
         return {}
     compression = read_csv(data / "compression.csv")
     plot_compression(compression, figures)

@@ -1,7 +1,7 @@
 """Train nd, ddp and apex on the digits, 3 seeds each, and keep their per-epoch metrics for the figures.
 
-    python scripts/bench_curves.py                  # data/mnist5k, lenet, 15 epochs, seeds 0 1 2
-    python scripts/bench_curves.py --data DIR --quick --figures-data OUT   # lenet at 16 px, for tests
+    python scripts/figures/curves/measure.py                  # data/mnist5k, lenet, 15 epochs, seeds 0 1 2
+    python scripts/figures/curves/measure.py --data DIR --quick --figures-data OUT   # lenet at 16 px, for tests
 
 nd trains with batch 64 in one process; ddp and apex with 2 processes of 32 (on a
 machine with one GPU, one process), so they all see the same global batch and
@@ -10,7 +10,7 @@ learning rate; each process gets cores / processes threads. apex runs twice: at
 low precision (apex-low: bf16 on a CPU, fp16 on a GPU), the second only where
 the machine runs it natively (a CPU with AVX512-BF16 or AMX-BF16; any CUDA GPU);
 where it does not, curves/left_out.json says why. The set-up is
-scripts/measuring.py's ACCURACY. Each run directory is
+scripts/figures/measuring.py's ACCURACY. Each run directory is
 runs/figures/curves/<name>-seed<S>; its metrics.csv and summary.json are copied to
 <figures-data>/curves/<name>-seed<S>.csv and .json, and the machine (its CPU's
 precision flags too) to curves/hardware.json. A run whose summary.json is complete
@@ -24,11 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from recipes.common import amp  # noqa: E402
-from scripts import measuring  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 RUNS = [("nd", "nd", 1, []), ("ddp", "ddp", 2, []), ("apex", "apex", 2, ["--opt-level", "O0"]),
         ("apex-low", "apex", 2, ["--opt-level", "O1"])]  # (name, recipe, processes, flags)

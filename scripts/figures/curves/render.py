@@ -1,4 +1,4 @@
-"""curves: the learning curves of nd, dp, ddp and apex over seeds (scripts/bench_curves.py).
+"""curves: the learning curves of nd, dp, ddp and apex over seeds (scripts/figures/curves/measure.py).
 
     reads    figures/data/curves/<recipe>-seed<S>.csv and .json
     draws    figures/curves_top1_train.png, curves_top1_val.png, curves_top5_train.png, curves_top5_val.png
@@ -8,7 +8,7 @@
 import json
 import statistics
 
-from scripts.results.common import beyond_spread, plt, read_csv, save, spread, table, with_range
+from scripts.figures.rendering import beyond_spread, plt, read_csv, save, spread, table, with_range
 
 
 CURVES = [("top1", "train"), ("top1", "val"), ("top5", "train"), ("top5", "val")]
@@ -130,7 +130,7 @@ def curves_tables(curves, summaries, left_out=None):
 def render(data, figures, missing):
     curve_files = sorted((data / "curves").glob("*.csv"))
     if not curve_files:
-        missing.append("curves/*.csv (scripts/bench_curves.py)")
+        missing.append("curves/*.csv (scripts/figures/curves/measure.py)")
         return {}
     curves, summaries = by_recipe(curve_files), summaries_of(curve_files)
     plot_curves(curves, figures)

@@ -2,7 +2,7 @@
 
     git clone https://github.com/pytorch/examples /tmp/examples      # (not part of this repository)
     python scripts/make_demo_data.py --imagenet-like data/jpeg800 --classes 10 --images 100
-    python scripts/bench_examples.py --examples /tmp/examples/imagenet/main.py data/jpeg800
+    python scripts/figures/examples/measure.py --examples /tmp/examples/imagenet/main.py data/jpeg800
 
 Both train ResNet-18 for one epoch on the same JPEG folder with the same batch and
 loader workers (-b 32 -j 2), on the CPU, evaluate once and save a checkpoint, as
@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from scripts import measuring  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 FLAGS = ["-a", "resnet18", "-b", "32", "-j", "2", "--epochs", "1", "-p", "1000"]
 
@@ -102,7 +102,7 @@ def main():
                 print(f"{name:>8}: wall {wall:6.2f} s  CPU {cpu:6.2f} s  left running {left}", flush=True)
     median = {name: {"wall_s": statistics.median(t[0] for t in runs), "cpu_s": statistics.median(t[1] for t in runs),
                      "left_running": max(t[2] for t in runs)} for name, runs in times.items()}
-    result = {"command": "python scripts/bench_examples.py --examples EXAMPLES/imagenet/main.py " + args.folder,
+    result = {"command": "python scripts/figures/examples/measure.py --examples EXAMPLES/imagenet/main.py " + args.folder,
               "flags": " ".join(FLAGS), "images": sum(1 for p in (Path(folder) / "train").rglob("*") if p.is_file()),
               "repeats": args.repeats, "examples_version": version_of(args.examples), "recipe": median["recipe"], "examples": median["examples"],
               "wall_ratio": median["recipe"]["wall_s"] / median["examples"]["wall_s"],

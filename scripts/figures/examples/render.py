@@ -1,4 +1,4 @@
-"""examples: the nd recipe against pytorch/examples' imagenet/main.py (scripts/bench_examples.py, run by hand:
+"""examples: the nd recipe against pytorch/examples' imagenet/main.py (scripts/figures/examples/measure.py, run by hand:
 it needs pytorch/examples; not a part of make figures).
 
     reads    figures/data/examples.json
@@ -8,11 +8,11 @@ it needs pytorch/examples; not a part of make figures).
 
 import json
 
-from scripts.results.common import table
+from scripts.figures.rendering import table
 
 
 def examples_table(result):
-    """The nd recipe against pytorch/examples' imagenet/main.py (bench_examples.py)."""
+    """The nd recipe against pytorch/examples' imagenet/main.py (scripts/figures/examples/measure.py)."""
     rows = [[name, f"{result[key]['wall_s']:.2f}", f"{result[key]['cpu_s']:.2f}", result[key]["left_running"]]
             for name, key in (("recipes/nd/train.py", "recipe"), ("pytorch/examples imagenet/main.py", "examples"))]
     return (table(["command", "wall (s)", "CPU (s)", "processes left when it ended"], rows) +

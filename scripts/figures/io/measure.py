@@ -1,7 +1,7 @@
 """Input-pipeline throughput: images/s and MB/s read, against loader workers, per decoder.
 
     python scripts/make_demo_data.py --imagenet-like data/imagenet-like --classes 10 --images 120
-    python scripts/bench_io.py data/imagenet-like                    # writes figures/data/io.csv
+    python scripts/figures/io/measure.py data/imagenet-like                    # writes figures/data/io.csv
 
 It times the recipes' own training loader (recipes/common/data.py: ImageFolder,
 RandomResizedCrop 224 and a flip in the loader workers, uint8 batches of -b) with
@@ -31,15 +31,15 @@ import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
 from recipes.common import cli, data  # noqa: E402
-from scripts import measuring  # noqa: E402
-from scripts.measuring import hardware, write_csv  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
+from scripts.figures.measuring import hardware, write_csv  # noqa: E402
 
 FIELDS = ["decoder", "batches", "workers", "batch_size", "image_size", "images", "seconds", "images_per_s", "mb_per_s",
           "images_per_s_per_worker", "cpu", "cores", "gpu", "torch"]

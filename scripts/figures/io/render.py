@@ -1,4 +1,4 @@
-"""io: the input pipeline's images/s and MB/s per decoder and worker count (scripts/bench_io.py).
+"""io: the input pipeline's images/s and MB/s per decoder and worker count (scripts/figures/io/measure.py).
 
     reads    figures/data/io.csv, io_loader.json
     draws    figures/io.png
@@ -7,7 +7,7 @@
 
 import json
 
-from scripts.results.common import hardware_line, plt, read_csv, save, table
+from scripts.figures.rendering import hardware_line, plt, read_csv, save, table
 
 
 def io_batches(row):
@@ -64,7 +64,7 @@ def io_tables(io_rows, loader=None):
 
 def render(data, figures, missing):
     if not (data / "io.csv").exists():
-        missing.append("io.csv (scripts/bench_io.py)")
+        missing.append("io.csv (scripts/figures/io/measure.py)")
         return {}
     io_rows = read_csv(data / "io.csv")
     plot_io(io_rows, figures)

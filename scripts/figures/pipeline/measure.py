@@ -2,10 +2,10 @@
 SD-PIPE's PipeDream and under 1f1b, with and without stragglers, beside a model of what stragglers cost; and the
 bubble.
 
-    python scripts/bench_pipeline.py     # figures/data/pipeline.csv and pipeline_curves.csv
-    python scripts/bench_pipeline.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
+    python scripts/figures/pipeline/measure.py     # figures/data/pipeline.csv and pipeline_curves.csv
+    python scripts/figures/pipeline/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
 
-sync    lenet at 28 px (scripts/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS epochs,
+sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS epochs,
         one thread per process; allreduce, preduce, adpsgd and hetpipe, each without stragglers and with
         SD-PIPE's (a process sleeps X seconds with probability 0.1 before each forward and each backward slot of a
         minibatch), for every seed (3 by default): updates/s, the seconds to reach TARGET % top-1, the final top-1,
@@ -32,7 +32,7 @@ one with a core of its own computes in c1 = c K / P. A sleeping or waiting proce
 so a minibatch takes c + d with a core each, and max(c, c1 + d) when cores are shared: the expectation of that
 over the lockstep methods' d, and max(c, c1 + E[d]) for the others, which do not wait together.
 Runs go to runs/figures/pipeline/<name>-seed<S>; a run whose summary.json is complete is not
-trained again. The processes are forked as scripts/measuring.py's run_forked forks them.
+trained again. The processes are forked as scripts/figures/measuring.py's run_forked forks them.
 """
 
 import argparse
@@ -43,10 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from scripts import measuring  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 LAYOUTS = [(1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2)]  # (stages S, replicas R)
 SYNCS = ["allreduce", "preduce", "adpsgd", "hetpipe"]

@@ -1,14 +1,14 @@
 """pipeline: pipelined replicas per sync method, layout, schedule and stragglers, beside the model of what
-stragglers cost (pipeline_targets.py), and the bubble (scripts/bench_pipeline.py).
+stragglers cost (scripts/figures/pipeline/render_targets.py), and the bubble (scripts/figures/pipeline/measure.py).
 
     reads    figures/data/pipeline.csv, pipeline_curves.csv
     draws    figures/pipeline.png
     writes   RESULTS.md's pipeline-sync, pipeline-model, pipeline-targets, pipeline-bubble
 """
 
-from scripts import bench_pipeline
-from scripts.results.common import mean_of, plt, read_csv, save, spread, table, targets_held, with_range
-from scripts.results.pipeline_targets import (LAYOUTS, of, pipeline_groups, pipeline_model_rows,
+from scripts.figures.pipeline import measure as pipeline_measure
+from scripts.figures.rendering import mean_of, plt, read_csv, save, spread, table, targets_held, with_range
+from scripts.figures.pipeline.render_targets import (LAYOUTS, of, pipeline_groups, pipeline_model_rows,
                                               pipeline_targets, ratios)
 
 def pipeline_tables(rows):
@@ -21,7 +21,7 @@ def pipeline_tables(rows):
         target, body = float(first["target"]), []
         for (stages, replicas, schedule, sync, stragglers), runs in sorted(
                 groups.items(), key=lambda item: (LAYOUTS.index(item[0][:2]), item[0][2] != "pipedream",
-                                                  item[0][4], bench_pipeline.SYNCS.index(item[0][3]))):
+                                                  item[0][4], pipeline_measure.SYNCS.index(item[0][3]))):
             reached = [float(r["seconds_to_target"]) for r in runs if r["seconds_to_target"] != ""]
             some = f" ({len(reached)} of {len(runs)})" if len(reached) < len(runs) else ""
             body.append([f"{replicas} x {stages}", schedule, f"`{sync}`",
@@ -74,7 +74,7 @@ def plot_pipeline(rows, figures):
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     model_rows = [row for row in pipeline_model_rows(pipeline_groups(rows)) if row[0][2] == "pipedream"]
     labels = [f"{r}x{s}" for s, r in LAYOUTS if any(row[0][:2] == (s, r) for row in model_rows)]
-    for i, sync in enumerate(bench_pipeline.SYNCS):
+    for i, sync in enumerate(pipeline_measure.SYNCS):
         points = [(f"{key[1]}x{key[0]}", measured["mean"], predicted) for key, _, _, _, predicted, measured
                   in model_rows if key[3] == sync]
         if points:
@@ -105,7 +105,7 @@ def plot_pipeline(rows, figures):
 def render(data, figures, missing):
     rows = read_csv(data / "pipeline.csv") if (data / "pipeline.csv").exists() else []
     if not rows:
-        missing.append("pipeline.csv (scripts/bench_pipeline.py)")
+        missing.append("pipeline.csv (scripts/figures/pipeline/measure.py)")
         return {}
     plot_pipeline(rows, figures)
     return pipeline_tables(rows)

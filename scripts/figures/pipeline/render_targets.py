@@ -4,10 +4,10 @@
     writes   RESULTS.md's pipeline-model (its rows), pipeline-targets
 """
 
-from scripts import bench_pipeline  # (the model of what stragglers cost)
-from scripts.results.common import beyond_spread, mean_of, spread, table, with_range
+from scripts.figures.pipeline import measure as pipeline_measure  # (the model of what stragglers cost)
+from scripts.figures.rendering import beyond_spread, mean_of, spread, table, with_range
 
-LAYOUTS = bench_pipeline.LAYOUTS  # (stages, replicas), in the order of the tables
+LAYOUTS = pipeline_measure.LAYOUTS  # (stages, replicas), in the order of the tables
 
 
 def pipeline_groups(rows):
@@ -41,7 +41,7 @@ def pipeline_model_rows(groups):
         if not stragglers or base not in groups:
             continue
         c, x, cores = mean_of(groups[base], "step_s"), float(runs[0]["hetero"]), int(runs[0]["cores"])
-        step = bench_pipeline.expected_step(sync, c, replicas, stages, bench_pipeline.steps_of(runs), x,
+        step = pipeline_measure.expected_step(sync, c, replicas, stages, pipeline_measure.steps_of(runs), x,
                                             processes=stages * replicas, cores=cores)
         body.append(((stages, replicas, schedule, sync), c, x, cores, c / step,
                      ratios(groups, (stages, replicas, schedule, sync, True), base)))
@@ -65,7 +65,7 @@ def pipeline_targets(groups, model_rows):
                          "the seeds' spread", f"{with_range(a, 1)} vs {with_range(b, 1)} updates/s "
                          f"({a['mean'] / b['mean']:.2f}x; model {model_ratio:.2f}x)",
                          "yes" if beyond_spread(a, b) and a["mean"] > b["mean"] else "NO"])
-    for sync in bench_pipeline.SYNCS:
+    for sync in pipeline_measure.SYNCS:
         pipedream, flushed = (groups.get((2, 2, schedule, sync, False)) for schedule in ("pipedream", "1f1b"))
         if pipedream and flushed:
             a, b = of(pipedream, "top1"), of(flushed, "top1")

@@ -1,7 +1,7 @@
 """What mixed precision buys here: the apex recipe's training images/s at each --opt-level, beside ddp.
 
-    python scripts/bench_precision.py          # ResNet-18 at 112 px: writes figures/data/precision.csv, .json
-    python scripts/bench_precision.py --quick  # lenet at 16 px, fewer set-ups, one round (for tests)
+    python scripts/figures/precision/measure.py          # ResNet-18 at 112 px: writes figures/data/precision.csv, .json
+    python scripts/figures/precision/measure.py --quick  # lenet at 16 px, fewer set-ups, one round (for tests)
 
 Set-ups, at 1 process (all the cores' threads) and at 2 (the cores shared); on CUDA, one process per GPU,
 at 1 GPU and at 2 where there are 2 (the GPUs CUDA_VISIBLE_DEVICES lets it use, the first N of them):
@@ -20,11 +20,11 @@ which warms up, autotunes and compiles) from its metrics.csv. The set-ups run in
 of them, so that a slow spell on a shared machine falls on every set-up alike; the results take the median per
 set-up and its ratio to O0 at the same number of processes. --compile runs share one TorchInductor cache
 (the first round compiles cold). On CUDA the runs load with 4 workers (collating 38 MB of uint8 images per
-step in the training process would slow it, as in bench_gpu.py), and a GPU with too little memory for -b
+step in the training process would slow it, as in scripts/gpu/measure.py), and a GPU with too little memory for -b
 needs a lower one. The runs go to runs/figures/precision/<set-up>-<N>p/round<R>; a run whose summary.json
 is complete is not trained again. The CSV and JSON are written after every run.
 
-On a GPU lent for minutes, the GPU table (scripts/bench_gpu.py, make gpu-check) answers the same question
+On a GPU lent for minutes, the GPU table (scripts/gpu/measure.py, make gpu-check) answers the same question
 in one run of each set-up, timing its steps on the GPU; RESULTS.md's GPU form of this table is drawn from it.
 """
 
@@ -35,11 +35,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from scripts import measuring  # noqa: E402
-from scripts.bench_gpu import SYNTHETIC_WORKERS, visible_gpus  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
+from scripts.gpu.measure import SYNTHETIC_WORKERS, visible_gpus  # noqa: E402
 
 FIELDS = ["setup", "recipe", "opt_level", "precision", "channels_last", "compile", "processes", "threads", "round",
           "images_per_s", "epoch_s", "arch", "image_size", "batch_size", "steps", "workers", "cpu", "cores",

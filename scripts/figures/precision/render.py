@@ -1,6 +1,6 @@
-"""precision: the apex recipe's images/s at each --opt-level, beside ddp (scripts/bench_precision.py).
+"""precision: the apex recipe's images/s at each --opt-level, beside ddp (scripts/figures/precision/measure.py).
 
-    reads    figures/data/precision.csv and precision.json (the GPU form of the table: scripts/results/gpu.py, from
+    reads    figures/data/precision.csv and precision.json (the GPU form of the table: scripts/gpu/render.py, from
              the GPU table)
     draws    none
     writes   RESULTS.md's precision
@@ -9,7 +9,7 @@
 import json
 import statistics
 
-from scripts.results.common import read_csv, table
+from scripts.figures.rendering import read_csv, table
 
 
 def medians(rows):
@@ -90,7 +90,7 @@ def findings(rates, info):
 
 def render(data, figures, missing):
     if not (data / "precision.csv").exists():
-        missing.append("precision.csv (scripts/bench_precision.py)")
+        missing.append("precision.csv (scripts/figures/precision/measure.py)")
         return {}
     info = json.loads((data / "precision.json").read_text())
     return {"precision": precision_table(read_csv(data / "precision.csv"), info)}

@@ -1,9 +1,9 @@
 """An outside reference for the parameter server's Byzantine table: byzfl's own benchmark, on the same digits.
 
-    python scripts/bench_ps_byzfl.py            # figures/data/ps_byzfl.csv (45 runs, about 8 minutes on 2 cores)
-    python scripts/bench_ps_byzfl.py --quick    # 1 seed, 2 rules, 1 attack, 20 steps: for tests
+    python scripts/figures/ps/byzfl_reference.py            # figures/data/ps_byzfl.csv (45 runs, about 8 minutes on 2 cores)
+    python scripts/figures/ps/byzfl_reference.py --quick    # 1 seed, 2 rules, 1 attack, 20 steps: for tests
 
-`make figures ONLY=ps` runs it after scripts/bench_ps.py (which calls run()). scripts/bench_ps.py measures
+`make figures ONLY=ps` runs it after the table (scripts/figures/ps/measure.py calls run()). scripts/figures/ps/table.py measures
 recipes/ps, whose robust rules are byzfl's functions called from our own server. This script asks byzfl's
 benchmark (`byzfl.benchmark.run_benchmark`, its whole training loop: clients, server, attacks) the same
 question on the same data, so that a number in the recipe's table can be told apart from a bug in the
@@ -54,10 +54,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from scripts import measuring  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 WORKERS, BYZANTINE = 8, 2
 # byzfl's aggregator name, its extra parameters, and the recipe's --aggregate name
@@ -78,7 +78,7 @@ IDX_FILES = {("train", "images"): "train-images-idx3-ubyte", ("train", "labels")
 BENCHMARK = """
 import socket, sys
 def refuse(*args, **kwargs):
-    raise OSError("bench_ps_byzfl.py: no network here (MNIST must come from the IDX files)")
+    raise OSError("scripts/figures/ps/byzfl_reference.py: no network here (MNIST must come from the IDX files)")
 socket.socket.connect = socket.socket.connect_ex = socket.create_connection = refuse
 from byzfl.benchmark import run_benchmark
 run_benchmark(nb_jobs=int(sys.argv[1]))
@@ -222,7 +222,7 @@ def main():
 
 
 def run(data, runs, figures_data, steps=None, seeds=None, jobs=None, quick=False):
-    """Every run of byzfl's benchmark not yet finished, then ps_byzfl.csv (also called by bench_ps.py, whose part of
+    """Every run of byzfl's benchmark not yet finished, then ps_byzfl.csv (also called by scripts/figures/ps/measure.py, whose part of
     make figures this is)."""
     started = time.time()
     steps = steps or (QUICK_STEPS if quick else STEPS)

@@ -1,51 +1,18 @@
 """ps: the parameter server against Byzantine workers, per figure of its authors, run and seed
-(scripts/bench_ps.py), its targets and ByzFL's benchmark beside it (ps_targets.py).
+(scripts/figures/ps/table.py), its targets and ByzFL's benchmark beside it (scripts/figures/ps/render_targets.py).
 
     reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (ps_why.py)
-    draws    figures/ps.png, ps_eta.png (ps_targets.py)
+    draws    figures/ps.png, ps_eta.png (scripts/figures/ps/render_targets.py)
     writes   RESULTS.md's ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
              ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (ps_why.py)
 """
 
-from scripts.results.common import beyond_spread, read_csv, spread, table, targets_held, with_range
+import statistics
 
-# each part of the table, the authors' runs it stands for (bench_ps.py says how it is scaled down)
-MATRICES = {"sync-1v": "ZenoPS, sync, one validator (its Figure 3: zeno_ps "
-                       "launcher/experiments_sync_single_validator.sh)",
-            "sync-2v": "ZenoPS, sync, two validators (its Figure 4: experiments_sync_two_validators.sh)",
-            "async-1v": "ZenoPS, async, one validator (its Figure 5: experiments_async_single_validator.sh)",
-            "async-2v": "ZenoPS, async, two validators and two servers (its Figure 6: "
-                        "experiments_async_two_validators.sh)",
-            "zeno": "Zeno (icml2019_zeno test_zeno_1.sh)",
-            "zeno++": "Zeno++ (AsyncByzGrad exp_*.sh)"}
-VALIDATED = ("zenops", "zeno", "zeno++")  # (the rule's name, before any ", 1 step, ...")
-
-
-def ps_groups(rows, part):
-    """{(aggregate, attack): that row's runs, one per seed} of one part of ps.csv, in the order the script ran them."""
-    groups = {}
-    for r in rows:
-        if r["part"] == part:
-            groups.setdefault((r["aggregate"], r["attack"]), []).append(r)
-    return groups
-
-
-def finished(runs):
-    """The runs that did not diverge (ps.csv: diverged = 1, no top-1)."""
-    return [r for r in runs if r.get("diverged", "0") != "1"]
-
-
-def top1_or_chance(run):
-    """A run's top-1, or chance (10 %) where it diverged: for judging, not for the tables' means."""
-    return float(run["top1"]) if run.get("diverged", "0") != "1" else 10.0
-
-
-def ps_top1(runs):
-    """'91.0 (90.0-92.0)' over the seeds that finished, and how many diverged."""
-    done = finished(runs)
-    text = with_range(spread([float(r["top1"]) for r in done]), 1) if done else "diverged"
-    return text + (f" ({len(runs) - len(done)} of {len(runs)} diverged)" if done and len(done) < len(runs) else "")
-
+from scripts.figures.ps.render_targets import plot_ps, ps_byzfl_table, ps_targets  # (the part's second half)
+from scripts.figures.ps.render_why import why_sections  # (and why its misses miss)
+from scripts.figures.ps.rows import MATRICES, VALIDATED, finished, ps_groups, ps_top1, top1_or_chance
+from scripts.figures.rendering import beyond_spread, read_csv, spread, table, targets_held, with_range
 
 def rejected(runs, who, by="_params"):
     """'25 (20-30)': the share (%) of `who`'s (honest or byzantine) pushed tensors (by="_tensors"), parameters
@@ -172,26 +139,35 @@ def ps_batch(rows):
 
 
 def render(data, figures, missing):
-    from scripts.results.ps_targets import plot_ps, ps_byzfl_table, ps_targets  # (the part's second half)
-    from scripts.results.ps_why import why_sections  # (and why its misses miss)
-
     rows = read_csv(data / "ps.csv") if (data / "ps.csv").exists() else []
     if not rows:
-        missing.append("ps.csv (scripts/bench_ps.py)")
+        missing.append("ps.csv (scripts/figures/ps/measure.py)")
         return {}
     plot_ps(rows, figures)
     sections = {**ps_tables(rows), "ps-targets": ps_targets(rows)}
     if (data / "ps_byzfl.csv").exists():
         sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "ps_byzfl.csv"), rows)
     else:
-        missing.append("ps_byzfl.csv (scripts/bench_ps_byzfl.py)")
+        missing.append("ps_byzfl.csv (scripts/figures/ps/byzfl_reference.py)")
     return {**sections, **why_sections(data, missing, rows)}
 
 
 def headline(data):
-    from scripts.results.ps_targets import ps_targets
-
+    """sync-1v under sign flip x6 (zenops against the mean), zenops without an attack, ps's speed against ddp's."""
     if not (data / "ps.csv").exists():
         return None
-    held, total = targets_held(ps_targets(read_csv(data / "ps.csv")))
-    return f"{held} of its {total} targets hold (Zeno's validators against Byzantine workers)"
+    rows = read_csv(data / "ps.csv")
+    groups = ps_groups(rows, "sync-1v")
+    attacked, clean, mean = (groups.get(key, []) for key in (("zenops", "signflip x6"), ("zenops", "none"),
+                                                                ("mean", "signflip x6")))
+    speed = {x: [float(y["images_per_s"]) for y in finished(rows) if y["part"] == "speed" and y["aggregate"] == x]
+             for x in ("ps sync, mean, 1 step", "ddp")}
+    if not (attacked and clean and mean and all(speed.values())):
+        return None
+    mean_text = (f"the plain mean diverges in {len(mean) - len(finished(mean))} of {len(mean)} seeds"
+                 if len(finished(mean)) < len(mean) else f"the plain mean {ps_top1(mean)}")
+    ratio = statistics.mean(speed["ps sync, mean, 1 step"]) / statistics.mean(speed["ddp"])
+    held, total = targets_held(ps_targets(rows))
+    return (f"ZenoPS sync, one validator, each of 8 workers flipping each tensor of a push x6 with p 0.2: top-1 "
+            f"{ps_top1(attacked)} % for zenops, where {mean_text}; without an attack zenops {ps_top1(clean)} %; the "
+            f"server at {ratio:.2f}x ddp's images/s (mean, a push a step); {held} of {total} targets hold")

@@ -7,8 +7,8 @@
 
 import statistics
 
-from scripts.results.common import beyond_spread, plt, save, spread, table, with_range
-from scripts.results.ps import MATRICES, finished, ps_groups, ps_top1, top1_or_chance
+from scripts.figures.rendering import beyond_spread, plt, save, spread, table, with_range
+from scripts.figures.ps.rows import MATRICES, finished, ps_groups, ps_top1, top1_or_chance
 
 
 def ps_targets(rows):

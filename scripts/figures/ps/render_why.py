@@ -1,5 +1,5 @@
-"""ps, second half: why the targets that miss do, measured by scripts/bench_ps_why.py (the recipe under
-scripts/probe_ps.py, on bench_ps.py's flags).
+"""ps, second half: why the targets that miss do, measured by scripts/figures/ps/why.py (the recipe under
+scripts/figures/ps/probe.py, on scripts/figures/ps/table.py's flags).
 
     reads    figures/data/ps_why.csv, and ps.csv's rows from ps.py (the attacks that leave the plain rule as it was)
     writes   RESULTS.md's ps-why-rejections, ps-why-zeno-pp, ps-why-signflip, ps-why-async, ps-why-unbroken
@@ -7,8 +7,8 @@ scripts/probe_ps.py, on bench_ps.py's flags).
 
 import statistics
 
-from scripts.results.common import beyond_spread, fisher, read_csv, spread, table, with_range
-from scripts.results.ps import ps_groups, top1_or_chance
+from scripts.figures.rendering import beyond_spread, fisher, read_csv, spread, table, with_range
+from scripts.figures.ps.rows import ps_groups, top1_or_chance
 
 
 def by_label(rows, study):
@@ -182,7 +182,7 @@ def unbroken(ps_rows):
 
 def why_sections(data, missing, ps_rows):
     if not (data / "ps_why.csv").exists():
-        missing.append("ps_why.csv (scripts/bench_ps_why.py)")
+        missing.append("ps_why.csv (scripts/figures/ps/why.py)")
         return {}
     rows = read_csv(data / "ps_why.csv")
     return {"ps-why-rejections": rejections(by_label(rows, "rejections")),

@@ -1,8 +1,5 @@
 """The parameter server against Byzantine workers, on the digits, each figure in its authors' regime scaled
-down: accuracy, rejections and speed.
-
-    python scripts/bench_ps.py     # figures/data/ps.csv (then plot_results.py draws it)
-    python scripts/bench_ps.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
+down: accuracy, rejections and speed: what each row runs, and run(), which trains them (measure.py).
 
 On data/mnist5k, 8 workers (ZenoPS: 16 sync, 8 async; Zeno: 20; Zeno++: 10), 1 server (async-2v: 2), each row for every
 seed (3 by default). Every poisoning probability is 0.2 and drawn per tensor of a push as ZenoPS draws it
@@ -49,9 +46,7 @@ Scaled, not copied (RESULTS.md lists each with the authors' file and line): a ba
 update's batch) and cosine schedule after a warm-up epoch, where ZenoPS steps 0.2 (sync) down x 0.1 and
 0.4 x (1 / 9)^1/2 (async) down x 0.2 at epochs 100 and 150 of 200, and halves async alpha at 100; 5 epochs.
 sync-2v runs 1 server where ZenoPS's two-validator runs have 2: in sync, 2 servers apply the same updates.
-Then, in the same part, scripts/bench_ps_byzfl.py: ByzFL's own benchmark on the same digits, into
-figures/data/ps_byzfl.csv; and scripts/bench_ps_why.py: why the targets that miss do, into ps_why.csv.
-The set-up is scripts/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at a batch of 8 per worker, for
+The set-up is scripts/figures/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at a batch of 8 per worker, for
 5 epochs. Run processes are forked from a server that has imported torch once (measuring.run_forked). Each
 run keeps its final top-1, the update counts by pushes, tensors and parameters, and images/s in ps.csv, one row
 per run; a run that diverges (a non-finite loss) is a row with diverged = 1 and no top-1. Run directories go to
@@ -64,13 +59,12 @@ import math
 import re
 import shutil
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from scripts import bench_ps_byzfl, bench_ps_why, measuring  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 WORKERS = 8
 HELD_OUT = round(1 / (WORKERS + 1), 4)  # the validators' share of train/: a worker's (ZenoPS's)
@@ -225,17 +219,9 @@ def require_diverged(out, name, seed):
         sys.exit(f"error: {name} seed {seed} failed:\n{failure[-3000:]}")
 
 
-def main():
-    started = time.time()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="data/mnist5k")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="a few rows of lenet at 16 px, for tests and QUICK=1")
-    parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
-    parser.add_argument("--runs", default="runs/figures/ps", help="where the run directories go")
-    parser.add_argument("--figures-data", default="figures/data", help="where ps.csv goes")
-    args = parser.parse_args()
-    measuring.require_digits(args.data)
+def run(data, runs, figures_data, seeds, epochs, quick=False):
+    """Every row of the table, seed by seed, into <figures_data>/ps.csv; a run already finished is read back."""
+    args = argparse.Namespace(data=data, runs=runs, figures_data=figures_data, seeds=seeds, epochs=epochs, quick=quick)
     machine, rows, runs = measuring.hardware(), [], Path(args.runs)
     for part, mode, aggregate, attack, zeno_eta, seed in plan(args.seeds, args.quick):
         name = f"{part}-{mode}-{aggregate}-{attack}" + (f"-eta{zeno_eta:g}" if zeno_eta is not None else "")
@@ -256,13 +242,3 @@ def main():
             print(f"{name} seed {seed}: top-1 {summary['top1']:.2f} %  " + json.dumps(
                 {key: summary.get(key) for key in COUNTS[:4]}), flush=True)
         measuring.write_csv(Path(args.figures_data) / "ps.csv", FIELDS, rows)
-    # the outside reference, in the same part (its time counts in the part's)
-    bench_ps_byzfl.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)
-    # why the targets that miss do: the recipe under scripts/probe_ps.py
-    bench_ps_why.run(args.data, Path(args.runs).parent / "ps-why", args.figures_data, args.seeds, args.epochs,
-                     args.quick)
-    measuring.record_part(args.figures_data, "ps", started)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,9 +1,9 @@
-"""Why three kinds of the parameter server's targets miss (bench_ps.py's table), each measured on the table's
-own flags with the recipe run under scripts/probe_ps.py, which writes down every judgement of its validators.
+"""Why three kinds of the parameter server's targets miss (scripts/figures/ps/table.py's table), each measured on the table's
+own flags with the recipe run under scripts/figures/ps/probe.py, which writes down every judgement of its validators.
 
-    python scripts/bench_ps_why.py     # figures/data/ps_why.csv (bench_ps.py runs it too, after its table)
+    python scripts/figures/ps/why.py     # figures/data/ps_why.csv (scripts/figures/ps/measure.py runs it too, after its table)
 
-  rejections  sync zenops without an attack (sync-1v; sync-2v at a batch of 8 and of 32, as bench_ps.py's
+  rejections  sync zenops without an attack (sync-1v; sync-2v at a batch of 8 and of 32, as scripts/figures/ps/table.py's
               batch part scales it): the honest parameters that fail ZenoPS's sign test (mean(u v) <= eta
               mean(v^2)) and its norm test (mean(u^2) >= (1 + rho) mean(v^2)); in the first and the last
               third of the rounds; with one validator, the pushes that follow a round their worker sat out
@@ -24,7 +24,7 @@ own flags with the recipe run under scripts/probe_ps.py, which writes down every
               ||v_t||, times cos where cos < eta) against naive-async's alpha u: by norm, and projected on alpha u;
               and naive-async at alpha times that mean projection: naive-async's direction at zenops' mean step
               along it; zenops at eta -1, which reverses nothing (cos >= -1): its clipping alone; and alpha u
-              forwarded by zenops' validators (probe_ps.py --zenops-async-step alpha-u): their path, not their rule.
+              forwarded by zenops' validators (scripts/figures/ps/probe.py --zenops-async-step alpha-u): their path, not their rule.
 Every row for each seed (3 by default); --studies: only those, the others' rows kept as ps_why.csv holds them.
 Run directories go to runs/figures/ps-why/<name>-seed<S> (with the probe's lines under probe/); a run whose
 summary.json is complete is not trained again.
@@ -36,13 +36,14 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from recipes.ps import rules, steps  # noqa: E402
-from scripts import bench_ps, measuring  # noqa: E402
+from scripts.figures.ps import table as ps_table  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
-# (study, label, bench_ps.py's part, aggregate and attack labels, the probe's flags, more recipe flags, epochs x the
+# (study, label, scripts/figures/ps/table.py's part, aggregate and attack labels, the probe's flags, more recipe flags, epochs x the
 # table's)
 PLUS_PLUS, AS_PUSHED, SIGN_FLIP = "zeno++, 1 step", ["--zeno-plus-plus-step", "g"], "signflip x10, p 0.2 per push"
 AUTHORS_LR = ["--lr", "0.2"]  # 0.1 for 128 images (AsyncByzGrad exp_*.sh): the zeno++ table's --lr 1.0 is 5 x that
@@ -169,7 +170,7 @@ def main():
 
 
 def run(data, runs, figures_data, seeds, epochs, quick=False, studies=None):
-    """Every row, seed by seed, into <figures_data>/ps_why.csv (bench_ps.py runs it after its table); studies: only
+    """Every row, seed by seed, into <figures_data>/ps_why.csv (scripts/figures/ps/measure.py runs it after its table); studies: only
     those, the other studies' rows kept as ps_why.csv holds them."""
     machine, rows, pushed_steps, csv_path = measuring.hardware(), [], [], Path(figures_data) / "ps_why.csv"
     plan = [run for run in RUNS if (not quick or run[1] in QUICK) and (not studies or run[0] in studies)]
@@ -179,10 +180,10 @@ def run(data, runs, figures_data, seeds, epochs, quick=False, studies=None):
     for study, label, part, aggregate, attack, probe, extra, more in plan:
         more_seeds = 0 if quick or more > 1 else 2 if study == "zeno++" and "batch 32" not in label else (
             5 if study == "signflip" else 0)  # (5 seeds at a batch of 8; 8 for how often a run collapses)
-        mode, table = bench_ps.PARTS[part][0], argparse.Namespace(quick=quick, epochs=epochs * more, data=data,
+        mode, table = ps_table.PARTS[part][0], argparse.Namespace(quick=quick, epochs=epochs * more, data=data,
                                                                   runs=runs)
         for seed in seeds + [max(seeds) + 1 + i for i in range(more_seeds)]:
-            _, processes, flags = bench_ps.flags_of(part, mode, aggregate, attack, None, seed, table)
+            _, processes, flags = ps_table.flags_of(part, mode, aggregate, attack, None, seed, table)
             flags += extra
             alpha = rules.ZENOPS_ALPHA if study == "async-2v" else ""
             if label == "naive-async at zenops' mean step":  # (zenops' runs come first)
@@ -190,13 +191,13 @@ def run(data, runs, figures_data, seeds, epochs, quick=False, studies=None):
                 flags += ["--zeno-alpha", str(alpha)]
             name = f"{study}-{label}".replace("||", "").replace("'", "")
             out = Path(runs) / f"{''.join(c if c.isalnum() or c in '.+-' else '_' for c in name)}-seed{seed}"
-            launcher = [ROOT / "scripts" / "probe_ps.py", "--judgements", out / "probe", *probe, "--"]
+            launcher = [ROOT / "scripts" / "figures" / "ps" / "probe.py", "--judgements", out / "probe", *probe, "--"]
             summary = measuring.train("ps", processes, flags, out, threads=1, forked=True, check=False,
                                       launcher=launcher)
             row = {"study": study, "label": label, "seed": seed, "epochs": epochs * more, "alpha": alpha,
                    **machine}
             if summary is None:
-                bench_ps.require_diverged(out, name, seed)
+                ps_table.require_diverged(out, name, seed)
                 rows.append({**row, "diverged": 1})
                 continue
             lines = probe_lines(out)

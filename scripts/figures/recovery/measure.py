@@ -1,12 +1,12 @@
 """Measure what fault tolerance costs and how fast a run recovers, on the demo set-up.
 
-    python scripts/bench_recovery.py                  # ResNet-18 on data/mnist5k, 2 processes
-    python scripts/bench_recovery.py --quick DIR      # lenet on a tiny folder (for tests)
+    python scripts/figures/recovery/measure.py                  # ResNet-18 on data/mnist5k, 2 processes
+    python scripts/figures/recovery/measure.py --quick DIR      # lenet on a tiny folder (for tests)
 
 1. Seconds per checkpoint save: the recipes' own checkpoint.save on the demo
    model with its optimizer state, repeated, median taken.
 2. A 2-process ddp run under `torchrun --max-restarts=1 ... --auto-resume` whose
-   rank 1 is SIGKILLed in epoch 2 (scripts/inject_fault.py): the time from the
+   rank 1 is SIGKILLed in epoch 2 (scripts/checks/inject_fault.py): the time from the
    kill to the first training step of the restarted workers, the epoch time, and
    whether the run then finished.
 3. What the per-step stop check costs (faults.StopCheck.after_step: did any rank
@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
@@ -49,8 +49,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from recipes.common import checkpoint, faults, models  # noqa: E402
-from scripts import measuring  # noqa: E402
-from scripts.measuring import DEMO_MODEL, QUICK_MODEL, hardware  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
+from scripts.figures.measuring import DEMO_MODEL, QUICK_MODEL, hardware  # noqa: E402
 
 DEMO = [*DEMO_MODEL, "-b", "32", "--lr", "0.05", "-j", "1", "--seed", "0"]
 QUICK = [*QUICK_MODEL, "-b", "4", "-j", "0", "--seed", "0"]
@@ -126,7 +126,7 @@ def seconds_per_stop_check(calls):
 def killed_run(data, flags, out, steps_per_epoch, into_epoch_2):
     times = out / "times.jsonl"
     command = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "--max-restarts=1", str(ROOT / "scripts" / "inject_fault.py"), "--fault", "kill",
+               "--max-restarts=1", str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", "kill",
                "--step", str(steps_per_epoch + into_epoch_2), "--rank", "1", "--times", str(times), "--",
                str(ROOT / "recipes" / "ddp" / "train.py"), str(data), *flags, "--epochs", "2", "--auto-resume",
                "--out", str(out / "run")]
@@ -198,7 +198,7 @@ def killed_recipe(data, flags, case, out, victim_steps_per_epoch):
     times = out / "times.jsonl"
     fault = ["--fault", "kill", "--step", str(victim_steps_per_epoch + victim_steps_per_epoch // 3), "--rank",
              str(victim), "--times", str(times), *(["--by-version"] if recipe == "ps" and "async" in extra else [])]
-    command = [*measuring.python_command(processes)[1:], "--max-restarts=1", str(ROOT / "scripts" / "inject_fault.py"),
+    command = [*measuring.python_command(processes)[1:], "--max-restarts=1", str(ROOT / "scripts" / "checks" / "inject_fault.py"),
                *fault, "--", str(ROOT / "recipes" / recipe / "train.py"), str(data), *flags, *extra, "--auto-resume",
                "--out", str(out / "run")]
     launch = measuring.launch_of(recipe, processes, command, threads=1)
@@ -283,7 +283,7 @@ def main():
                "checkpoint_mb": round(size_mb, 2), "seconds_per_save": round(save_s, 4),
                "save_share_of_epoch": round(save_s / recovery["train_epoch_s"], 5), **recovery,
                "stop_check_us": round(1e6 * check_s, 1), "stop_check_share_of_step": round(check_s / step_s, 6),
-               "hardware": hardware(), "command": " ".join(["python", "scripts/bench_recovery.py", *sys.argv[1:]])}
+               "hardware": hardware(), "command": " ".join(["python", "scripts/figures/recovery/measure.py", *sys.argv[1:]])}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

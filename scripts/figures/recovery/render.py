@@ -1,4 +1,4 @@
-"""recovery: what a checkpoint costs and how fast a killed run is back (scripts/bench_recovery.py).
+"""recovery: what a checkpoint costs and how fast a killed run is back (scripts/figures/recovery/measure.py).
 
     reads    figures/data/recovery.json, recovery_recipes.csv
     draws    none
@@ -7,7 +7,7 @@
 
 import json
 
-from scripts.results.common import read_csv, table
+from scripts.figures.rendering import read_csv, table
 
 
 def recovery_table(recovery):
@@ -23,7 +23,7 @@ def recovery_table(recovery):
 
 
 def recovery_recipes_table(rows):
-    """Each recipe killed and restarted under torchrun (bench_recovery.py, recovery_recipes.csv)."""
+    """Each recipe killed and restarted under torchrun (scripts/figures/recovery/measure.py, recovery_recipes.csv)."""
     def compared(row):
         if row["top1"] == "":
             return "did not finish"
@@ -52,11 +52,11 @@ def render(data, figures, missing):
     if (data / "recovery.json").exists():
         sections["recovery"] = recovery_table(json.loads((data / "recovery.json").read_text()))
     else:
-        missing.append("recovery.json (scripts/bench_recovery.py)")
+        missing.append("recovery.json (scripts/figures/recovery/measure.py)")
     if (data / "recovery_recipes.csv").exists():
         sections["recovery-recipes"] = recovery_recipes_table(read_csv(data / "recovery_recipes.csv"))
     else:
-        missing.append("recovery_recipes.csv (scripts/bench_recovery.py)")
+        missing.append("recovery_recipes.csv (scripts/figures/recovery/measure.py)")
     return sections
 
 

@@ -1,6 +1,6 @@
 """Training throughput against the number of processes, and the recipes' overhead over a bare loop.
 
-    python scripts/bench_scaling.py --jpeg data/imagenet-like     # writes figures/data/scaling.csv
+    python scripts/figures/scaling/measure.py --jpeg data/imagenet-like     # writes figures/data/scaling.csv
 
 For each world size (CPU: 1 and 2 processes of --threads threads each, so that
 processes x threads stays within the cores; CUDA: 1 .. all GPUs, one each) it runs
@@ -19,7 +19,7 @@ With several processes it also runs that many unconnected copies of the plain
 bare loop at once ("independent"): their summed images/s is what the machine
 gives that many processes at all, the ceiling that DDP's scaling is judged by.
 On CUDA the runs use the apex recipe's mixed precision (--opt-level O1) and
-channels_last, with ResNet-50 at 224 px unless told otherwise (scripts/bench_gpu.py
+channels_last, with ResNet-50 at 224 px unless told otherwise (scripts/gpu/measure.py
 is the GPU table, and its scaling over GPUs). The recipe runs go to runs/figures/scaling/; a run whose
 summary.json is complete is not trained again (the bare loops are always measured).
 """
@@ -33,13 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from scripts import measuring  # noqa: E402
-from scripts.measuring import hardware, run, write_csv  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
+from scripts.figures.measuring import hardware, run, write_csv  # noqa: E402
 
 FIELDS = ["kind", "recipe", "data", "processes", "threads", "arch", "image_size", "batch_size", "images_per_s",
           "epoch_s", "cpu", "cores", "gpu", "torch"]

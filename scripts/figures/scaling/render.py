@@ -1,11 +1,11 @@
-"""scaling: images/s and epoch time against processes, and the bare loop (scripts/bench_scaling.py).
+"""scaling: images/s and epoch time against processes, and the bare loop (scripts/figures/scaling/measure.py).
 
     reads    figures/data/scaling.csv
     draws    figures/scaling_throughput.png, figures/scaling_time.png
     writes   RESULTS.md's scaling, scaling-overhead, hardware
 """
 
-from scripts.results.common import hardware_line, plt, read_csv, save, table
+from scripts.figures.rendering import hardware_line, plt, read_csv, save, table
 
 
 def scaling_points(scaling, recipe, data):
@@ -96,7 +96,7 @@ def scaling_tables(scaling):
 
 def render(data, figures, missing):
     if not (data / "scaling.csv").exists():
-        missing.append("scaling.csv (scripts/bench_scaling.py)")
+        missing.append("scaling.csv (scripts/figures/scaling/measure.py)")
         return {}
     scaling = read_csv(data / "scaling.csv")
     plot_scaling(scaling, figures)
@@ -113,4 +113,7 @@ def headline(data):
     if ("nd", 1) not in rate or not any(recipe == "ddp" for recipe, _ in rate):
         return None
     most = max(n for recipe, n in rate if recipe == "ddp")
-    return f"ddp on {most} processes: {rate['ddp', most] / rate['nd', 1]:.2f}x nd's images/s (synthetic data)"
+    alone = rate.get(("ddp", 1))
+    return (f"ddp on {most} processes: {rate['ddp', most] / rate['nd', 1]:.2f}x nd's images/s" +
+            (f", {rate['ddp', most] / alone:.2f}x its own on 1 ({100 * rate['ddp', most] / alone / most:.0f} % scaling "
+             f"efficiency)" if alone else "") + " on synthetic data")

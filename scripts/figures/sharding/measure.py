@@ -1,6 +1,6 @@
 """Sharded data parallel: the bytes each rank holds, and images/s, of every --shard mode against processes.
 
-    python scripts/bench_sharding.py --data data/imagenet-like     # figures/data/sharding.csv
+    python scripts/figures/sharding/measure.py --data data/imagenet-like     # figures/data/sharding.csv
 
 ResNet-50 at 32 px (-a, --image-size) on the JPEG folder, -b 16 per process, one epoch (plus
 evaluation) of seed 0, fp32, in each --shard mode (none = DDP, optimizer = ZeRO-1, grad-op =
@@ -23,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from scripts import measuring  # noqa: E402
+from scripts.figures import measuring  # noqa: E402
 
 MODES = ["none", "optimizer", "grad-op", "full"]
 ZERO = {"none": "DDP", "optimizer": "ZeRO-1", "grad-op": "ZeRO-2", "full": "ZeRO-3"}

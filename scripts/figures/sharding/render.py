@@ -1,11 +1,11 @@
-"""sharding: bytes per rank and images/s of each --shard mode against processes (scripts/bench_sharding.py).
+"""sharding: bytes per rank and images/s of each --shard mode against processes (scripts/figures/sharding/measure.py).
 
     reads    figures/data/sharding.csv
     draws    figures/sharding.png
     writes   RESULTS.md's sharding
 """
 
-from scripts.results.common import plt, read_csv, save, table
+from scripts.figures.rendering import plt, read_csv, save, table
 
 
 SHARD_MODES = ["none", "optimizer", "grad-op", "full"]
@@ -80,7 +80,7 @@ def plot_sharding(rows, figures):
 
 def render(data, figures, missing):
     if not (data / "sharding.csv").exists():
-        missing.append("sharding.csv (scripts/bench_sharding.py)")
+        missing.append("sharding.csv (scripts/figures/sharding/measure.py)")
         return {}
     sharding = read_csv(data / "sharding.csv")
     plot_sharding(sharding, figures)

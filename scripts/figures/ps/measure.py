@@ -1,0 +1,44 @@
+"""The ps part of make figures: the parameter server against Byzantine workers, in three steps.
+
+    python scripts/figures/ps/measure.py     # figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (then plot_results.py)
+    python scripts/figures/ps/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
+
+  table.py            the table: each of the authors' figures in their regime, scaled down (its docstring says how)
+  byzfl_reference.py  ByzFL's own benchmark on the same digits, the outside reference
+  why.py              why the targets that miss do: the recipe under probe.py
+Each step keeps what an earlier, stopped run finished; the part's time counts all three.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from scripts.figures import measuring  # noqa: E402
+from scripts.figures.ps import byzfl_reference, table, why  # noqa: E402
+
+
+def main():
+    started = time.time()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="data/mnist5k")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a few rows of lenet at 16 px, for tests and QUICK=1")
+    parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
+    parser.add_argument("--runs", default="runs/figures/ps", help="where the run directories go")
+    parser.add_argument("--figures-data", default="figures/data", help="where ps.csv goes")
+    args = parser.parse_args()
+    measuring.require_digits(args.data)
+    table.run(args.data, args.runs, args.figures_data, args.seeds, args.epochs, args.quick)
+    # the outside reference, in the same part (its time counts in the part's)
+    byzfl_reference.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)
+    # why the targets that miss do: the recipe under probe.py
+    why.run(args.data, Path(args.runs).parent / "ps-why", args.figures_data, args.seeds, args.epochs, args.quick)
+    measuring.record_part(args.figures_data, "ps", started)
+
+
+if __name__ == "__main__":
+    main()
