@@ -116,7 +116,7 @@ endef
 
 figures: $(SETUP) $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
 	mkdir -p $(FIG_DATA)
-	$(if $(quick),mkdir -p $(FIG_DIR)/docs && cp RESULTS.md $(RESULTS) && cp -r docs/results $(FIG_DIR)/docs/)
+	$(if $(quick),rm -rf $(FIG_DIR)/docs && mkdir -p $(FIG_DIR)/docs && cp RESULTS.md $(RESULTS) && cp -r docs/results $(FIG_DIR)/docs/)
 	$(foreach part,$(filter $(ONLY),$(PARTS)),$(figure-part-$(part))$(newline))
 	$(PY) scripts/figures/plot_results.py --data $(FIG_DATA) --figures $(FIG_DIR) --results $(RESULTS)
 
