@@ -63,8 +63,12 @@ $(error ONLY=$(filter-out $(GPU_PARTS),$(GPU_ONLY)) is not a part of make figure
 endif
 endif
 
-.PHONY: setup demo test test-compat test-mutations figures figures-gpu gpu-smoke gpu-check gpu-wheels \
+.PHONY: help setup demo test test-compat test-mutations figures figures-gpu gpu-smoke gpu-check gpu-wheels \
 	gpu-check-figures-gpu gpu-check-gpu-smoke clean
+
+# the default goal: the targets, as the first lines of this file say them (it installs nothing)
+help:
+	@sed -n '/^# make/,/^$$/p' Makefile | sed -n '/^#/s/^# \{0,1\}//p'
 
 setup: $(VENV)/.installed
 

@@ -52,8 +52,38 @@ def good_checkpoint(tiny_data, tmp_path_factory):
 
 
 def test_missing_data_directory(tmp_path):
-    result = run_recipe("nd", [tmp_path / "nowhere", *TINY], expect_ok=False)
+    result = run_recipe("nd", [tmp_path / "nowhere", *TINY, "--out", tmp_path / "out"], expect_ok=False)
     assert_one_clear_line(result, "data directory", "does not exist")
+    assert not (tmp_path / "out").exists()  # (a run that never started leaves no run directory)
+
+
+@pytest.mark.parametrize("recipe, nproc", [("ddp", 2), ("ps", 3)])
+def test_bad_input_reaches_the_user_in_every_launch(tmp_path, recipe, nproc):
+    """Launched again and again, each launch shows rank 0's line: a rank says what is wrong before it frees
+    anything, and before torchrun (here: its stand-in) stops the ranks still running."""
+    for launch in range(6):
+        result = run_recipe(recipe, [*TINY, tmp_path / "nowhere", "--out", tmp_path / "out"], nproc=nproc,
+                            expect_ok=False)
+        assert any(line.startswith("error: data directory") for line in result.stderr.splitlines()), (
+            launch, result.stderr[-2000:])
+
+
+@pytest.mark.parametrize("recipe", ["nd", "ddp"])
+def test_bad_input_says_its_own_reason_where_an_earlier_run_left_a_checkpoint(tiny_data, tmp_path, recipe):
+    """The data folder and --arch are checked before --out's clash with an earlier run, whose checkpoint stays
+    as it was."""
+    out = tmp_path / "earlier"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"an earlier run's checkpoint")
+    nproc = 2 if recipe == "ddp" else 1
+    for flags, phrase in (([tmp_path / "nowhere"], "data directory"), ([tmp_path], "has no train/ folder"),
+                          ([tiny_data, "-a", "resnet19"], "unknown --arch 'resnet19'"),
+                          ([tiny_data], "already holds a checkpoint")):
+        result = run_recipe(recipe, [*TINY, *flags, "--out", out], nproc=nproc, expect_ok=False)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert result.returncode != 0 and len(errors) == 1 and phrase in errors[0], (phrase, result.stderr[-2000:])
+    assert [path.name for path in out.iterdir()] == ["checkpoint.pt"]
+    assert (out / "checkpoint.pt").read_bytes() == b"an earlier run's checkpoint"
 
 
 def test_split_with_no_images(tmp_path):
@@ -147,6 +177,7 @@ def test_truncated_checkpoint_is_refused_and_left_alone(tiny_data, tmp_path, goo
     before = digest(broken)
     result = run_recipe("nd", [tiny_data, *TINY, "--resume", broken, "--out", tmp_path], expect_ok=False)
     assert_one_clear_line(result, "corrupt or truncated")
+    assert len(result.stderr) - len(str(broken)) < 150, result.stderr  # (torch's cause in a few words, not its advice)
     assert digest(broken) == before
 
 

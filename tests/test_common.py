@@ -308,3 +308,19 @@ def test_the_common_package_names_each_of_its_modules():
     named = {word.rstrip(":;,") for line in recipes.common.__doc__.splitlines() for word in line.split()}
     modules = {path.stem for path in folder.glob("*.py") if path.stem != "__init__"}
     assert modules <= named, modules - named
+
+
+def test_the_last_line_names_the_last_epoch_and_the_epoch_best_pt_holds(tmp_path, tiny_data):
+    """A run's done line gives the last epoch's top-1, and best.pt's epoch and top-1 where they differ (from
+    metrics.csv); -e says nothing of either."""
+    args = argparse.Namespace(out=str(tmp_path / "run"), evaluate=False, resume=None, synthetic=False,
+                              data=str(tiny_data), arch="lenet")
+    log = runlog.RunLog(args)
+    log.start_metrics(0)
+    rows = [("train", 50.0), ("val", 60.0), ("train", 70.0), ("val", 66.8), ("train", 80.0), ("val", 65.5)]
+    with open(tmp_path / "run" / "metrics.csv", "a") as f:
+        f.writelines(f"{1 + i // 2},{split},1.0,{top1},99,10,0.1,1,0.1\n" for i, (split, top1) in enumerate(rows))
+    assert log.best_of(args, 66.8) == " (epoch 3; best.pt holds epoch 2, top1 66.80 %)"
+    assert log.best_of(args, 65.5) == " (epoch 3, the best: best.pt)"  # (had the last been the best)
+    assert log.best_of(argparse.Namespace(**{**vars(args), "evaluate": True}), 66.8) == ""
+    log.close()

@@ -134,3 +134,11 @@ def test_pip_install_brings_what_the_recipes_need_and_no_more(tmp_path):
     assert {"torch", "torchvision", "tqdm", "tensorboard"} <= installs[""]
     assert not installs[""] & {"mlxtend", "byzfl", "pandas", "scikit-learn", "seaborn", "matplotlib", "pytest"}
     assert {"mlxtend", "byzfl", "matplotlib", "pytest"} <= installs["[ps,digits,figures,test]"]
+
+
+def test_make_with_no_target_lists_the_targets_and_installs_nothing(tmp_path):
+    result = subprocess.run(["make", "--no-print-directory", "-n"], cwd=ROOT, capture_output=True, text=True,
+                            env=child_env(), timeout=60)
+    assert "pip" not in result.stdout and "venv" not in result.stdout.split("\n", 1)[0]
+    shown = make().stdout
+    assert shown.startswith("make demo ") and "make figures QUICK=1" in shown and "make gpu-check" in shown

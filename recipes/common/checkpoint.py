@@ -140,6 +140,7 @@ def rng_states(group=None):
 def save(state, out_dir, is_best):
     """Call on rank 0 only. Writes checkpoint.pt, and best.pt when is_best."""
     path = Path(out_dir) / "checkpoint.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)  # (a role that saves before rank 0 has written into it)
     _replace_atomically(path, lambda f: torch.save(state, f))
     if is_best:
         with open(path, "rb") as src:
@@ -372,5 +373,6 @@ def _check_every_rank_agrees(path, epoch, step, group=None):
 
 
 def _first_line(error):
+    """The error's first sentence: what torch found, without its advice (which the line's own words give)."""
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__

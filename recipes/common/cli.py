@@ -52,7 +52,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(recipe, description):
-    parser = Parser(prog=f"recipes/{recipe}/train.py", description=description, formatter_class=HelpFormatter)
+    parser = Parser(prog=f"recipes/{recipe}/train.py", description=description, formatter_class=HelpFormatter,
+                    usage="%(prog)s [DIR] [flags]  (the flags are listed after the description)")  # (the lesson first)
     parser.set_defaults(recipe=recipe)
     parser.add_argument("data", metavar="DIR", nargs="?",
                         help="ImageNet-style folder with train/ and val/ (one sub-folder per class)")

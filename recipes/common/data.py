@@ -178,21 +178,29 @@ class SyntheticImages(Dataset):
         return self.pool[index % len(self.pool)], index % self.num_classes
 
 
+def check_folder(args):
+    """DIR exists and holds train/ and val/ (what can be told without reading an image): the folder, else one
+    clear error. runlog.RunLog checks it first, so that a wrong DIR is the error a user sees."""
+    root = Path(args.data)
+    if not root.is_dir():
+        raise RecipeError(f"data directory {root} does not exist")
+    for split in ("train", "val"):
+        if not (root / split).is_dir():
+            raise RecipeError(f"{root} has no {split}/ folder (expected {root}/{split}/<class>/<image>)")
+    return root
+
+
 def build_datasets(args):
     """Return (train_set, val_set, num_classes); bad folders are one clear error."""
     if args.synthetic:
         return (SyntheticImages(SYNTHETIC_TRAIN_IMAGES, args.image_size, SYNTHETIC_CLASSES),
                 SyntheticImages(SYNTHETIC_VAL_IMAGES, args.image_size, SYNTHETIC_CLASSES),
                 SYNTHETIC_CLASSES)
-    root = Path(args.data)
-    if not root.is_dir():
-        raise RecipeError(f"data directory {root} does not exist")
+    root = check_folder(args)
     train_transform, val_transform = build_transforms(args)
     loader = {"pil": load_image, "gpu": read_jpeg_bytes}.get(getattr(args, "decoder", "tensor"), read_image)
     splits = {}
     for split, transform in (("train", train_transform), ("val", val_transform)):
-        if not (root / split).is_dir():
-            raise RecipeError(f"{root} has no {split}/ folder (expected {root}/{split}/<class>/<image>)")
         try:
             splits[split] = PackedImageFolder(root / split, transform, loader=loader)
         except FileNotFoundError:

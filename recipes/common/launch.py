@@ -152,13 +152,14 @@ def release(error=None):
 
 
 def fail(error, rank=0):
-    """One line on stderr, then exit with the error's code (2 for bad input)."""
-    release(error)
-    distributed.cleanup()
+    """One line on stderr, then exit with the error's code (2 for bad input). The line goes first: once one rank
+    exits, torchrun stops the others, and a rank still freeing its objects would go without a word."""
     message = str(error).strip()
     if "Original Traceback" in message:  # re-raised from a DataLoader worker: keep our own line
         message = message.splitlines()[-1].split(": ", 1)[-1]
     prefix = f"[rank {rank}] " if rank else ""
     sys.stderr.write(f"{prefix}error: {message}\n")  # one write: ranks sharing a pipe never splice lines
     sys.stderr.flush()
+    release(error)
+    distributed.cleanup()
     sys.exit(getattr(error, "exit_code", EXIT_BAD_INPUT))

@@ -24,12 +24,17 @@ def lenet(num_classes):
         nn.Flatten(), nn.Linear(32 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
 
-def build_model(arch, num_classes):
-    if arch == "lenet":
-        return lenet(num_classes)
-    if arch not in torchvision.models.list_models(module=torchvision.models):
+def check_arch(arch):
+    """lenet or a torchvision classification model, else one clear error (runlog.RunLog checks it first)."""
+    if arch != "lenet" and arch not in torchvision.models.list_models(module=torchvision.models):
         raise RecipeError(f"unknown --arch {arch!r}: use a torchvision classification model "
                           f"(resnet18, resnet50, mobilenet_v3_small, ...) or lenet")
+
+
+def build_model(arch, num_classes):
+    check_arch(arch)
+    if arch == "lenet":
+        return lenet(num_classes)
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
 
 

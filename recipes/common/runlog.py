@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from recipes.common import RecipeError, checkpoint
+from recipes.common import RecipeError, checkpoint, data, models
 
 CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr"]
 
@@ -21,25 +21,39 @@ class RunLog:
 
     def __init__(self, args, enabled=True):
         self.out, self.enabled = Path(args.out), enabled
+        # the data folder and the model before --out: a wrong DIR or --arch is the error a user sees, not a clash
+        # with an earlier run (checked on every rank after the process group is made, so that each finds it at
+        # once and says so before torchrun stops the others)
+        if getattr(args, "data", None) and not getattr(args, "synthetic", False):
+            data.check_folder(args)
+        if getattr(args, "arch", None):
+            models.check_arch(args.arch)
         fresh = not (args.evaluate or args.resume or getattr(args, "auto_resume", False))
         if fresh and (self.out / "checkpoint.pt").exists():
             # checked on every rank, so all of them stop, and the old checkpoint stays intact
             raise RecipeError(f"{self.out} already holds a checkpoint: continue it with --auto-resume, "
                               f"or choose another --out")
         self.bar, self.writer, self.profiler, self.train_rates = None, None, None, []
-        self.start = time.perf_counter()
+        self.start, self.args, self.opened = time.perf_counter(), dict(vars(args)), False
         if not enabled:
             return
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.write_json("args.json", vars(args))
         if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0 and not getattr(args, "auto_resume", False):
             self.print("warning: torchrun may restart this run (--max-restarts), but without --auto-resume a "
                        "restart starts again from epoch 1, or stops if a checkpoint was written")
+
+    def make_run_dir(self):
+        """The run directory and its args.json, made when the run first writes into it: a run that stops at bad
+        input leaves no --out behind."""
+        if self.enabled and not self.opened:
+            self.opened = True
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.write_json("args.json", self.args)
 
     def start_metrics(self, start_epoch):
         """metrics.csv anew, or on resume kept up to the checkpoint's epoch."""
         if not self.enabled:
             return
+        self.make_run_dir()
         from torch.utils.tensorboard import SummaryWriter  # slow import: rank 0 only
 
         self.writer = SummaryWriter(self.out)
@@ -153,12 +167,29 @@ class RunLog:
         throughput = f"{summary['images_per_s']:.1f} images/s" if rates else f"evaluation only{in_fp32(args)}"
         ema = f"  (EMA: top1 {ema_stats['top1']:.2f} %  top5 {ema_stats['top5']:.2f} %)" if ema_stats else ""
         self.print(f"done: top1 {summary['top1']:.2f} %  top5 {summary['top5']:.2f} %{ema}  on "
-                   f"{summary['val_images']} val images  |  {throughput}  |  wall {summary['wall_s']:.1f} s")
+                   f"{summary['val_images']} val images{self.best_of(args, best_top1)}  |  {throughput}  |  "
+                   f"wall {summary['wall_s']:.1f} s")
         self.print(f"run directory {self.out}  (tensorboard --logdir {self.out})")
         self.close()
 
+    def best_of(self, args, best_top1):
+        """For the last line of a run that trained: that its top-1 is the last epoch's, and which epoch best.pt
+        holds (the first epoch at the best top-1, from metrics.csv); else ""."""
+        path = self.out / "metrics.csv"
+        if args.evaluate or not path.exists():
+            return ""
+        with open(path, newline="") as f:
+            val = [row for row in csv.DictReader(f) if row["split"] == "val"]
+        best = next((row["epoch"] for row in val if abs(float(row["top1"]) - best_top1) < 1e-3), None)
+        if not val or best is None:
+            return ""
+        if best == val[-1]["epoch"]:
+            return f" (epoch {best}, the best: best.pt)"
+        return f" (epoch {val[-1]['epoch']}; best.pt holds epoch {best}, top1 {best_top1:.2f} %)"
+
     def write_json(self, name, obj):
         if self.enabled:
+            self.make_run_dir()
             (self.out / name).write_text(json.dumps(obj, indent=2, default=str) + "\n")
 
     def close(self):

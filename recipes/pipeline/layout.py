@@ -137,7 +137,10 @@ def check_args(args, world_size=None):
     if world_size is None:
         return
     if world_size % args.stages:
-        raise RecipeError(f"the world size {world_size} is not a multiple of --stages {args.stages}")
+        servers = args.sync == "hetpipe"  # (a server per stage)
+        raise RecipeError(f"the world size {world_size} is not a multiple of --stages {args.stages}: for 2 replicas"
+                          f"{' and the servers' if servers else ''}, torchrun --nproc_per_node="
+                          f"{(2 + servers) * args.stages} recipes/pipeline/train.py ...")
     layout = Layout(args.stages, world_size, args.sync == "hetpipe")
     if layout.replicas < 1:
         raise RecipeError(f"--sync hetpipe needs the {args.stages} servers and at least one replica: "

@@ -195,7 +195,8 @@ def check_world(args, world_size):
     workers, b = layout.workers, args.zeno_b
     if workers < 1:
         raise RecipeError(f"{args.servers} server(s) and {args.validators} validator(s) leave no worker in a "
-                          f"world of {world_size} processes")
+                          f"world of {world_size} processes: launch at least {args.servers + args.validators + 1}, "
+                          f"torchrun --nproc_per_node={args.servers + args.validators + 1} recipes/ps/train.py ...")
     if args.validators > workers:
         raise RecipeError(f"{args.validators} validators for {workers} worker(s): each validator needs a worker")
     if args.byzantine >= workers:

@@ -270,4 +270,12 @@ BREAKS = [
          old="from scripts.figures.rendering import spread, with_range",
          new="from scripts.figures.rendering import spread, with_range\nfrom scripts.figures.ps import render_why  # noqa",
          tests=["tests/test_shape.py::test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder"]),
+    dict(name="data-checked-after-the-out-clash", file="recipes/common/runlog.py",
+         old='        if getattr(args, "data", None) and not getattr(args, "synthetic", False):\n            data.check_folder(args)',
+         new="        pass",
+         tests=["tests/test_bad_input.py::test_bad_input_says_its_own_reason_where_an_earlier_run_left_a_checkpoint"]),
+    dict(name="best-pt-epoch-taken-as-the-last", file="recipes/common/runlog.py",
+         old='best = next((row["epoch"] for row in val if abs(float(row["top1"]) - best_top1) < 1e-3), None)',
+         new='best = val[-1]["epoch"] if val else None',
+         tests=["tests/test_common.py::test_the_last_line_names_the_last_epoch_and_the_epoch_best_pt_holds"]),
 ]
