@@ -3,14 +3,14 @@
 # make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/checks/mutations.py)
 # make figures                measure every part (io, scaling, curves, recovery, compile, precision, compression, ps,
 #                             pipeline, sharding), then
-#                             redraw figures/ and RESULTS.md from figures/data/
+#                             redraw figures/, RESULTS.md and docs/results/ from figures/data/
 # make figures ONLY="curves compression"   measure only these parts, then redraw everything
 # make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
-# make figures-gpu            on a machine with CUDA: the GPU table into figures/data/gpu/ and RESULTS.md, and on a
+# make figures-gpu            on a machine with CUDA: the GPU table into figures/data/gpu/ and the pages, and on a
 #                             node with more GPUs scaling and compression: ONLY="table scaling compression" (all)
 # make gpu-smoke              on a machine with CUDA: every recipe's one-GPU path, a few steps each
 # make gpu-check              the device command (docs/gpus.md): preflight, gpu-smoke, then the GPU table's runs that
-#                             fit in 9 minutes; into figures/data/gpu/ and RESULTS.md. STAND_IN=1: rehearsed on a CPU
+#                             fit in 9 minutes; into figures/data/gpu/ and the pages. STAND_IN=1: rehearsed on a CPU
 # make gpu-wheels             the wheels a GPU node without a package index lacks (byzfl), into .wheels/ to carry there
 # make test-compat            the compatibility run: under torch 2.11 (.venv-2.11, the GPU nodes' packages, nothing of
 #                             this project installed) the rehearsal of gpu-check, then the documented commands, the
@@ -47,7 +47,7 @@ ONLY ?= $(PARTS)
 QUICK ?=
 # QUICK=1 (anything but empty or 0) leaves the committed figures alone
 quick := $(filter-out 0,$(QUICK))
-FIG_DIR := $(if $(quick),runs/figures-quick,figures)
+FIG_DIR := $(if $(quick),runs/figures-quick/figures,figures)
 FIG_DATA := $(FIG_DIR)/data
 RUNS := $(if $(quick),runs/figures-quick/runs,runs/figures)
 RESULTS := $(if $(quick),runs/figures-quick/RESULTS.md,RESULTS.md)
@@ -120,7 +120,8 @@ endef
 
 figures: $(SETUP) $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
 	mkdir -p $(FIG_DATA)
-	$(if $(quick),rm -rf $(FIG_DIR)/docs && mkdir -p $(FIG_DIR)/docs && cp RESULTS.md $(RESULTS) && cp -r docs/results $(FIG_DIR)/docs/)
+	$(if $(quick),rm -rf runs/figures-quick/docs && mkdir -p runs/figures-quick/docs && cp RESULTS.md $(RESULTS) && \
+		cp -r docs/results runs/figures-quick/docs/)
 	$(foreach part,$(filter $(ONLY),$(PARTS)),$(figure-part-$(part))$(newline))
 	$(PY) scripts/figures/plot_results.py --data $(FIG_DATA) --figures $(FIG_DIR) --results $(RESULTS)
 

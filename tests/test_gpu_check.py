@@ -129,7 +129,8 @@ def test_installing_the_recipes_keeps_the_torch_that_is_there():
 
 
 def test_the_gpu_section_shows_the_check_s_node_and_each_check_or_says_it_has_not_run(tmp_path):
-    """RESULTS.md's gpu-check section, from preflight.json and smoke.json as scripts/gpu/check.py writes them."""
+    """The gpu-check section (docs/results/gpu.md), from preflight.json and smoke.json as scripts/gpu/check.py
+    writes them."""
     from scripts.gpu import render as gpu
 
     assert "has not run on a GPU yet" in gpu.gpu_check_section(tmp_path)

@@ -184,7 +184,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "spread of the final top-1 (points): nd 2.00, ddp 2.00, apex 2.00." in text
     assert "beyond the spread (ranges that do not overlap): nd and apex (-5.00); ddp and apex (-4.50)." in text
     assert "so not told apart from noise: nd and ddp (-0.50)." in text
-    assert "CPU Test CPU (2 cores), GPU none: these results are CPU-only" in text
+    assert "CPU Test CPU (2 cores), GPU none: make figures' parts ran CPU-only" in text
     assert "Not measured yet: the GPU table has not run on a GPU." in text  # the GPU section, without gpu/*.csv
     assert "| resnet18 | 2 | 89.5 | 0.3 | 1.00 % | 14.0 | 20 | 150 | 0.15 % |" in text
     assert "| serial | 1 | 3 | 61.0 | 95.50 (95.00\u201396.00) |  |  |  |  |" in text
@@ -198,6 +198,12 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "| `make figures` (the parts summed), without scaling, recovery, compile, precision, ps, pipeline, sharding | 61.0 |" in text
     assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
     assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
+    # the headline: each question answered by its table's numbers, with the machine the part's data records
+    assert ("| [How does DDP scale?](#scaling) | ddp on 2 processes: 1.80x its images/s on 1 (90 % scaling "
+            "efficiency), 1.86x nd's, on synthetic data | Test CPU, 2 cores, torch 2.14.1 |") in text  # (180 / 97)
+    assert ("| fp8-e4m3 sends 4x fewer bytes: top-1 93.25 against 94.50 uncompressed, on 2 processes | Test CPU, 2 "
+            "cores, torch 2.14.1 |") in text
+    assert "| torch.compile at 2.00x eager's images/s in steady state |" in text  # (the table's steady medians)
     assert "| --compile, warm Inductor cache | 20.0 | 5.0 | 200.0 | 2.00x | +13.0 |" in text
     assert "costs 63.0 s at start-up with an empty cache (13.0 s with a warm one) and runs at 2.00x" in text
 
@@ -259,7 +265,7 @@ def test_plot_results_writes_the_gpu_section_from_the_table(tmp_path):
     assert "| sm90_xmma_fprop\\|nhwc | 20.00 | 39.1 % |" in text
     assert "| apex O1 bf16 + channels_last + compile | 3900.0 | 65.6 (64.1–69.2) | 2.17x |" in text  # (precision)
     assert ("so neither is measured on GPUs here, nor extrapolated; the scaling measured is the CPU's: ddp on 2 "
-            "processes at 1.50x its 1-process images/s ([Scaling](#scaling)), beside the seed tutorial's 4 x V100 "
+            "processes at 1.50x its 1-process images/s ([Scaling](../../RESULTS.md#scaling)), beside the seed tutorial's 4 x V100 "
             "figure (tczhangzhi/pytorch-distributed: torch.distributed in 1000 s against nn.DataParallel's 4000 s, "
             "4.00x, a published figure).") in text
     assert "Before the table, its sweep measured on 1 x Old GPU" in text and "apex O1 fp16 + channels_last 4500 " \
@@ -484,7 +490,8 @@ def test_the_hardware_section_names_each_parts_machine_from_its_data(tmp_path):
     header = "kind,cpu,cores,gpu,torch\n"
     (tmp_path / "scaling.csv").write_text(header + "recipe,AMD EPYC,2,,2.14.1\n")
     (tmp_path / "timings.csv").write_text("part,seconds,cpu,cores,gpu,torch\ncurves,1,AMD EPYC,2,,2.14.1\n")
-    assert hardware_line(tmp_path) == "CPU AMD EPYC (2 cores), GPU none: these results are CPU-only, torch 2.14.1."
+    assert hardware_line(tmp_path) == ("CPU AMD EPYC (2 cores), GPU none: make figures' parts ran "
+                                         "CPU-only (the GPU rows name their GPU), torch 2.14.1.")
     (tmp_path / "recovery.json").write_text(json.dumps({"hardware": {"cpu": "Xeon", "cores": 2, "gpu": None,
                                                                       "torch": "2.14.1"}}))
     text = hardware_line(tmp_path)

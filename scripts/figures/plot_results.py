@@ -32,11 +32,14 @@ form); the prose around it is kept. A section no page has a place for is added a
 """
 
 import argparse
+import importlib.util
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if importlib.util.find_spec("matplotlib") is None:
+    sys.exit("error: drawing the figures needs matplotlib: pip install -e '.[figures]' (make setup installs it)")
 from scripts.figures import OTHERS, PARTS, renderer  # noqa: E402
 
 

@@ -83,7 +83,7 @@ def hardware_line(data):
             torches |= {r["torch"] for r in records if r.get("torch")}
             gpus |= {r["gpu"] for r in records if r.get("gpu")}
     every = sorted({machine for found in machines.values() for machine in found})
-    gpu = ", ".join(sorted(gpus)) or "none: these results are CPU-only"
+    gpu = ", ".join(sorted(gpus)) or "none: make figures' parts ran CPU-only (the GPU rows name their GPU)"
     if len(every) == 1:
         return f"CPU {every[0]}, GPU {gpu}, torch {', '.join(sorted(torches))}."
     return (f"The parts ran on {len(every)} machines (GPU {gpu}; torch {', '.join(sorted(torches))}), each "

@@ -3,7 +3,7 @@
     reads    figures/data/gpu/table.csv, profiles.json, timings.csv (scripts/gpu/measure.py); preflight.json and smoke.json
              (scripts/gpu/check.py)
     draws    figures/gpu_throughput.png
-    writes   RESULTS.md's gpu-hardware, gpu-check, gpu-table, gpu-targets, gpu-precision; and the headline's
+    writes   sections gpu-hardware, gpu-check, gpu-table, gpu-targets, gpu-precision; and the headline's
              first line (headline())
 """
 
@@ -97,18 +97,20 @@ def precision_section(rows):
     r = synthetic[0]
     return (table(["set-up", "1 GPU: images/s", "median step, 10th–90th percentile (ms)", "vs ddp fp32"], body) +
             f"\n\n{r['arch']} at {r['image_size']} px, batch {r['batch_size']}, on {r['gpu']} with torch "
-            f"{r['torch']}: the [GPU table](#gpus)'s rows on --synthetic images.")
+            f"{r['torch']}: the [GPU table](gpu.md)'s rows on --synthetic images.")
 
 
 def gpu_sections(gpu_data, figures):
-    """The GPU section of RESULTS.md from gpu/; a line saying so where nothing has run."""
+    """The GPU sections (RESULTS.md, docs/results/gpu.md and precision.md) from gpu/; a line saying so where
+    nothing has run."""
     rows = read_csv(gpu_data / "table.csv") if (gpu_data / "table.csv").exists() else []
     profiles = json.loads((gpu_data / "profiles.json").read_text()) if (gpu_data / "profiles.json").exists() else []
     sections = {"gpu-check": gpu_check_section(gpu_data)}
     if not [r for r in rows if r["gpus"] == "1"]:
         missing = ("Not measured yet: the GPU table has not run on a GPU. `make gpu-check` on a machine with CUDA "
                    "measures it (docs/gpus.md).")
-        return {**sections, "gpu-hardware": "", "gpu-table": missing, "gpu-targets": "", "gpu-precision": ""}
+        return {**sections, "gpu-hardware": "", "gpu-table": missing, "gpu-targets": "",
+                "gpu-precision": "Not measured yet (the GPU table has not run on a GPU)."}
     tables = list(machines([r for r in rows if r["gpus"] == "1"]).values())
     plot_table(tables[-1], figures)
     sections["gpu-table"] = "![GPU table](figures/gpu_throughput.png)\n\n" + "\n\n".join(gpu_table(t) for t in tables)

@@ -1,10 +1,10 @@
-"""gpu_context: what the GPU table is read beside (scripts/gpu/render.py renders the table itself).
+"""The GPU table's context: what it is read beside (scripts/gpu/render.py renders the table itself).
 
     reads    figures/data/gpu/table.csv and compression.csv (scripts/gpu/measure.py on a node with 2 GPUs or more);
              scaling.csv (the CPU's); anchors.csv (published figures, each with its source: not measured here);
              gpu/earlier/ (the sweep the table replaced)
     draws    none
-    writes   RESULTS.md's gpu-beyond-one, gpu-earlier, gpu-anchors
+    writes   sections gpu-beyond-one, gpu-earlier, gpu-anchors
 """
 
 from scripts.figures.rendering import read_csv, table
@@ -27,7 +27,8 @@ def beyond_one_section(gpu_data, data, rows, compression):
     theirs = {r["source"].split(": ")[-1]: float(r["seconds"]) for r in read_csv(gpu_data / "anchors.csv")
               if r["seconds"]} if (gpu_data / "anchors.csv").exists() else {}
     here = (f"the CPU's: ddp on {max(rate)} processes at {rate[max(rate)] / rate[1]:.2f}x its 1-process images/s "
-            f"([Scaling](#scaling))" if len(rate) > 1 and 1 in rate else "the CPU's ([Scaling](#scaling))")
+            f"([Scaling](../../RESULTS.md#scaling))" if len(rate) > 1 and 1 in rate else
+            "the CPU's ([Scaling](../../RESULTS.md#scaling))")
     tutorial = (f", beside the seed tutorial's 4 x V100 figure (tczhangzhi/pytorch-distributed: torch.distributed "
                 f"in {theirs['torch.distributed']:.0f} s against nn.DataParallel's {theirs['nn.DataParallel']:.0f} s, "
                 f"{theirs['nn.DataParallel'] / theirs['torch.distributed']:.2f}x, a published figure)"

@@ -2,7 +2,7 @@
 
     reads    figures/data/compression.csv
     draws    figures/compression.png
-    writes   RESULTS.md's compression
+    writes   sections compression
 """
 
 import statistics
@@ -101,12 +101,15 @@ def headline(data):
     rows = read_csv(data / "compression.csv")
     top1 = {}
     for r in rows:
-        top1.setdefault((r["method"], r["error_feedback"]), []).append(float(r["top1"]))
+        top1.setdefault((r["method"], r["error_feedback"], r["processes"]), []).append(float(r["top1"]))
     compressed = [r for r in rows if r["compression_ratio"]]
-    if not compressed or ("none", "0") not in top1:
+    if not compressed:
         return None
-    most = max(compressed, key=lambda r: float(r["compression_ratio"]))
-    key = (most["method"], most["error_feedback"])
+    most = max(compressed, key=lambda r: (float(r["compression_ratio"]), -int(r["processes"])))
+    key = (most["method"], most["error_feedback"], most["processes"])
+    if ("none", "0", most["processes"]) not in top1:
+        return None
     return (f"{most['method']}{' with error feedback' if most['error_feedback'] == '1' else ''} sends "
             f"{float(most['compression_ratio']):.0f}x fewer bytes: top-1 {statistics.mean(top1[key]):.2f} against "
-            f"{statistics.mean(top1['none', '0']):.2f} uncompressed")
+            f"{statistics.mean(top1['none', '0', most['processes']]):.2f} uncompressed, on {most['processes']} "
+            f"processes")

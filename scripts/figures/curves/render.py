@@ -2,7 +2,7 @@
 
     reads    figures/data/curves/<recipe>-seed<S>.csv and .json
     draws    figures/curves_top1_train.png, curves_top1_val.png, curves_top5_train.png, curves_top5_val.png
-    writes   RESULTS.md's curves
+    writes   sections curves
 """
 
 import json

@@ -3,7 +3,7 @@ it needs pytorch/examples; not a part of make figures).
 
     reads    figures/data/examples.json
     draws    none
-    writes   RESULTS.md's examples
+    writes   sections examples
 """
 
 import json

@@ -2,7 +2,7 @@
 
     reads    figures/data/io.csv, io_loader.json
     draws    figures/io.png
-    writes   RESULTS.md's io, hardware (when scaling has not run)
+    writes   sections io, hardware (when scaling has not run)
 """
 
 import json

@@ -3,7 +3,7 @@ stragglers cost (scripts/figures/pipeline/render_targets.py), and the bubble (sc
 
     reads    figures/data/pipeline.csv, pipeline_curves.csv
     draws    figures/pipeline.png
-    writes   RESULTS.md's pipeline-sync, pipeline-model, pipeline-targets, pipeline-bubble
+    writes   sections pipeline-sync, pipeline-model, pipeline-targets, pipeline-bubble
 """
 
 from scripts.figures.pipeline import measure as pipeline_measure
@@ -12,7 +12,7 @@ from scripts.figures.pipeline.render_targets import (LAYOUTS, of, pipeline_group
                                               pipeline_targets, ratios)
 
 def pipeline_tables(rows):
-    """RESULTS.md's pipeline sections: the methods per layout and schedule with and without stragglers, the model,
+    """The pipeline sections: the methods per layout and schedule with and without stragglers, the model,
     the targets; the bubble against M."""
     groups = pipeline_groups(rows)
     sections = {}

@@ -1,7 +1,7 @@
 """The pipeline part's second half: the model of what stragglers cost beside the measurements, and the targets.
 
     reads    figures/data/pipeline.csv (through pipeline.py)
-    writes   RESULTS.md's pipeline-model (its rows), pipeline-targets
+    writes   sections pipeline-model (its rows), pipeline-targets
 """
 
 from scripts.figures.pipeline import measure as pipeline_measure  # (the model of what stragglers cost)

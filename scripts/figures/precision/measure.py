@@ -25,7 +25,8 @@ needs a lower one. The runs go to runs/figures/precision/<set-up>-<N>p/round<R>;
 is complete is not trained again. The CSV and JSON are written after every run.
 
 On a GPU lent for minutes, the GPU table (scripts/gpu/measure.py, make gpu-check) answers the same question
-in one run of each set-up, timing its steps on the GPU; RESULTS.md's GPU form of this table is drawn from it.
+in one run of each set-up, timing its steps on the GPU; docs/results/precision.md's GPU form of this table is drawn
+from it.
 """
 
 import argparse

@@ -3,7 +3,7 @@
     reads    figures/data/precision.csv and precision.json (the GPU form of the table: scripts/gpu/render.py, from
              the GPU table)
     draws    none
-    writes   RESULTS.md's precision
+    writes   sections precision
 """
 
 import json

@@ -3,7 +3,7 @@
 
     reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (ps_why.py)
     draws    figures/ps.png, ps_eta.png (scripts/figures/ps/render_targets.py)
-    writes   RESULTS.md's ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
+    writes   sections ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
              ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (ps_why.py)
 """
 
@@ -52,7 +52,7 @@ def ps_matrix(groups):
 
 
 def ps_tables(rows):
-    """RESULTS.md's parameter-server sections: a top-1 table per figure of the authors, the validators' rejections,
+    """The parameter-server sections: a top-1 table per figure of the authors, the validators' rejections,
     the eta sweep beside the validation-data-only baseline, and ps against ddp in images/s."""
     sections, r = {}, rows[0]
     seeds = len({x["seed"] for x in rows})

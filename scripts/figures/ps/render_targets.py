@@ -2,7 +2,7 @@
 
     reads    figures/data/ps.csv, ps_byzfl.csv
     draws    figures/ps.png, ps_eta.png
-    writes   RESULTS.md's ps-targets, ps-byzfl
+    writes   sections ps-targets, ps-byzfl
 """
 
 import statistics

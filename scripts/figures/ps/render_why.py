@@ -2,7 +2,7 @@
 scripts/figures/ps/probe.py, on scripts/figures/ps/table.py's flags).
 
     reads    figures/data/ps_why.csv, and ps.csv's rows from ps.py (the attacks that leave the plain rule as it was)
-    writes   RESULTS.md's ps-why-rejections, ps-why-zeno-pp, ps-why-signflip, ps-why-async, ps-why-unbroken
+    writes   sections ps-why-rejections, ps-why-zeno-pp, ps-why-signflip, ps-why-async, ps-why-unbroken
 """
 
 import statistics

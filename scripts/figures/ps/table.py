@@ -41,7 +41,7 @@ on the same shards as those with them; each validator holds all of it.
             and both at a batch of 32 (v then on 128, Zeno++'s batch).
   speed     ddp on 8 processes, beside ps sync mean on one gradient a push (a push every step, as ddp's
             allreduce) and on 8 local steps (an eighth of the pushes).
-Scaled, not copied (RESULTS.md lists each with the authors' file and line): a batch of 8 (theirs: 32 sync,
+Scaled, not copied (docs/results/ps.md lists each with the authors' file and line): a batch of 8 (theirs: 32 sync,
 64 async, 100 Zeno, 128 Zeno++); the recipe's learning rate (--lr 0.1 for 256 images, scaled to the
 update's batch) and cosine schedule after a warm-up epoch, where ZenoPS steps 0.2 (sync) down x 0.1 and
 0.4 x (1 / 9)^1/2 (async) down x 0.2 at epochs 100 and 150 of 200, and halves async alpha at 100; 5 epochs.

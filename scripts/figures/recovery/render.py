@@ -2,7 +2,7 @@
 
     reads    figures/data/recovery.json, recovery_recipes.csv
     draws    none
-    writes   RESULTS.md's recovery, recovery-recipes
+    writes   sections recovery, recovery-recipes
 """
 
 import json

@@ -2,7 +2,7 @@
 
     reads    figures/data/scaling.csv
     draws    figures/scaling_throughput.png, figures/scaling_time.png
-    writes   RESULTS.md's scaling, scaling-overhead, hardware
+    writes   sections scaling, scaling-overhead, hardware
 """
 
 from scripts.figures.rendering import hardware_line, plt, read_csv, save, table
@@ -114,6 +114,6 @@ def headline(data):
         return None
     most = max(n for recipe, n in rate if recipe == "ddp")
     alone = rate.get(("ddp", 1))
-    return (f"ddp on {most} processes: {rate['ddp', most] / rate['nd', 1]:.2f}x nd's images/s" +
-            (f", {rate['ddp', most] / alone:.2f}x its own on 1 ({100 * rate['ddp', most] / alone / most:.0f} % scaling "
-             f"efficiency)" if alone else "") + " on synthetic data")
+    return (f"ddp on {most} processes: " + (f"{rate['ddp', most] / alone:.2f}x its images/s on 1 "
+            f"({100 * rate['ddp', most] / alone / most:.0f} % scaling efficiency), " if alone else "") +
+            f"{rate['ddp', most] / rate['nd', 1]:.2f}x nd's, on synthetic data")

@@ -2,7 +2,7 @@
 
     reads    figures/data/sharding.csv
     draws    figures/sharding.png
-    writes   RESULTS.md's sharding
+    writes   sections sharding
 """
 
 from scripts.figures.rendering import plt, read_csv, save, table
