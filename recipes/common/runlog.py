@@ -181,7 +181,7 @@ class RunLog:
         with open(path, newline="") as f:
             val = [row for row in csv.DictReader(f) if row["split"] == "val"]
         best = next((row["epoch"] for row in val if abs(float(row["top1"]) - best_top1) < 1e-3), None)
-        if not val or best is None:
+        if best is None:
             return ""
         if best == val[-1]["epoch"]:
             return f" (epoch {best}, the best: best.pt)"

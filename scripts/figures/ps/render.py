@@ -105,14 +105,8 @@ def ps_tables(rows):
                  f"within its spread (not told apart from it): {', '.join(tied) or 'none'}. Training on the "
                  f"validators' data alone: {with_range(baseline, 1)} %.")
     sections["ps-eta"] = text
-    speed = [(x, finished([y for y in rows if y["part"] == "speed" and y["aggregate"] == x]))
-             for x in dict.fromkeys(y["aggregate"] for y in rows if y["part"] == "speed")]
-    ddp = {x["seed"]: float(x["images_per_s"]) for x in dict(speed).get("ddp", [])}
-    body = []
-    for name, runs in speed:
-        ratios = [float(x["images_per_s"]) / ddp[x["seed"]] for x in runs if x["seed"] in ddp]
-        body.append([name, len(runs), with_range(spread([float(x["images_per_s"]) for x in runs]), 0),
-                     with_range(spread(ratios), 2) if ratios else ""])
+    body = [[name, len(runs), with_range(spread([float(x["images_per_s"]) for x in runs]), 0),
+             with_range(spread(ratios), 2) if ratios else ""] for name, (runs, ratios) in speed_vs_ddp(rows).items()]
     sections["ps-speed"] = (table(["run", "seeds", "train images/s", "vs ddp, seed by seed"], body) +
                             f"\n\n8 workers (ddp: 8 processes), global batch 64, one thread per process, on "
                             f"{r['cores']} cores, no attack; each run's images/s, the mean over the seeds and in "
@@ -152,6 +146,15 @@ def render(data, figures, missing):
     return {**sections, **why_sections(data, missing, rows)}
 
 
+def speed_vs_ddp(rows):
+    """{speed run: (its finished runs, its images/s over ddp's of the same seed)}, in the order they ran."""
+    speed = {x: finished([y for y in rows if y["part"] == "speed" and y["aggregate"] == x])
+             for x in dict.fromkeys(y["aggregate"] for y in rows if y["part"] == "speed")}
+    ddp = {x["seed"]: float(x["images_per_s"]) for x in speed.get("ddp", [])}
+    return {name: (runs, [float(x["images_per_s"]) / ddp[x["seed"]] for x in runs if x["seed"] in ddp])
+            for name, runs in speed.items()}
+
+
 def headline(data):
     """sync-1v under sign flip x6 (zenops against the mean), zenops without an attack, ps's speed against ddp's."""
     if not (data / "ps.csv").exists():
@@ -160,13 +163,12 @@ def headline(data):
     groups = ps_groups(rows, "sync-1v")
     attacked, clean, mean = (groups.get(key, []) for key in (("zenops", "signflip x6"), ("zenops", "none"),
                                                                 ("mean", "signflip x6")))
-    speed = {x: [float(y["images_per_s"]) for y in finished(rows) if y["part"] == "speed" and y["aggregate"] == x]
-             for x in ("ps sync, mean, 1 step", "ddp")}
-    if not (attacked and clean and mean and all(speed.values())):
+    ratios = speed_vs_ddp(rows).get("ps sync, mean, 1 step", ([], []))[1]  # (the speed table's, seed by seed)
+    if not (attacked and clean and mean and ratios):
         return None
     mean_text = (f"the plain mean diverges in {len(mean) - len(finished(mean))} of {len(mean)} seeds"
                  if len(finished(mean)) < len(mean) else f"the plain mean {ps_top1(mean)}")
-    ratio = statistics.mean(speed["ps sync, mean, 1 step"]) / statistics.mean(speed["ddp"])
+    ratio = statistics.mean(ratios)
     held, total = targets_held(ps_targets(rows))
     return (f"ZenoPS sync, one validator, each of 8 workers flipping each tensor of a push x6 with p 0.2: top-1 "
             f"{ps_top1(attacked)} % for zenops, where {mean_text}; without an attack zenops {ps_top1(clean)} %; the "
