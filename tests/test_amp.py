@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 from conftest import TINY, read_summary, run_recipe
-from recipes.common import RecipeError
+from recipes.common import RecipeError, amp, models
 
 # Tolerance: per-epoch mean training loss within 0.05 absolute + 5 % of fp32's.
 # lenet's logits under bf16 (8 mantissa bits) differ from fp32 by ~0.4 % relative;
@@ -190,3 +190,20 @@ def test_fused_sgd_under_the_loss_scaler_steps_as_stock_sgd_after_a_skipped_firs
         weights[fused] = [p.detach().clone() for p in model.parameters()]
     assert all(torch.isfinite(w).all() for w in weights[True])
     assert all(torch.allclose(a, b) for a, b in zip(weights[False], weights[True]))
+
+
+def test_channels_last_says_in_one_line_where_it_changes_one_convolution_alone():
+    """A vision transformer's one convolution is its patch projection: --channels-last says so, once; a model
+    of convolutions (lenet, resnet18) hears nothing, and the transformer still computes what it did."""
+    lines = []
+    log = types.SimpleNamespace(print=lines.append)
+    for arch in ("lenet", "resnet18"):
+        amp.say_channels_last(models.build_model(arch, 3, 28), log)
+    assert lines == []
+    vit = models.build_model("vit_tiny", 3, 28).eval()
+    images = torch.randn(2, 3, 28, 28)
+    before = vit(images)
+    amp.say_channels_last(vit.to(memory_format=torch.channels_last), log)
+    assert lines == ["note: --channels-last: this model has 1 convolution (its patch projection); the rest of it "
+                     "runs as without the flag"]
+    assert torch.allclose(vit(images.contiguous(memory_format=torch.channels_last)), before, atol=1e-5)

@@ -181,7 +181,7 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     native_bf16 = bool({"avx512_bf16", "amx_bf16"} & set(measuring.cpu_flags().split()))  # (the suite: CPU only)
-    names = ["apex", "ddp", "nd"] + (["apex-low"] if native_bf16 else [])
+    names = ["apex", "ddp", "ddp-vit", "nd"] + (["apex-low"] if native_bf16 else [])
     assert sorted(p.name for p in (data / "curves").iterdir()) == sorted(
         [f"{name}-seed3.{suffix}" for name in names for suffix in ("csv", "json")] + ["hardware.json"] +
         ([] if native_bf16 else ["left_out.json"]))
@@ -192,11 +192,13 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
         assert summary["epochs"] == 2 and (summary.get("opt_level"), summary.get("precision")) == precision.get(
             name, (None, None))
         assert json.loads((tmp_path / "runs" / f"{name}-seed3" / "args.json").read_text())["seed"] == 3
+        assert summary["arch"] == ("vit_tiny" if name == "ddp-vit" else "lenet"), (name, summary["arch"])
     text = plot_results(data, tmp_path / "figures", tmp_path / "RESULTS.md", ("curves_top1_val",))  # the script's output
     with open(data / "curves" / "ddp-seed3.csv", newline="") as f:
         final = float([r for r in csv.DictReader(f) if r["split"] == "val"][-1]["top1"])
     assert f"| ddp | 2 | 1 | 2 | {final:.2f} | " in text, text[:1500]  # (one seed: no range)
     assert "| apex O0 (fp32) | 2 |" in text and ("| apex O1 bf16 | 2 |" in text) == native_bf16
+    assert "| ddp vit_tiny | 2 | 1 | 2 |" in text and "lenet (vit_tiny where named), global batch 16" in text
     assert ("no native bf16" in text) != native_bf16
 
 

@@ -7,6 +7,8 @@ keeps its own --epochs (the total it continues to); --seed 0 is appended where a
 exit 0 and learn: every run directory it writes ends with a top-1 of at least 20 % on the 1,000 validation digits
 (10 % by chance, give or take 1 %). One epoch is few steps (31 at 2 x -b 64), so where it ends depends on the seed
 and the machine: 2 x -b 64 measured 31.9 to 65.5 % on ddp over seeds 0-7 here, and 28.1 % on fsdp once, unseeded.
+A transformer from scratch learns slower under SGD: a vit_tiny run must reach 13 % (chance's 10 % plus three of its
+standard deviations over 1,000 images); the pipeline's vit_tiny command measured 17.3 to 26.0 % over seeds 0-4.
 The cluster templates (an ImageNet path, several machines, SLURM) cannot run here: their flags must parse,
 torchrun's by torchrun and the recipe's by the recipe."""
 
@@ -118,7 +120,7 @@ def test_each_command_on_the_digits_runs_as_written_and_learns(commands, digits,
         assert written, shlex.join(tokens)
         for summary in written:
             top1 = json.loads(summary.read_text())["top1"]
-            assert top1 >= 20, (shlex.join(tokens), summary.parent.name, top1)
+            assert top1 >= (13 if "vit_tiny" in tokens else 20), (shlex.join(tokens), summary.parent.name, top1)
 
 
 def recipe_argv(tokens):

@@ -2,11 +2,19 @@
 bad input."""
 
 import json
+import types
 
+import forkserver
 import pytest
 import torch
-from conftest import TINY, read_summary, run_recipe
+import torch.distributed as dist
+from conftest import TINY, child_env, free_port, read_summary, run_recipe
 from test_bad_input import assert_one_clear_line
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor
+
+from recipes.common import models
+from recipes.fsdp import train as fsdp
 
 MODES = ["none", "optimizer", "grad-op", "full"]
 RUN = [*TINY, "--epochs", "2", "--accum-steps", "2", "-b", "4"]  # global batch 16: 3 steps per epoch, 2 micro-batches
@@ -59,6 +67,49 @@ def test_the_measured_bytes_per_rank_are_what_each_mode_shards(runs):
     assert sum(memory["full"]["param_bytes"]) == whole  # weights sharded: only full halves them in a step
     assert min(memory["grad-op"]["param_bytes"]) >= whole  # every block gathered between forward and backward
     assert all(rss > 0 for mode in MODES for rss in memory[mode]["peak_rss_bytes"])
+
+
+def test_a_transformer_run_keeps_half_of_every_byte_on_each_of_2_ranks(tiny_data, tmp_path):
+    """vit_tiny under --shard full on 2 ranks: each rank keeps half of the weights, gradients and momentum."""
+    out = tmp_path / "vit"
+    run_recipe("fsdp", [tiny_data, *RUN, *FP32, "-a", "vit_tiny", "--image-size", "14", "--shard", "full",
+                        "--out", out], nproc=2)
+    memory = read_summary(out)
+    whole = 4 * sum(t.numel() for t in checkpoint(out)["model"].values())
+    for name in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+        assert sum(memory[name]) == whole and max(memory[name]) < 0.51 * whole, (name, memory[name], whole)
+
+
+def _gathered_in_forward(rank, port, results):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model = models.build_model("vit_tiny", 3, 14)
+    args = types.SimpleNamespace(arch="vit_tiny", shard="full")
+    model = fsdp.shard_model(model, args, MixedPrecisionPolicy())
+    blocks = list(model.encoder.layers)
+    gathered = []  # at each block's forward: the bytes of the model's parameters that are whole (not DTensors)
+    for block in blocks:
+        block.register_forward_pre_hook(lambda module, inputs: gathered.append(sum(
+            4 * p.numel() for p in model.parameters() if not isinstance(p, DTensor))))
+    model(torch.randn(2, 3, 14, 14)).sum().backward()
+    sizes = {"block": 4 * sum(p.numel() for p in blocks[0].parameters()), "gathered": gathered,
+             "wrapped": [isinstance(block, FSDPModule) for block in blocks] + [isinstance(model, FSDPModule)],
+             "local": sum(4 * p.to_local().numel() for p in model.parameters()),
+             "whole": 4 * sum(p.numel() for p in model.parameters())}
+    (results / f"{rank}.json").write_text(json.dumps(sizes))
+    dist.destroy_process_group()
+
+
+def test_each_transformer_block_is_its_own_unit_so_one_is_gathered_at_a_time(tmp_path):
+    """shard_model on vit_tiny, 2 ranks: every encoder block is a fully_shard unit, and the root the rest; at each
+    block's forward the whole weights held are the root's and that block's (not the model's, as one unit would
+    gather); each rank keeps half of every tensor."""
+    forkserver.spawn(_gathered_in_forward, (free_port(), tmp_path), 2, child_env())
+    for rank in range(2):
+        sizes = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert all(sizes["wrapped"]) and len(sizes["wrapped"]) == 9, sizes["wrapped"]
+        assert len(sizes["gathered"]) == 8 and max(sizes["gathered"]) < 0.2 * sizes["whole"], sizes
+        assert sizes["block"] <= min(sizes["gathered"]), sizes
+        assert abs(sizes["local"] - sizes["whole"] / 2) < 0.01 * sizes["whole"], sizes
 
 
 def test_a_full_checkpoint_evaluates_in_nd_to_the_same_count(runs, tiny_data, tmp_path):

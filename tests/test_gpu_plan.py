@@ -103,7 +103,7 @@ def test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command(
     monkeypatch.setattr(gpu_check, "GPU_DATA", tmp_path)
     commands = gpu_check.command_plan(9)
     (total, lines), profiles = commands[0], [line for _, lines in commands[1:] for line in lines[1:]]
-    assert total <= 9 * 60 - gpu_check.MARGIN_S and "0 of 34 checks to run" in lines[1]
+    assert total <= 9 * 60 - gpu_check.MARGIN_S and "0 of 35 checks to run" in lines[1]
     assert [line.split(" s  ", 1)[1] for line in lines[2:]] == list(planned)  # the whole table in one command
     assert len(profiles) == 2 and all("the profile of" in line for line in profiles)  # (where a target misses)
     smoke["checks"] = smoke["checks"][:10]  # a new torch: the smoke's 24 other checks first, then a command more

@@ -38,16 +38,18 @@ def assert_complete_run_dir(out, recipe, world_size, epochs=1):
 
 
 @pytest.mark.parametrize("recipe, nproc, arch, world_size", [  # world_size: as the summary counts it
-    ("nd", None, "lenet", 1), ("dp", None, "resnet18", 1), ("ddp", 2, "lenet", 2), ("apex", 2, "lenet", 2),
-    ("compression", 2, "lenet", 2), ("fsdp", 2, "lenet", 2),
-    ("ps", 3, "lenet", 3),  # 1 server and 2 workers
-    ("pipeline", 2, "lenet", 2)])  # 2 stages of 1 replica
+    ("nd", None, "lenet", 1), ("dp", None, "resnet18", 1), ("ddp", 2, "lenet", 2), ("apex", 2, "vit_tiny", 2),
+    ("compression", 2, "vit_tiny", 2), ("fsdp", 2, "vit_tiny", 2),
+    ("ps", 3, "vit_tiny", 3),  # 1 server and 2 workers
+    ("pipeline", 2, "vit_tiny", 2)])  # 2 stages of 1 replica
 def test_recipe_writes_complete_run_directory(tiny_data, tmp_path, recipe, nproc, arch, world_size):
     """The run directory is whole and true: summary.json's world size (every process, whatever its role) and
     global batch as the run's first line says, each epoch's data wait within the epoch; and its best.pt,
-    evaluated by nd as the READMEs write it (no other flag), scores the run's best top-1."""
+    evaluated by nd as the READMEs write it (no other flag), scores the run's best top-1. Five of the recipes
+    train the small vision transformer (at 14 px: 7 x 7 patches of 2 px), which each takes as it takes lenet."""
     out = tmp_path / recipe
-    result = run_recipe(recipe, [tiny_data, *TINY, "-a", arch, "--epochs", "1", "--out", out], nproc=nproc)
+    size = ["--image-size", "14"] if arch == "vit_tiny" else []
+    result = run_recipe(recipe, [tiny_data, *TINY, "-a", arch, *size, "--epochs", "1", "--out", out], nproc=nproc)
     summary = assert_complete_run_dir(out, recipe, world_size)
     assert "done: top1" in result.stdout
     # only rank 0 prints: one start line, not one per rank

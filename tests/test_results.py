@@ -1,6 +1,7 @@
 """scripts/figures/ and plot_results.py: RESULTS.md and the figures drawn from figures/data/, part by part."""
 
 import csv
+import itertools
 import json
 import re
 import shutil
@@ -402,9 +403,9 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     rows, curves = [], []
 
     def add(replicas, sync, hetero, top1s, rates, reached=("", "", ""), waits=0, step_s=0.01, stages=1,
-            schedule="pipedream"):
+            schedule="pipedream", part="sync"):
         for seed, (top1, rate, seconds) in enumerate(zip(top1s, rates, reached)):
-            rows.append({"part": "sync", "sync": sync, "hetero": hetero, "schedule": schedule, "microbatches": 1,
+            rows.append({"part": part, "sync": sync, "hetero": hetero, "schedule": schedule, "microbatches": 1,
                          "batch": 8, "stages": stages, "replicas": replicas, "processes": replicas * stages,
                          "seed": seed, "epochs": 1, "top1": top1, "images_per_s": 8 * rate, "updates_per_s": rate,
                          "step_s": step_s, "train_s": 10, "seconds_to_target": seconds, "target": 90.0,
@@ -421,6 +422,11 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
         add(2, sync, 0.0, (95, 95.5, 95), fast, (5, 5, 5), stages=2)
         add(2, sync, 0.02, (95, 95, 95), slow, (9, 9, 9), stages=2)
         add(2, sync, 0.0, (94, 94.5, 95.2), fast, (5, 5, 5), stages=2, schedule="1f1b")
+    for stages, slow in ((2, {"allreduce": (20, 21, 22), "preduce": (30, 31.5, 33)}), (4, {"allreduce": (10, 10, 10),
+                                                                                          "preduce": (12, 15, 18)})):
+        for sync in ("allreduce", "preduce"):  # the transformer: faster than allreduce with stragglers, 1.5x and 1.5x
+            add(2, sync, 0.0, (30, 31, 32), (40, 40, 40), stages=stages, part="vit")
+            add(2, sync, 0.05, (29, 30, 31), slow[sync], stages=stages, part="vit", waits=5)
     for schedule, rates in (("gpipe", {1: 500, 2: 800, 4: 1000}), ("1f1b", {2: 900, 4: 1000})):
         for m, rate in rates.items():
             rows.append({**rows[0], "part": "bubble", "schedule": schedule, "microbatches": m, "batch": 256,
@@ -449,6 +455,14 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     assert "8 x 1, pipedream, stragglers: the model within 15 % for every method | `allreduce` " in text
     assert "| 1 | 0.50 | 0.62 | 500 (0.50) |  |" in text  # (1/2) / (4/5)
     assert "| 2 | 0.33 | 0.83 | 800 (0.80) | 900 (0.90) |" in text
+    assert "| 2 x 4 | `preduce` | 0.05 s | 3 | 15 (12–18) | 30.00 (29.00–31.00) | 5.0 | " in text  # (vit)
+    assert "| 2 x 2 | `allreduce` | none | 3 | 40 (40–40) | 31.00 (30.00–32.00) | 0.0 |  |  |" in text
+    assert ("With stragglers, `preduce` over `allreduce`, updates/s seed by seed: 1.50x (1.50–1.50) at 2 x 2; "
+            "1.50x (1.20–1.80) at 2 x 4.") in text
+    assert "shared by up to 4 processes; " in text and "; the transformer (vit_tiny): 1.50x (2 x 2) and 1.50x (2 x 4)" \
+        in text
+    assert "| 8 x 1 | pipedream | `allreduce` | none | 3 | 100 (100–100) |" in text  # (lenet's table: no vit row)
+    assert "| 2 x 4 | pipedream | `preduce`" not in text
     assert (tmp_path / "pipeline.png").exists()
     assert ("| [What does partial reduce buy over allreduce?](#pipelined-replicas-allreduce-partial-reduce-ad-psgd-"
             "hetpipe) | PipeDream with stragglers (X "
@@ -461,11 +475,12 @@ def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
     data.mkdir()
     machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
     p, rows = 2 ** 20, []
-    for n, rates in ((1, (100, 99, 98, 97)), (2, (180, 150, 160, 90))):
+    for (arch, size, p), (n, rates) in itertools.product((("resnet50", 32, 2 ** 20), ("vit_tiny", 28, 2 ** 18)),
+                                                          ((1, (100, 99, 98, 97)), (2, (180, 150, 160, 90)))):
         for mode, rate in zip(sharding_measure.MODES, rates):
             model = sharding_measure.model_bytes(mode, p, n)
-            rows.append({"shard": mode, "zero": sharding_measure.ZERO[mode], "processes": n, "arch": "resnet50",
-                         "image_size": 32, "batch": 16, "parameters": p, "param_bytes": int(model) // 3,
+            rows.append({"shard": mode, "zero": sharding_measure.ZERO[mode], "processes": n, "arch": arch,
+                         "image_size": size, "batch": 16, "parameters": p, "param_bytes": int(model) // 3,
                          "grad_bytes": int(model) // 3, "optimizer_bytes": int(model) // 3,
                          "state_bytes": 3 * (int(model) // 3), "model_bytes": model,
                          "peak_rss_bytes": 700 * 2 ** 20, "peak_cuda_bytes": "", "images_per_s": rate,
@@ -474,12 +489,19 @@ def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
         writer = csv.DictWriter(f, fieldnames=sharding_measure.FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("sharding",))
-    assert "| `none` (DDP) | 1 | 4.0 | 4.0 | 4.0 | 12.0 | 12.0 | 700 | 100.0 | 1.00 | 0 |" in text
-    assert "| `full` (ZeRO-3) | 2 | 2.0 | 2.0 | 2.0 | 6.0 | 6.0 | 700 | 90.0 | 0.50 | 6 |" in text
-    assert "| `optimizer` (ZeRO-1) | 2 | 3.3 | 3.3 | 3.3 | 10.0 | 10.0 | 700 | 150.0 | 0.83 | 6 |" in text
-    assert "resnet50 (1.0 M parameters) at 32 px, -b 16 per process" in text
+    text = plot_results(data, tmp_path, tmp_path / "RESULTS.md", ("sharding",))  # (its PNG; both sections)
+    assert "| resnet50 | `none` (DDP) | 1 | 4.0 | 4.0 | 4.0 | 12.0 | 12.0 | 700 | 100.0 | 1.00 | 0 |" in text
+    assert "| resnet50 | `full` (ZeRO-3) | 2 | 2.0 | 2.0 | 2.0 | 6.0 | 6.0 | 700 | 90.0 | 0.50 | 6 |" in text
+    assert "| resnet50 | `optimizer` (ZeRO-1) | 2 | 3.3 | 3.3 | 3.3 | 10.0 | 10.0 | 700 | 150.0 | 0.83 | 6 |" in text
+    assert "| vit_tiny | `full` (ZeRO-3) | 2 | 0.5 | 0.5 | 0.5 | 1.5 | 1.5 | 700 | 90.0 | 0.50 | 2 |" in text
+    assert "resnet50 (1.0 M parameters) at 32 px; vit_tiny (0.3 M parameters) at 28 px, -b 16 per process" in text
     assert "Measured sum over the model: `none` 1.00-1.00; `optimizer` 1.00-1.00" in text
+    # RESULTS.md's table: the most processes, each model's bytes against ddp's
+    assert "| resnet50 | `full` (ZeRO-3) | 2 | 6.0 | 0.50 | 0.50 | 0.50 |" in text
+    assert "| vit_tiny | `grad-op` (ZeRO-2) | 2 | 2.0 | 0.67 | 0.67 | 0.89 |" in text
+    assert "| resnet50 | `none` (DDP) | 1 |" in text and "| resnet50 | `none` (DDP) | 1 | 12.0 |" not in text
+    assert ("FSDP (full) keeps 0.50 (resnet50, 2 processes) and 0.50 (vit_tiny, 2 processes) of DDP's weights, "
+            "gradients and momentum per rank, measured") in text
 
 
 def test_the_hardware_section_names_each_parts_machine_from_its_data(tmp_path):

@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 
 import torch
+from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from recipes.common import RecipeError
@@ -71,6 +72,7 @@ def initialize(model, optimizer, args, device, log):
     opt_level, dtype = resolve(args, device, log)
     if args.channels_last:  # NHWC weights (the input batches too: data.device_transform); convolutions run NHWC
         model = model.to(memory_format=torch.channels_last)
+        say_channels_last(model, log)
     if args.amp_backend == "apex":  # the original: apex.amp patches the model and the optimizer
         apex_amp = import_apex_amp()
         model, optimizer = apex_amp.initialize(model, optimizer, opt_level=opt_level)
@@ -86,6 +88,15 @@ def initialize(model, optimizer, args, device, log):
               f"{args.amp_backend}): autocast {'on' if use_autocast else 'off'}, loss scaling "
               f"{'on' if args.amp_backend == 'apex' or scaler.is_enabled() else 'off'}")
     return model, optimizer, scaler, functools.partial(torch.autocast, device.type, dtype=dtype, enabled=use_autocast)
+
+
+def say_channels_last(model, log):
+    """--channels-last changes only convolutions: say so where a model has one alone (a vision transformer's
+    patch projection; its blocks' activations are tokens, 3-D, which have no NHWC)."""
+    convolutions = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    if convolutions <= 1:
+        log.print(f"note: --channels-last: this model has {convolutions} convolution{'s' if convolutions != 1 else ''}"
+                  f"{' (its patch projection)' if convolutions else ''}; the rest of it runs as without the flag")
 
 
 def zero_momentum(optimizer):
@@ -110,6 +121,8 @@ def fsdp_policy(model, args, device, log):
     opt_level, dtype = resolve(args, device, log)
     # --channels-last: fully_shard takes only contiguous weights, so they stay NCHW; the input batches are NHWC
     # (data.device_transform), and a convolution given either in NHWC runs and answers in NHWC
+    if args.channels_last:
+        say_channels_last(model, log)
     policy = MixedPrecisionPolicy()  # O0: fp32 throughout
     if opt_level != "O0":
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype if opt_level == "O3" else torch.float32)

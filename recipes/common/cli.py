@@ -58,7 +58,8 @@ def build_parser(recipe, description):
     parser.add_argument("data", metavar="DIR", nargs="?",
                         help="ImageNet-style folder with train/ and val/ (one sub-folder per class)")
     parser.add_argument("-a", "--arch", default="resnet18",
-                        help="torchvision model name, or 'lenet' (default: resnet18)")
+                        help="torchvision model name (resnet50, vit_b_16, ...), 'lenet' or 'vit_tiny' "
+                             "(default: resnet18)")
     parser.add_argument("-b", "--batch-size", type=int, default=256,
                         help="images per process and step (default: 256)")
     parser.add_argument("--lr", type=float, default=0.1,

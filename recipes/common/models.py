@@ -1,4 +1,4 @@
-"""Models by name: torchvision's classification models, and one small CNN."""
+"""Models by name: torchvision's classification models, one small CNN and one small vision transformer."""
 
 import itertools
 import os
@@ -24,27 +24,89 @@ def lenet(num_classes):
         nn.Flatten(), nn.Linear(32 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
 
-def check_arch(arch):
-    """lenet or a torchvision classification model, else one clear error (runlog.RunLog checks it first)."""
-    if arch != "lenet" and arch not in torchvision.models.list_models(module=torchvision.models):
+VIT_GRID = 7  # vit_tiny cuts every image into 7 x 7 patches: 49 tokens and the class token, at any image size
+
+
+def vit_tiny(num_classes, image_size):
+    """A small vision transformer (torchvision's VisionTransformer): the image cut into 7 x 7 patches, each a
+    token of width 64, a class token, and 8 pre-norm encoder blocks of 4 heads and an MLP of 256 (BERT's
+    encoder on images, at a width a CPU trains on the digits in minutes: 0.4 M parameters, about 1/8 of
+    lenet's images/s). Its blocks are equal, which is what a pipeline's stages and FSDP's units are cut by."""
+    return torchvision.models.VisionTransformer(image_size, image_size // VIT_GRID, num_layers=8, num_heads=4,
+                                                hidden_dim=64, mlp_dim=256, num_classes=num_classes)
+
+
+def vit_patch(arch):
+    """The patch size of a vision transformer by name (vit_b_16: 16 px), None for vit_tiny (1/7 of the image)
+    and for the models that are not ViTs."""
+    return int(arch.rsplit("_", 1)[1]) if arch.startswith("vit_") and arch != "vit_tiny" else None
+
+
+def check_arch(arch, image_size=224):
+    """lenet, vit_tiny or a torchvision classification model, at an image size a ViT can cut into patches; else
+    one clear error (runlog.RunLog checks it first)."""
+    if arch not in ("lenet", "vit_tiny") and arch not in torchvision.models.list_models(module=torchvision.models):
         raise RecipeError(f"unknown --arch {arch!r}: use a torchvision classification model "
-                          f"(resnet18, resnet50, mobilenet_v3_small, ...) or lenet")
+                          f"(resnet18, resnet50, mobilenet_v3_small, vit_b_16, ...), lenet or vit_tiny")
+    if arch == "vit_tiny" and image_size % VIT_GRID:
+        raise RecipeError(f"-a vit_tiny cuts the image into {VIT_GRID} x {VIT_GRID} patches: --image-size "
+                          f"{image_size} is not a multiple of {VIT_GRID} (use 28, 56, 112 or 224)")
+    if vit_patch(arch) and image_size % vit_patch(arch):
+        raise RecipeError(f"-a {arch} cuts the image into {vit_patch(arch)} px patches: --image-size {image_size} "
+                          f"is not a multiple of {vit_patch(arch)}")
 
 
-def build_model(arch, num_classes):
-    check_arch(arch)
+def build_model(arch, num_classes, image_size=224):
+    """The model --arch names, for num_classes classes; a vision transformer is built for --image-size (its
+    position embeddings are one per patch)."""
+    check_arch(arch, image_size)
     if arch == "lenet":
         return lenet(num_classes)
+    if arch == "vit_tiny":
+        return vit_tiny(num_classes, image_size)
+    if vit_patch(arch):  # torchvision's ViTs
+        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes, image_size=image_size)
     return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+
+
+class PatchEmbedding(nn.Module):
+    """A torchvision ViT's input end as one layer (its own modules and parameters, shared): the image's patches
+    projected to tokens, the class token put first, the position embeddings added. What its forward runs
+    before the encoder's blocks."""
+
+    def __init__(self, vit):
+        super().__init__()
+        self.conv_proj, self.class_token = vit.conv_proj, vit.class_token
+        self.pos_embedding, self.dropout = vit.encoder.pos_embedding, vit.encoder.dropout
+
+    def forward(self, images):
+        tokens = self.conv_proj(images).flatten(2).transpose(1, 2)  # (batch, patches, width)
+        tokens = torch.cat([self.class_token.expand(len(tokens), -1, -1), tokens], dim=1)
+        return self.dropout(tokens + self.pos_embedding)
+
+
+class ClassTokenHead(nn.Module):
+    """A torchvision ViT's output end as one layer: the final layer norm, and the classifier on the class
+    token."""
+
+    def __init__(self, vit):
+        super().__init__()
+        self.ln, self.heads = vit.encoder.ln, vit.heads
+
+    def forward(self, tokens):
+        return self.heads(self.ln(tokens)[:, 0])
 
 
 def sequential_layers(model, arch):
     """The model as the list of layers its forward runs one after the other (the points where a pipeline can
-    cut it): lenet's layers; a ResNet's stem, each residual block, pooling and the classifier; the features,
-    pooling and classifier of models built that way (VGG, MobileNet, EfficientNet, ...). The layers are the
-    model's own modules, so stages built from them train the model's weights."""
+    cut it): lenet's layers; a ResNet's stem, each residual block, pooling and the classifier; a vision
+    transformer's patch embedding, each encoder block and its class-token head; the features, pooling and
+    classifier of models built that way (VGG, MobileNet, EfficientNet, ...). The layers are the model's own
+    modules (or hold them), so stages built from them train the model's weights."""
     if isinstance(model, nn.Sequential):
         return list(model)
+    if isinstance(model, torchvision.models.VisionTransformer):
+        return [PatchEmbedding(model), *model.encoder.layers, ClassTokenHead(model)]
     if isinstance(model, torchvision.models.ResNet):
         blocks = [*model.layer1, *model.layer2, *model.layer3, *model.layer4]
         return [model.conv1, model.bn1, model.relu, model.maxpool, *blocks, model.avgpool, nn.Flatten(), model.fc]
@@ -52,7 +114,7 @@ def sequential_layers(model, arch):
         flatten = [] if any(isinstance(m, nn.Flatten) for m in model.classifier) else [nn.Flatten()]  # (convnext)
         return [*model.features, model.avgpool, *flatten, *model.classifier]
     raise RecipeError(f"--arch {arch} does not run as a sequence of layers (which a pipeline cuts into stages and "
-                      f"FSDP shards block by block): use lenet, "
+                      f"FSDP shards block by block): use lenet, vit_tiny, a torchvision ViT, "
                       f"a ResNet, or a model made of features, avgpool and classifier (vgg11, mobilenet_v3_small, "
                       f"efficientnet_b0, ...)")
 

@@ -27,7 +27,7 @@ class RunLog:
         if getattr(args, "data", None) and not getattr(args, "synthetic", False):
             data.check_folder(args)
         if getattr(args, "arch", None):
-            models.check_arch(args.arch)
+            models.check_arch(args.arch, getattr(args, "image_size", 224))
         fresh = not (args.evaluate or args.resume or getattr(args, "auto_resume", False))
         if fresh and (self.out / "checkpoint.pt").exists():
             # checked on every rank, so all of them stop, and the old checkpoint stays intact

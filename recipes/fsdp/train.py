@@ -82,15 +82,15 @@ def gradient_sync(model, sync):
 
 def shard_model(model, args, policy):
     """fully_shard each block (each layer with weights: lenet's layers, a ResNet's stem, residual blocks and
-    classifier), then the root: a block is the unit whose weights are gathered together, so only one block
-    (or two, while the next one's gather overlaps) is whole at a time."""
+    classifier, a ViT's encoder blocks), then the root (the rest): a block is the unit whose weights are gathered
+    together, so only one block (or two, while the next one's gather overlaps) is whole at a time."""
     for tensor in model.state_dict().values():  # DDP broadcasts rank 0's weights; fully_shard keeps each rank's
         dist.broadcast(tensor, src=0)
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and policy.param_dtype is not None:
             fully_shard(module, mp_policy=amp.batchnorm_policy(policy))  # statistics in fp32
-    for block in models.sequential_layers(model, args.arch):
-        if list(block.parameters()) and not isinstance(block, FSDPModule):  # (a ResNet's stem BN: done above)
+    for block in models.sequential_layers(model, args.arch):  # (a stem's BN: done; a ViT's patch embedding: root's)
+        if list(block.parameters()) and block in list(model.modules()) and not isinstance(block, FSDPModule):
             fully_shard(block, mp_policy=policy, reshard_after_forward=args.shard == "full")
     return fully_shard(model, mp_policy=amp.root_policy(policy), reshard_after_forward=args.shard == "full")
 
@@ -106,7 +106,7 @@ def main(args):
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)
 
     data.set_seed(args.seed)
-    model = models.build_model(args.arch, num_classes).to(device)
+    model = models.build_model(args.arch, num_classes, args.image_size).to(device)
     if args.sync_bn:  # BatchNorm statistics over the global batch (CUDA only)
         model = distributed.sync_batchnorm(model, device, log)
     global_batch = args.batch_size * ctx.world_size * args.accum_steps

@@ -122,7 +122,8 @@ def check_args(args, world_size=None):
                             "--hetero": (lambda v: v >= 0, "must be 0 (off) or a number of seconds"),
                             "--hetero-prob": (lambda v: 0 <= v <= 1, "is a probability in [0, 1]"),
                             "--slow-factor": (lambda v: v >= 1, "must be at least 1")})
-    units = len(weighted_units(models.sequential_layers(models.build_model(args.arch, 10), args.arch)))
+    model = models.build_model(args.arch, 10, args.image_size)
+    units = len(weighted_units(models.sequential_layers(model, args.arch)))
     if args.stages > units:
         raise RecipeError(f"--stages {args.stages}: --arch {args.arch} has only {units} layers with weights to "
                           f"split into stages")

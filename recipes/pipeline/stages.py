@@ -1,5 +1,7 @@
 """The model cut into stages of about equal forward FLOPs, and put together again for evaluation and checkpoints."""
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -39,40 +41,61 @@ def weighted_units(layers):
     return units
 
 
+def cpu_attention_flops(query, key, value, *args, out_shape=None, **kwargs):
+    """FLOPs of the CPU's fused attention kernel, which torch's counter leaves out (it counts the CUDA ones):
+    Q K^T and the weighted sum of V, two FLOPs per multiply-add."""
+    batch, heads, queries, width = query
+    return 2 * batch * heads * queries * key[2] * (width + value[3])
+
+
 def unit_flops(units, image_size):
     """Forward FLOPs of each unit for one image (torch.utils.flop_counter), in the order they run, and the shape of
-    each unit's input (evaluation mode: the running statistics stay as they are)."""
+    each unit's input and of the last one's output (evaluation mode: the running statistics stay as they are; with
+    autograd on, so that attention runs its counted kernels, not the inference fast path)."""
     flops, shapes, x = [], [], torch.zeros(1, 3, image_size, image_size)
-    with torch.no_grad():
-        for unit in units:
-            shapes.append(tuple(x.shape[1:]))
-            counter = FlopCounterMode(display=False)
-            with counter:
-                x = unit.eval()(x)
-            unit.train()
-            flops.append(counter.get_total_flops())
-    return flops, shapes
+    for unit in units:
+        shapes.append(tuple(x.shape[1:]))
+        counter = FlopCounterMode(display=False, custom_mapping={
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_attention_flops})
+        with counter:
+            x = unit.eval()(x).detach()
+        unit.train()
+        flops.append(counter.get_total_flops())
+    return flops, shapes + [tuple(x.shape[1:])]
 
 
 def split_model(model, args, log):
-    """The model's layers cut into --stages parts of about equal forward FLOPs: [[layer, ...] per stage], and each
-    stage's input shape for one image (PipeDream's receives)."""
+    """The model's layers cut into --stages parts of about equal forward FLOPs: [[layer, ...] per stage]; each
+    stage's input shape for one image (PipeDream's receives); and what each stage costs per image, for the run's
+    summary: its forward MFLOPs and the bytes of the activation it sends on (fp32; the last stage's: the logits)."""
     units = weighted_units(models.sequential_layers(model, args.arch))
     flops, shapes = unit_flops(units, args.image_size)
     cuts = balanced_split(flops, args.stages)
     parts = [[layer for unit in units[a:b] for layer in unit] for a, b in zip(cuts[:-1], cuts[1:])]
+    costs = {"stage_mflops": [round(sum(flops[a:b]) / 1e6, 3) for a, b in zip(cuts[:-1], cuts[1:])],
+             "stage_activation_bytes": [4 * math.prod(shapes[b]) for b in cuts[1:]]}
     for s, part in enumerate(parts):
         names = ", ".join(type(layer).__name__ for layer in part)
         params = sum(p.numel() for layer in part for p in layer.parameters())
-        log.print(f"stage {s}: {names}; {params:,} parameters, {sum(flops[cuts[s]:cuts[s + 1]]) / 1e6:.2f} MFLOPs "
-                  f"per image")
-    return parts, [shapes[a] for a in cuts[:-1]]
+        log.print(f"stage {s}: {names}; {params:,} parameters, {costs['stage_mflops'][s]:.2f} MFLOPs per image, "
+                  f"sends {costs['stage_activation_bytes'][s]:,} bytes per image")
+    return parts, [shapes[a] for a in cuts[:-1]], costs
+
+
+class Contiguous(nn.Module):
+    """A stage's last layer: its output laid out densely. torch.distributed.pipelining receives into buffers with
+    the sender's strides, and gloo and NCCL take only contiguous ones (a transformer block's output is not: its
+    attention transposes)."""
+
+    def forward(self, x):
+        return x.contiguous()
 
 
 def state_names(model, part):
-    """The model's state_dict keys of the layers in part (the layers are the model's own modules)."""
-    prefixes = {id(module): name for name, module in model.named_modules()}
-    return [f"{prefixes[id(layer)]}.{key}" for layer in part if id(layer) in prefixes for key in layer.state_dict()]
+    """The model's state_dict keys of the tensors the layers in part hold (the model's own: a ViT's patch
+    embedding holds its projection, class token and position embeddings)."""
+    keys = {id(tensor): key for key, tensor in model.state_dict(keep_vars=True).items()}
+    return [keys[id(tensor)] for layer in part for tensor in layer.state_dict(keep_vars=True).values()]
 
 
 def gather(model, optimizer, whole, view, stage_keys):

@@ -194,8 +194,8 @@ def main(args):
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)  # every rank evaluates a shard
 
     data.set_seed(args.seed)
-    model = models.build_model(args.arch, num_classes)
-    parts, shapes = stages.split_model(model, args, log)  # (and each stage's input, for PipeDream's receives)
+    model = models.build_model(args.arch, num_classes, args.image_size)
+    parts, shapes, costs = stages.split_model(model, args, log)  # (each stage's input: PipeDream's receives)
     model.to(device)
     for tensor in model.state_dict().values():  # every replica starts from rank 0's weights, as with DDP
         dist.broadcast(tensor, 0)
@@ -223,7 +223,7 @@ def main(args):
         hetpipe.run_server(args, run, weights, layout.stage_ranks(stage), len(train_loader), val_loader, tally)
     else:
         criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (validation: plain)
-        module = nn.Sequential(*parts[stage])
+        module = nn.Sequential(*parts[stage], stages.Contiguous())  # (what it sends: dense)
         synchronous = args.schedule in SCHEDULES  # (pipedream: train_one_epoch_pipedream, without one)
         flushing = SCHEDULES[args.schedule](PipelineStage(module, stage, args.stages, device, group=pipe_groups[
             replica]), args.microbatches, loss_fn=criterion) if synchronous else None
@@ -240,7 +240,7 @@ def main(args):
 
     run.finish(val_loader, stages=args.stages, replicas=replicas, microbatches=args.microbatches,
                schedule=args.schedule, sync=args.sync, hetero=args.hetero, hetero_prob=args.hetero_prob,
-               slow_rank=args.slow_rank, slow_factor=args.slow_factor,
+               slow_rank=args.slow_rank, slow_factor=args.slow_factor, **costs,
                **sync.counts_of_every_rank(tally, layout, ctx.rank))
     distributed.cleanup()
 

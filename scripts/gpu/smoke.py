@@ -13,6 +13,9 @@ ResNet-18 at 64 px, one or two short epochs per check:
   compression             every --compress method, and fp8 with --error-feedback
   fsdp                    every --shard mode at O0 and O1 fp16, with --channels-last; and
                           a --sharded-checkpoint resumed by a second run
+  vit                     the small vision transformer (vit_tiny at 56 px) in bf16: fsdp --shard full,
+                          each encoder block its own unit; apex O1 with --channels-last (one line: only
+                          its patch projection is a convolution)
   pipeline                --stages 1
   ps                      one server and two workers sharing the GPU (their push and pull
                           go over gloo on the CPU; NCCL takes one GPU per process, so
@@ -98,6 +101,9 @@ def checks(data="{data}", small=SMALL, stand_in=False):
             "--out", "{out}/first"),
         ("fsdp", 1, [data, *small, "--epochs", "2", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16",
                      "--resume", "{out}/first/checkpoint_dcp"], 0)]))
+    vit = ["-a", "vit_tiny", "--image-size", "56", "--opt-level", "O1", "--amp-dtype", "bf16"]  # (7 x 7 of 8 px)
+    found.append(("vit-tiny-fsdp-full-and-apex-bf16", "vit", [one("fsdp", *vit, "--shard", "full"),
+                                                              one("apex", *vit, "--channels-last")]))
     found.append(("pipeline-stages-1", "pipeline", [one(under_nccl_rules("pipeline"), "--stages", "1",
                                                         "--microbatches", "2")]))
     found.append(("ps-1-server-2-workers", "ps", [one(under_nccl_rules("ps"), "--servers", "1", "--aggregate",

@@ -5,7 +5,8 @@
 
 nd trains with batch 64 in one process; ddp and apex with 2 processes of 32 (on a
 machine with one GPU, one process), so they all see the same global batch and
-learning rate; each process gets cores / processes threads. apex runs twice: at
+learning rate; ddp-vit is ddp with the small vision transformer (-a vit_tiny) in
+lenet's place, the same flags otherwise; each process gets cores / processes threads. apex runs twice: at
 --opt-level O0 (fp32: the recipe's plumbing, with ddp's arithmetic) and at O1 in
 low precision (apex-low: bf16 on a CPU, fp16 on a GPU), the second only where
 the machine runs it natively (a CPU with AVX512-BF16 or AMX-BF16; any CUDA GPU);
@@ -31,7 +32,9 @@ from recipes.common import amp  # noqa: E402
 from scripts.figures import measuring  # noqa: E402
 
 RUNS = [("nd", "nd", 1, []), ("ddp", "ddp", 2, []), ("apex", "apex", 2, ["--opt-level", "O0"]),
-        ("apex-low", "apex", 2, ["--opt-level", "O1"])]  # (name, recipe, processes, flags)
+        ("apex-low", "apex", 2, ["--opt-level", "O1"]),
+        ("ddp-vit", "ddp", 2, ["-a", "vit_tiny"])]  # (name, recipe, processes, flags)
+VIT_QUICK_SIZE = ["--image-size", "14"]  # (--quick trains at 16 px, which vit_tiny's 7 x 7 patches do not divide)
 
 
 def main():
@@ -66,6 +69,7 @@ def main():
         for seed in args.seeds:
             out = Path(args.runs) / f"{name}-seed{seed}"
             flags = [args.data, *(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY), *recipe_flags,
+                     *(VIT_QUICK_SIZE if args.quick and "vit_tiny" in recipe_flags else []),
                      "-b", str(args.global_batch // processes), "--epochs", str(args.epochs), "--seed", str(seed)]
             threads = max(1, measuring.usable_cores() // processes)
             summary = measuring.train(recipe, processes, flags, out, threads)

@@ -12,7 +12,7 @@ from scripts.figures.rendering import beyond_spread, plt, read_csv, save, spread
 
 
 CURVES = [("top1", "train"), ("top1", "val"), ("top5", "train"), ("top5", "val")]
-ORDER = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4}  # the rows' order (others after them)
+ORDER = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4, "ddp-vit": 5}  # the rows' order (others after)
 
 
 def by_recipe(curve_files):
@@ -65,8 +65,11 @@ def first_summary(name, summaries):
 
 
 def label(name, summaries):
-    """A row's name, with the precision its runs computed in where they record it (apex: "apex O1 bf16")."""
+    """A row's name, with the precision its runs computed in where they record it (apex: "apex O1 bf16"), and its
+    model where it is not the first row's (ddp-vit: "ddp vit_tiny")."""
     summary = first_summary(name, summaries)
+    if summary.get("arch") and summary["arch"] != next(iter(summaries.values()))["arch"]:
+        return f"{summary['recipe']} {summary['arch']}"
     if not summary.get("opt_level"):
         return name
     precision = " (fp32)" if summary["opt_level"] == "O0" else f" {summary['precision']}"
@@ -105,7 +108,9 @@ def curves_tables(curves, summaries, left_out=None):
     text = table(["recipe", "processes", "seeds", "epochs", "final val top-1 (%)", "final val top-5 (%)",
                   "best val top-1 (%)", "train images/s", "wall time (s)"], rows)
     first = next(iter(summaries.values()), {})
-    text += (f"\n\n{first.get('arch', '?')}, global batch {first.get('global_batch', '?')}; top-1 and top-5: mean "
+    others = sorted({s["arch"] for s in summaries.values() if s.get("arch", first.get("arch")) != first.get("arch")})
+    text += (f"\n\n{first.get('arch', '?')}{''.join(f' ({arch} where named)' for arch in others)}, global batch "
+             f"{first.get('global_batch', '?')}; top-1 and top-5: mean "
              f"over the seeds, and in brackets the lowest and highest (the min-max range).")
     spreads = [f"{label(recipe, summaries)} {result['high'] - result['low']:.2f}"
                for recipe, result in finals.items() if result["n"] > 1]

@@ -4,6 +4,7 @@ bubble.
 
     python scripts/figures/pipeline/measure.py     # figures/data/pipeline.csv and pipeline_curves.csv
     python scripts/figures/pipeline/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
+    python scripts/figures/pipeline/measure.py --parts vit   # one part; the CSV keeps the others' rows
 
 sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS epochs,
         one thread per process; allreduce, preduce, adpsgd and hetpipe, each without stragglers and with
@@ -17,6 +18,9 @@ sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per repli
         its paper gives no step time. On this machine's cores c is a few milliseconds to a tenth of a second.
         The lr is the recipe's (scaled to -b x R, so that allreduce trains DDP's model); SD-PIPE keeps its lr
         whatever R (train_resnet.py 63-64, 76-81; 0.01 at -b 64 per pipeline: artifacts/README.md 48).
+vit     as sync, with the small vision transformer (-a vit_tiny at 28 px: 8 equal blocks, the stages equal by
+        construction) in lenet's place: pipedream at R x S = 2 x 2 and 2 x 4, allreduce and preduce, without
+        stragglers and with them (X sized the same way, from the transformer's own c), for every seed.
 bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which needs M >= S),
         one epoch of seed 0: images/s beside the model's bubble (S - 1) / (M + S - 1).
 
@@ -32,7 +36,9 @@ one with a core of its own computes in c1 = c K / P. A sleeping or waiting proce
 so a minibatch takes c + d with a core each, and max(c, c1 + d) when cores are shared: the expectation of that
 over the lockstep methods' d, and max(c, c1 + E[d]) for the others, which do not wait together.
 Runs go to runs/figures/pipeline/<name>-seed<S>; a run whose summary.json is complete is not
-trained again. The processes are forked as scripts/figures/measuring.py's run_forked forks them.
+trained again. --parts measures only the parts named and keeps the rows of the others in the CSV files as they
+were measured (each row names its machine); timings.csv then keeps the time of the last whole run of the part.
+The processes are forked as scripts/figures/measuring.py's run_forked forks them.
 """
 
 import argparse
@@ -61,7 +67,10 @@ FIELDS = ["part", "sync", "hetero", "schedule", "microbatches", "batch", "stages
           "epochs", "top1", "images_per_s", "updates_per_s", "step_s", "train_s", "seconds_to_target", "target",
           "waits", "full_syncs", "partial_syncs", "connectivity_syncs", "mean_group_size",
           "longest_unconnected_updates", "disagreement", "max_applied_staleness", "cpu", "cores", "gpu", "torch"]
-BATCH = {"sync": 8, "bubble": 256}  # per replica
+BATCH = {"sync": 8, "vit": 8, "bubble": 256}  # per replica
+PARTS = ["sync", "vit", "bubble"]
+VIT_LAYOUTS, VIT_SYNCS = [(2, 2), (4, 2)], ["allreduce", "preduce"]  # (stages S, replicas R): R x S = 2 x 2, 2 x 4
+VIT = ["-a", "vit_tiny"]  # (in place of ACCURACY's lenet, at its 28 px)
 CURVE_FIELDS = ["sync", "hetero", "schedule", "stages", "replicas", "seed", "epoch", "seconds", "top1"]
 
 
@@ -69,23 +78,27 @@ def schedules_of(stages):
     return ["pipedream"] if stages == 1 else ["pipedream", "1f1b"]
 
 
-def plan(seeds, quick=False):
+def plan(seeds, quick=False, parts=PARTS):
     """Every run: (part, sync, stragglers, stages, replicas, schedule, microbatches, seed), seed by seed, each
-    layout's runs without stragglers before those with (X is sized from them); then the bubble sweep."""
+    layout's runs without stragglers before those with (X is sized from them); the transformer's (not in
+    --quick); then the bubble sweep. Only the runs of `parts`."""
     layouts, syncs, microbatches = ([(1, 2), (2, 2)], ["allreduce", "preduce"], [1, 4]) if quick else \
         (LAYOUTS, SYNCS, MICROBATCHES)
     runs = [("sync", sync, stragglers, stages, replicas, schedule, 1 if schedule == "pipedream" else stages, seed)
             for seed in seeds for stages, replicas in layouts for schedule in schedules_of(stages)
             for stragglers in (False, True) for sync in syncs]
+    runs += [("vit", sync, stragglers, stages, replicas, "pipedream", 1, seed) for seed in seeds
+             for stages, replicas in ([] if quick else VIT_LAYOUTS) for stragglers in (False, True)
+             for sync in VIT_SYNCS]
     runs += [("bubble", "allreduce", False, 2, 1, schedule, m, seeds[0]) for m in microbatches
              for schedule in ("gpipe", "1f1b") if schedule == "gpipe" or m >= 2]  # (1f1b needs M >= S)
-    return runs
+    return [run for run in runs if run[0] in parts]
 
 
 def flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args):
     """The processes and flags of one run (hetero: X in seconds, 0 without stragglers)."""
-    model = measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY
-    epochs = args.epochs if part == "sync" else 1
+    model = [*(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY), *(VIT if part == "vit" else [])]
+    epochs = args.epochs if part in ("sync", "vit") else 1
     flags = [args.data, *model, "--epochs", str(epochs), "--seed", str(seed), "-p", "1000", "--dist-timeout", "120",
              "--stages", str(stages), "--microbatches", str(microbatches), "--schedule", schedule, "--sync", sync,
              "--hetero", f"{hetero:g}", "--hetero-prob", str(HETERO_PROB), "--wave", str(WAVE),
@@ -154,6 +167,19 @@ def straggler_sleep(step):
     return round(step / C_OVER_X, 4)
 
 
+def kept(args, name):
+    """The rows of figures-data/name that --parts leaves as they were: the other parts' (pipeline_curves.csv: the
+    sync part's curves, kept unless sync is measured)."""
+    path = Path(args.figures_data) / name
+    if not path.exists() or set(args.parts) == set(PARTS):
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if name == "pipeline_curves.csv":
+        return [] if "sync" in args.parts else rows
+    return [r for r in rows if r["part"] not in args.parts]
+
+
 def main():
     started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -161,16 +187,19 @@ def main():
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--quick", action="store_true", help="a few rows of lenet at 16 px, for tests and QUICK=1")
     parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS,
+                        help="measure only these parts, keeping the other parts' rows in the CSV files")
     parser.add_argument("--runs", default="runs/figures/pipeline", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where the CSV files go")
     args = parser.parse_args()
     measuring.require_digits(args.data)
-    machine, rows, curves = measuring.hardware(), [], []
-    sleep = {}  # (stages, replicas, schedule): X
-    for part, sync, stragglers, stages, replicas, schedule, microbatches, seed in plan(args.seeds, args.quick):
+    machine, rows, curves = measuring.hardware(), kept(args, "pipeline.csv"), kept(args, "pipeline_curves.csv")
+    sleep = {}  # (part, stages, replicas, schedule): X
+    for part, sync, stragglers, stages, replicas, schedule, microbatches, seed in plan(args.seeds, args.quick,
+                                                                                       args.parts):
         name = f"{part}-{sync}-{'stragglers' if stragglers else 'none'}-{stages}x{replicas}-{schedule}-m{microbatches}"
         out = Path(args.runs) / f"{name}-seed{seed}"
-        layout = (stages, replicas, schedule)
+        layout = (part, stages, replicas, schedule)
         hetero = sleep[layout] if stragglers else 0.0
         processes, flags = flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args)
         summary = measuring.train("pipeline", processes, flags, out, threads=1, forked=True)
@@ -178,7 +207,7 @@ def main():
         reached = [seconds for _, seconds, top1 in points if top1 >= TARGET]
         train_s = measuring.train_seconds(out)
         updates = sum(summary["updates_per_replica"])
-        if part == "sync" and sync == "allreduce" and not stragglers and layout not in sleep:
+        if part in ("sync", "vit") and sync == "allreduce" and not stragglers and layout not in sleep:
             sleep[layout] = straggler_sleep(train_s * replicas / updates)
         rows.append({"part": part, "sync": sync, "hetero": hetero, "schedule": schedule, "microbatches": microbatches,
                      "batch": BATCH[part], "stages": stages, "replicas": summary["replicas"],
@@ -195,7 +224,11 @@ def main():
               f"waits {summary['waits']:g}" + (f", X {hetero:g} s" if stragglers else ""), flush=True)
         measuring.write_csv(Path(args.figures_data) / "pipeline.csv", FIELDS, rows)
         measuring.write_csv(Path(args.figures_data) / "pipeline_curves.csv", CURVE_FIELDS, curves)
-    measuring.record_part(args.figures_data, "pipeline", started)
+    if set(args.parts) == set(PARTS):
+        measuring.record_part(args.figures_data, "pipeline", started)
+    else:  # (timings.csv keeps what the whole part took when it last ran whole)
+        print(f"pipeline --parts {' '.join(args.parts)}: {(time.time() - started) / 60:.1f} minutes, not recorded "
+              f"as the whole part's time", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ stragglers cost (scripts/figures/pipeline/render_targets.py), and the bubble (sc
 
     reads    figures/data/pipeline.csv, pipeline_curves.csv
     draws    figures/pipeline.png
-    writes   sections pipeline-sync, pipeline-model, pipeline-targets, pipeline-bubble
+    writes   sections pipeline-sync, pipeline-model, pipeline-targets, pipeline-vit, pipeline-bubble
 """
 
 from scripts.figures.pipeline import measure as pipeline_measure
@@ -49,6 +49,8 @@ def pipeline_tables(rows):
               f"{predicted:.2f}", with_range(measured), f"{measured['mean'] / predicted - 1:+.0%}"]
              for (s, r, schedule, sync), c, x, cores, predicted, measured in model_rows])
         sections["pipeline-targets"] = pipeline_targets(groups, model_rows)
+    if pipeline_groups(rows, "vit"):
+        sections["pipeline-vit"] = pipeline_vit(pipeline_groups(rows, "vit"))
     bubble = [r for r in rows if r["part"] == "bubble"]
     if bubble:
         stages = int(bubble[0]["stages"])
@@ -66,6 +68,35 @@ def pipeline_tables(rows):
             f"\n\nOne replica of {stages} stages, lenet on the digits, -b {bubble[0]['batch']}, one epoch; in "
             f"brackets each schedule's images/s relative to its own at M = {largest}. 1f1b needs M >= S.")
     return sections
+
+
+def pipeline_vit(groups):
+    """The transformer's section: each layout and sync method without and with stragglers, beside the model of
+    what they cost, and preduce's updates/s over allreduce's with them."""
+    model = {key: (predicted, measured) for key, _, _, _, predicted, measured in pipeline_model_rows(groups)}
+    body, none = [], (None, None)
+    for (stages, replicas, schedule, sync, stragglers), runs in sorted(
+            groups.items(), key=lambda item: (LAYOUTS.index(item[0][:2]), item[0][4],
+                                              pipeline_measure.SYNCS.index(item[0][3]))):
+        predicted, measured = model.get((stages, replicas, schedule, sync), none) if stragglers else none
+        x = f"{float(runs[0]['hetero']):g} s" if stragglers else "none"
+        body.append([f"{replicas} x {stages}", f"`{sync}`", x, len(runs), with_range(of(runs, "updates_per_s"), 0),
+                     with_range(of(runs, "top1")),
+                     f"{mean_of(runs, 'waits'):.1f}", f"{predicted:.2f}" if predicted else "",
+                     with_range(measured) if measured else ""])
+    first = next(iter(groups.values()))[0]
+    faster = [f"{ratio['mean']:.2f}x ({ratio['low']:.2f}–{ratio['high']:.2f}) at {r} x {s}"
+              for s, r in pipeline_measure.VIT_LAYOUTS
+              if (ratio := ratios(groups, (s, r, "pipedream", "preduce", True),
+                                  (s, r, "pipedream", "allreduce", True)))]
+    return (table(["replicas x stages", "sync", "stragglers X", "seeds", "updates/s", "final top-1", "waits",
+                   "model: updates/s with over without", "measured (seeds)"], body) +
+            f"\n\nvit_tiny (8 pre-norm blocks of width 64 over 7 x 7 patches and a class token; each stage the same "
+            f"blocks' FLOPs) on the digits at 28 px, pipedream, -b {first['batch']} per replica, {first['epochs']} "
+            f"epoch(s), one thread per process on {first['cores']} cores; X sized as for lenet, from the "
+            f"transformer's own step without stragglers. Mean over the seeds, in brackets the lowest and highest. "
+            f"With stragglers, `preduce` over `allreduce`, updates/s seed by seed: "
+            f"{'; '.join(faster) or 'not measured'}.")
 
 
 def plot_pipeline(rows, figures):
@@ -123,7 +154,12 @@ def headline(data):
         return None
     held, total = targets_held(pipeline_targets(groups, pipeline_model_rows(groups)))
     cores = rows[0]["cores"]
+    vit = pipeline_groups(rows, "vit")
+    vit_speeds = [(s, r, speed) for s, r in pipeline_measure.VIT_LAYOUTS if (speed := ratios(
+        vit, (s, r, "pipedream", "preduce", True), (s, r, "pipedream", "allreduce", True)))]
     return ("PipeDream with stragglers (X sized to SD-PIPE's c / X): partial reduce at " +
             " and ".join(f"{speed['mean']:.2f}x ({r} x {s})" for s, r, speed in speeds) +
             f" allreduce's updates/s, on {cores} CPU cores shared by up to {max(s * r for s, r, _ in speeds)} "
-            f"processes; {held} of its {total} targets hold")
+            f"processes; {held} of its {total} targets hold" +
+            ("; the transformer (vit_tiny): " + " and ".join(f"{speed['mean']:.2f}x ({r} x {s})"
+                                                               for s, r, speed in vit_speeds) if vit_speeds else ""))

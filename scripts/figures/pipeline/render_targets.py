@@ -10,12 +10,12 @@ from scripts.figures.rendering import beyond_spread, mean_of, spread, table, wit
 LAYOUTS = pipeline_measure.LAYOUTS  # (stages, replicas), in the order of the tables
 
 
-def pipeline_groups(rows):
-    """{(stages, replicas, schedule, sync, stragglers): runs, one per seed} of pipeline.csv's sync part, in the order
-    run."""
+def pipeline_groups(rows, part="sync"):
+    """{(stages, replicas, schedule, sync, stragglers): runs, one per seed} of one part of pipeline.csv (sync: lenet;
+    vit: the transformer), in the order run."""
     groups = {}
     for r in rows:
-        if r["part"] == "sync":
+        if r["part"] == part:
             key = (int(r["stages"]), int(r["replicas"]), r["schedule"], r["sync"], float(r["hetero"]) > 0)
             groups.setdefault(key, []).append(r)
     return groups

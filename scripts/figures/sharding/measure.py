@@ -2,7 +2,8 @@
 
     python scripts/figures/sharding/measure.py --data data/imagenet-like     # figures/data/sharding.csv
 
-ResNet-50 at 32 px (-a, --image-size) on the JPEG folder, -b 16 per process, one epoch (plus
+ResNet-50 at 32 px, and the small vision transformer (vit_tiny, each encoder block its own fully_shard
+unit) at 28 px (-a and --image-size, paired) on the JPEG folder, -b 16 per process, one epoch (plus
 evaluation) of seed 0, fp32, in each --shard mode (none = DDP, optimizer = ZeRO-1, grad-op =
 ZeRO-2, full = ZeRO-3) at 1, 2 and 4 processes; on CPU one thread each (4 processes share this
 machine's cores: their images/s say what the cores give, their bytes what each rank holds).
@@ -15,10 +16,11 @@ gradients with SGD's momentum, (4 + 4 + 4) P), each sharded part divided by N, a
 rank sends per step in the ring algorithms the mode runs (fp32; a = (N - 1) / N x 4 P):
   none 2a (allreduce)   optimizer 3a (allreduce, then each owner broadcasts its updated tensors)
   grad-op 2a (all-gather once, reduce-scatter)   full 3a (all-gather for forward and again for backward).
-Runs go to runs/figures/sharding/<mode>-n<N>; a run whose summary.json is complete is not trained again.
+Runs go to runs/figures/sharding/<arch>-<mode>-n<N>; a run whose summary.json is complete is not trained again.
 """
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -50,17 +52,17 @@ def comm_bytes(shard, parameters, processes):
     return {"none": 2 * a, "optimizer": 3 * a, "grad-op": 2 * a, "full": 3 * a}[shard]
 
 
-def count_parameters(arch, num_classes):
+def count_parameters(arch, num_classes, image_size):
     from recipes.common import models
-    return sum(p.numel() for p in models.build_model(arch, num_classes).parameters())
+    return sum(p.numel() for p in models.build_model(arch, num_classes, image_size).parameters())
 
 
 def main():
     started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/imagenet-like")
-    parser.add_argument("-a", "--arch", default="resnet50")
-    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("-a", "--arch", nargs="+", default=["resnet50", "vit_tiny"])
+    parser.add_argument("--image-size", type=int, nargs="+", default=[32, 28], help="one for each -a, in order")
     parser.add_argument("-b", "--batch-size", type=int, default=16, help="per process")
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=MODES)
@@ -74,32 +76,35 @@ def main():
     if cuda and max(args.processes) > torch.cuda.device_count():
         measuring.bad_input(f"--processes {max(args.processes)} needs as many GPUs; this machine has "
                             f"{torch.cuda.device_count()}")
+    if len(args.image_size) != len(args.arch):
+        measuring.bad_input(f"--image-size takes one size for each -a: {len(args.arch)} models, "
+                            f"{len(args.image_size)} sizes")
     num_classes = sum(1 for path in (Path(args.data) / "train").iterdir() if path.is_dir())
-    parameters = count_parameters(args.arch, num_classes)
     machine, rows = measuring.hardware(), []
-    for processes in args.processes:
-        for shard in args.modes:
-            flags = [args.data, "-a", args.arch, "--image-size", str(args.image_size), "-b", str(args.batch_size),
-                     "--epochs", "1", "--seed", "0", "-j", "0", "-p", "1000", "--shard", shard, "--opt-level", "O0"]
-            out = Path(args.runs) / f"{shard}-n{processes}"
-            summary = measuring.train("fsdp", processes, flags, out, threads=4 if cuda else 1, forked=not cuda)
-            for checkpoint in out.glob("*.pt"):  # 190 MB each for ResNet-50; the table needs only summary.json
-                checkpoint.unlink()
-            largest = {name: max(summary[name]) for name in ("param_bytes", "grad_bytes", "optimizer_bytes",
-                                                               "peak_rss_bytes")}
-            rows.append({"shard": shard, "zero": ZERO[shard], "processes": processes, "arch": args.arch,
-                         "image_size": args.image_size, "batch": args.batch_size, "parameters": parameters,
-                         **largest, "state_bytes": max(p + g + o for p, g, o in zip(
-                             summary["param_bytes"], summary["grad_bytes"], summary["optimizer_bytes"])),
-                         "model_bytes": round(model_bytes(shard, parameters, processes)),
-                         "peak_cuda_bytes": max(summary["peak_cuda_bytes"]) if "peak_cuda_bytes" in summary else "",
-                         "images_per_s": round(summary["images_per_s"], 1),
-                         "comm_bytes_model": round(comm_bytes(shard, parameters, processes)),
-                         "top1": round(summary["top1"], 2), **machine})
-            print(f"{shard} at {processes}: {largest['param_bytes'] / 2**20:.1f} + {largest['grad_bytes'] / 2**20:.1f}"
-                  f" + {largest['optimizer_bytes'] / 2**20:.1f} MiB per rank, {summary['images_per_s']:.1f} images/s",
-                  flush=True)
-            measuring.write_csv(Path(args.csv), FIELDS, rows)
+    for (arch, image_size), processes, shard in itertools.product(zip(args.arch, args.image_size), args.processes,
+                                                                  args.modes):
+        parameters = count_parameters(arch, num_classes, image_size)
+        flags = [args.data, "-a", arch, "--image-size", str(image_size), "-b", str(args.batch_size),
+                 "--epochs", "1", "--seed", "0", "-j", "0", "-p", "1000", "--shard", shard, "--opt-level", "O0"]
+        out = Path(args.runs) / f"{arch}-{shard}-n{processes}"
+        summary = measuring.train("fsdp", processes, flags, out, threads=4 if cuda else 1, forked=not cuda)
+        for checkpoint in out.glob("*.pt"):  # 190 MB each for ResNet-50; the table needs only summary.json
+            checkpoint.unlink()
+        largest = {name: max(summary[name]) for name in ("param_bytes", "grad_bytes", "optimizer_bytes",
+                                                           "peak_rss_bytes")}
+        rows.append({"shard": shard, "zero": ZERO[shard], "processes": processes, "arch": arch,
+                     "image_size": image_size, "batch": args.batch_size, "parameters": parameters,
+                     **largest, "state_bytes": max(p + g + o for p, g, o in zip(
+                         summary["param_bytes"], summary["grad_bytes"], summary["optimizer_bytes"])),
+                     "model_bytes": round(model_bytes(shard, parameters, processes)),
+                     "peak_cuda_bytes": max(summary["peak_cuda_bytes"]) if "peak_cuda_bytes" in summary else "",
+                     "images_per_s": round(summary["images_per_s"], 1),
+                     "comm_bytes_model": round(comm_bytes(shard, parameters, processes)),
+                     "top1": round(summary["top1"], 2), **machine})
+        print(f"{arch}, {shard} at {processes}: {largest['param_bytes'] / 2**20:.1f} + "
+              f"{largest['grad_bytes'] / 2**20:.1f} + {largest['optimizer_bytes'] / 2**20:.1f} MiB per rank, "
+              f"{summary['images_per_s']:.1f} images/s", flush=True)
+        measuring.write_csv(Path(args.csv), FIELDS, rows)
     measuring.record_part(Path(args.csv).parent, "sharding", started)
 
 
