@@ -204,6 +204,6 @@ def test_channels_last_says_in_one_line_where_it_changes_one_convolution_alone()
     images = torch.randn(2, 3, 28, 28)
     before = vit(images)
     amp.say_channels_last(vit.to(memory_format=torch.channels_last), log)
-    assert lines == ["note: --channels-last: this model has 1 convolution (its patch projection); the rest of it "
-                     "runs as without the flag"]
+    assert lines == ["note: --channels-last: this model has 1 convolution (a ViT's: its patch projection); the rest "
+                     "of it runs as without the flag"]
     assert torch.allclose(vit(images.contiguous(memory_format=torch.channels_last)), before, atol=1e-5)

@@ -102,7 +102,8 @@ def _gathered_in_forward(rank, port, results):
 def test_each_transformer_block_is_its_own_unit_so_one_is_gathered_at_a_time(tmp_path):
     """shard_model on vit_tiny, 2 ranks: every encoder block is a fully_shard unit, and the root the rest; at each
     block's forward the whole weights held are the root's and that block's (not the model's, as one unit would
-    gather); each rank keeps half of every tensor."""
+    gather); each rank keeps half of the weights, to 1 % (FSDP2 splits a tensor by its first dimension: the class
+    token and position embeddings, whose first dimension is 1, stay whole on rank 0)."""
     forkserver.spawn(_gathered_in_forward, (free_port(), tmp_path), 2, child_env())
     for rank in range(2):
         sizes = json.loads((tmp_path / f"{rank}.json").read_text())

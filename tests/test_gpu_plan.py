@@ -106,7 +106,7 @@ def test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command(
     assert total <= 9 * 60 - gpu_check.MARGIN_S and "0 of 35 checks to run" in lines[1]
     assert [line.split(" s  ", 1)[1] for line in lines[2:]] == list(planned)  # the whole table in one command
     assert len(profiles) == 2 and all("the profile of" in line for line in profiles)  # (where a target misses)
-    smoke["checks"] = smoke["checks"][:10]  # a new torch: the smoke's 24 other checks first, then a command more
+    smoke["checks"] = smoke["checks"][:10]  # a new torch: the smoke's 25 other checks first, then a command more
     (tmp_path / "smoke.json").write_text(json.dumps(smoke))
     again = gpu_check.command_plan(9)
     assert len(again) > len(commands) and all(seconds <= 9 * 60 - gpu_check.MARGIN_S for seconds, _ in again)

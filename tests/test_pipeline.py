@@ -73,7 +73,7 @@ def test_a_transformer_splits_by_blocks_into_stages_of_equal_flops_that_compose_
         assert [sum(type(layer).__name__ == "EncoderBlock" for layer in part) for part in parts] == [8 // count] * count
         assert max(costs["stage_mflops"]) <= 1.1 * min(costs["stage_mflops"]), costs
         assert costs["stage_mflops"][1] * 1e6 == pytest.approx(8 // count * block, rel=0.01), costs
-        assert costs["stage_activation_bytes"] == [4 * tokens * width] * (count - 1) + [40]
+        assert costs["stage_activation_bytes"] == [4 * tokens * width] * (count - 1) + [0]
         assert shapes == [(3, 28, 28)] + [(tokens, width)] * (count - 1)
         keys = [key for part in parts for key in stages.state_names(model, part)]
         assert sorted(keys) == sorted(model.state_dict())
@@ -438,11 +438,12 @@ def test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_plain_referen
     assert summary["weight_versions_per_stage"] == [2, 1] and summary["microbatches"] == 1
     assert max(summary["stage_mflops"]) <= 1.1 * min(summary["stage_mflops"]) or arch == "lenet", summary
     sent = 4 * 50 * 64 if arch == "vit_tiny" else 4 * 16 * 8 * 8  # (50 tokens of 64; 16 channels of 8 x 8)
-    assert summary["stage_activation_bytes"] == [sent, 4 * 3], summary
+    assert summary["stage_activation_bytes"] == [sent, 0], summary
     args = pipeline.parse_args([str(f) for f in flags])
     assert_same_weights(weights(out), pipedream_reference(args, 2), 1e-5)
     plain = pipedream_reference(args, 2, pipelined=False)  # (what the test tells apart: plain SGD's weights)
-    assert max((weights(out)[key] - plain[key]).abs().max().item() for key in plain) > 1e-4  # (vit_tiny: 9e-4)
+    gap = max((weights(out)[key] - plain[key]).abs().max().item() for key in plain)
+    assert gap > (1e-4 if arch == "vit_tiny" else 1e-3), gap  # (vit_tiny's: 9e-4, 90 times the tolerance)
 
 
 def test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_updates_once_a_minibatch(tiny_data,

@@ -93,10 +93,12 @@ def initialize(model, optimizer, args, device, log):
 def say_channels_last(model, log):
     """--channels-last changes only convolutions: say so where a model has one alone (a vision transformer's
     patch projection; its blocks' activations are tokens, 3-D, which have no NHWC)."""
-    convolutions = sum(isinstance(m, nn.Conv2d) for m in model.modules())
-    if convolutions <= 1:
-        log.print(f"note: --channels-last: this model has {convolutions} convolution{'s' if convolutions != 1 else ''}"
-                  f"{' (its patch projection)' if convolutions else ''}; the rest of it runs as without the flag")
+    convolutions = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convolutions:
+        log.print("note: --channels-last: this model has no convolution; it runs as without the flag")
+    elif len(convolutions) == 1:
+        log.print("note: --channels-last: this model has 1 convolution (a ViT's: its patch projection); the rest "
+                  "of it runs as without the flag")
 
 
 def zero_momentum(optimizer):

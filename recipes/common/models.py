@@ -24,16 +24,16 @@ def lenet(num_classes):
         nn.Flatten(), nn.Linear(32 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
 
-VIT_GRID = 7  # vit_tiny cuts every image into 7 x 7 patches: 49 tokens and the class token, at any image size
+VIT_GRID = 7  # vit_tiny cuts every image into a grid of 7 x 7 patches: 49 tokens and the class token, at any size
 
 
 def vit_tiny(num_classes, image_size):
-    """A small vision transformer (torchvision's VisionTransformer): the image cut into 7 x 7 patches, each a
-    token of width 64, a class token, and 8 pre-norm encoder blocks of 4 heads and an MLP of 256 (BERT's
-    encoder on images, at a width a CPU trains on the digits in minutes: 0.4 M parameters, about 1/8 of
-    lenet's images/s). Its blocks are equal, which is what a pipeline's stages and FSDP's units are cut by."""
-    return torchvision.models.VisionTransformer(image_size, image_size // VIT_GRID, num_layers=8, num_heads=4,
-                                                hidden_dim=64, mlp_dim=256, num_classes=num_classes)
+    """A small vision transformer (torchvision's VisionTransformer): the image cut into a grid of 7 x 7 patches
+    (4 px each at 28 px), each a token of width 64, a class token, and 8 pre-norm encoder blocks of 4 heads and
+    an MLP of 256 (BERT's encoder on images, at a width a CPU trains on the digits in minutes: 0.4 M
+    parameters). Its blocks are equal, which is what a pipeline's stages and FSDP's units are cut by."""
+    return torchvision.models.VisionTransformer(image_size, patch_size=image_size // VIT_GRID, num_layers=8,
+                                                num_heads=4, hidden_dim=64, mlp_dim=256, num_classes=num_classes)
 
 
 def vit_patch(arch):
@@ -49,7 +49,7 @@ def check_arch(arch, image_size=224):
         raise RecipeError(f"unknown --arch {arch!r}: use a torchvision classification model "
                           f"(resnet18, resnet50, mobilenet_v3_small, vit_b_16, ...), lenet or vit_tiny")
     if arch == "vit_tiny" and image_size % VIT_GRID:
-        raise RecipeError(f"-a vit_tiny cuts the image into {VIT_GRID} x {VIT_GRID} patches: --image-size "
+        raise RecipeError(f"-a vit_tiny cuts the image into a grid of {VIT_GRID} x {VIT_GRID} patches: --image-size "
                           f"{image_size} is not a multiple of {VIT_GRID} (use 28, 56, 112 or 224)")
     if vit_patch(arch) and image_size % vit_patch(arch):
         raise RecipeError(f"-a {arch} cuts the image into {vit_patch(arch)} px patches: --image-size {image_size} "

@@ -89,8 +89,8 @@ def shard_model(model, args, policy):
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and policy.param_dtype is not None:
             fully_shard(module, mp_policy=amp.batchnorm_policy(policy))  # statistics in fp32
-    for block in models.sequential_layers(model, args.arch):  # (a stem's BN: done; a ViT's patch embedding: root's)
-        if list(block.parameters()) and block in list(model.modules()) and not isinstance(block, FSDPModule):
+    for block in models.sequential_layers(model, args.arch):  # (a ViT's patch embedding, of several modules: root's)
+        if list(block.parameters()) and block in set(model.modules()) and not isinstance(block, FSDPModule):
             fully_shard(block, mp_policy=policy, reshard_after_forward=args.shard == "full")
     return fully_shard(model, mp_policy=amp.root_policy(policy), reshard_after_forward=args.shard == "full")
 

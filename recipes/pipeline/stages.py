@@ -41,11 +41,12 @@ def weighted_units(layers):
     return units
 
 
-def cpu_attention_flops(query, key, value, *args, out_shape=None, **kwargs):
-    """FLOPs of the CPU's fused attention kernel, which torch's counter leaves out (it counts the CUDA ones):
-    Q K^T and the weighted sum of V, two FLOPs per multiply-add."""
-    batch, heads, queries, width = query
-    return 2 * batch * heads * queries * key[2] * (width + value[3])
+def cpu_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    """FLOPs of the CPU's fused attention kernel, which torch's counter leaves out (it counts the CUDA ones), from
+    the shapes of its inputs (FlopCounterMode passes shapes): Q K^T and the weighted sum of V, two FLOPs per
+    multiply-add."""
+    batch, heads, queries, width = query_shape
+    return 2 * batch * heads * queries * key_shape[2] * (width + value_shape[3])
 
 
 def unit_flops(units, image_size):
@@ -67,18 +68,21 @@ def unit_flops(units, image_size):
 def split_model(model, args, log):
     """The model's layers cut into --stages parts of about equal forward FLOPs: [[layer, ...] per stage]; each
     stage's input shape for one image (PipeDream's receives); and what each stage costs per image, for the run's
-    summary: its forward MFLOPs and the bytes of the activation it sends on (fp32; the last stage's: the logits)."""
+    summary: its forward MFLOPs and the bytes of the activation it sends to the next stage (fp32; its gradient
+    comes back at the same size; the last stage sends none: the loss is computed there)."""
     units = weighted_units(models.sequential_layers(model, args.arch))
     flops, shapes = unit_flops(units, args.image_size)
     cuts = balanced_split(flops, args.stages)
     parts = [[layer for unit in units[a:b] for layer in unit] for a, b in zip(cuts[:-1], cuts[1:])]
     costs = {"stage_mflops": [round(sum(flops[a:b]) / 1e6, 3) for a, b in zip(cuts[:-1], cuts[1:])],
-             "stage_activation_bytes": [4 * math.prod(shapes[b]) for b in cuts[1:]]}
+             "stage_activation_bytes": [4 * math.prod(shapes[b]) for b in cuts[1:-1]] + [0]}
     for s, part in enumerate(parts):
         names = ", ".join(type(layer).__name__ for layer in part)
         params = sum(p.numel() for layer in part for p in layer.parameters())
+        sends = f"sends {costs['stage_activation_bytes'][s]:,} bytes per image on" if s < args.stages - 1 else \
+            "computes the loss"
         log.print(f"stage {s}: {names}; {params:,} parameters, {costs['stage_mflops'][s]:.2f} MFLOPs per image, "
-                  f"sends {costs['stage_activation_bytes'][s]:,} bytes per image")
+                  f"{sends}")
     return parts, [shapes[a] for a in cuts[:-1]], costs
 
 

@@ -44,7 +44,7 @@ def main(argv=None):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cudnn.benchmark = True  # as the recipes without --seed
     layout = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = build_model(args.arch, 1000).to(device, memory_format=layout)
+    model = build_model(args.arch, 1000, args.image_size).to(device, memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), 0.01 * args.batch_size / 256, momentum=0.9, weight_decay=1e-4,
                                 fused=device.type == "cuda")
     for param in model.parameters():  # (fused SGD leaves them uninitialised where the scaler skips its first step)

@@ -269,15 +269,21 @@ def train_seconds(out):
         return sum(float(row["epoch_s"]) for row in csv.DictReader(f) if row["split"] == "train")
 
 
-def record_part(figures_data, part, started):
+def record_part(figures_data, part, started, adding=False):
     """Keep how long this part of `make figures` takes in <figures_data>/timings.csv (one row per part,
     replaced each time), for RESULTS.md: the time since `started` plus, for runs kept from an earlier
-    start, the time they took then, so a resumed part still records what a whole one takes."""
+    start, the time they took then, so a resumed part still records what a whole one takes. adding (a part
+    measured in pieces): the pieces' runs trained now are added to the part's row, whose time holds the rest
+    (runs kept from an earlier start are in it already)."""
     path = Path(figures_data) / "timings.csv"
+    earlier = [row for row in read_csv(path) if row["part"] == part] if path.exists() else []
     rows = [row for row in read_csv(path) if row["part"] != part] if path.exists() else []
-    seconds = time.time() - started + counts["reused_s"]
-    rows.append({"part": part, "seconds": round(seconds, 1), "runs_trained": counts["trained"],
-                 "runs_reused": counts["reused"], "date": time.strftime("%Y-%m-%d"), **hardware()})
+    seconds, trained, reused = time.time() - started + counts["reused_s"], counts["trained"], counts["reused"]
+    if adding and earlier:
+        seconds = float(earlier[0]["seconds"]) + time.time() - started
+        trained, reused = int(earlier[0]["runs_trained"]) + counts["trained"], int(earlier[0]["runs_reused"])
+    rows.append({"part": part, "seconds": round(seconds, 1), "runs_trained": trained,
+                 "runs_reused": reused, "date": time.strftime("%Y-%m-%d"), **hardware()})
     write_csv(path, TIMING_FIELDS, rows)
     print(f"{part}: {seconds / 60:.1f} minutes ({counts['trained']} run(s) trained now, {counts['reused']} kept "
           f"from an earlier start)", flush=True)

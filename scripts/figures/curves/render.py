@@ -64,11 +64,17 @@ def first_summary(name, summaries):
     return next((s for (n, _), s in summaries.items() if n == name), {})
 
 
+def first_row(summaries):
+    """The summary of the table's first row (in ORDER): its model is the one the other rows are not named by."""
+    names = sorted({name for name, _ in summaries}, key=lambda name: ORDER.get(name, 9))
+    return first_summary(names[0], summaries) if names else {}
+
+
 def label(name, summaries):
     """A row's name, with the precision its runs computed in where they record it (apex: "apex O1 bf16"), and its
     model where it is not the first row's (ddp-vit: "ddp vit_tiny")."""
     summary = first_summary(name, summaries)
-    if summary.get("arch") and summary["arch"] != next(iter(summaries.values()))["arch"]:
+    if summary.get("arch") and summary["arch"] != first_row(summaries).get("arch"):
         return f"{summary['recipe']} {summary['arch']}"
     if not summary.get("opt_level"):
         return name
@@ -107,7 +113,7 @@ def curves_tables(curves, summaries, left_out=None):
                      f"{statistics.mean(rate):.1f}" if rate else "", f"{statistics.mean(wall):.0f}" if wall else ""])
     text = table(["recipe", "processes", "seeds", "epochs", "final val top-1 (%)", "final val top-5 (%)",
                   "best val top-1 (%)", "train images/s", "wall time (s)"], rows)
-    first = next(iter(summaries.values()), {})
+    first = first_row(summaries)
     others = sorted({s["arch"] for s in summaries.values() if s.get("arch", first.get("arch")) != first.get("arch")})
     text += (f"\n\n{first.get('arch', '?')}{''.join(f' ({arch} where named)' for arch in others)}, global batch "
              f"{first.get('global_batch', '?')}; top-1 and top-5: mean "

@@ -37,7 +37,7 @@ so a minibatch takes c + d with a core each, and max(c, c1 + d) when cores are s
 over the lockstep methods' d, and max(c, c1 + E[d]) for the others, which do not wait together.
 Runs go to runs/figures/pipeline/<name>-seed<S>; a run whose summary.json is complete is not
 trained again. --parts measures only the parts named and keeps the rows of the others in the CSV files as they
-were measured (each row names its machine); timings.csv then keeps the time of the last whole run of the part.
+were measured (each row names its machine), and adds the time of the runs it trains to the part's in timings.csv.
 The processes are forked as scripts/figures/measuring.py's run_forked forks them.
 """
 
@@ -224,11 +224,7 @@ def main():
               f"waits {summary['waits']:g}" + (f", X {hetero:g} s" if stragglers else ""), flush=True)
         measuring.write_csv(Path(args.figures_data) / "pipeline.csv", FIELDS, rows)
         measuring.write_csv(Path(args.figures_data) / "pipeline_curves.csv", CURVE_FIELDS, curves)
-    if set(args.parts) == set(PARTS):
-        measuring.record_part(args.figures_data, "pipeline", started)
-    else:  # (timings.csv keeps what the whole part took when it last ran whole)
-        print(f"pipeline --parts {' '.join(args.parts)}: {(time.time() - started) / 60:.1f} minutes, not recorded "
-              f"as the whole part's time", flush=True)
+    measuring.record_part(args.figures_data, "pipeline", started, adding=set(args.parts) != set(PARTS))
 
 
 if __name__ == "__main__":

@@ -76,9 +76,9 @@ RECIPE_FIELDS = ["row", "recipe", "processes", "killed_rank", "deterministic", "
 
 def seconds_per_save(arch, num_classes, repeats):
     """The recipes' save(): check the weights, build the state, write it atomically (one process)."""
-    model = models.build_model(arch, num_classes)
-    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
     size = 28 if arch != "lenet" else 16
+    model = models.build_model(arch, num_classes, size)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
     model(torch.randn(2, 3, size, size)).sum().backward()
     optimizer.step()  # the momentum buffers exist, as in a real checkpoint
     times = []

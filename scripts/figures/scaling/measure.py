@@ -59,7 +59,7 @@ def bare_loop(args):
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True  # as the recipes run without --seed
-    model = models.build_model(args.arch, 1000).to(device)
+    model = models.build_model(args.arch, 1000, args.image_size).to(device)
     memory_format = torch.channels_last if cuda else torch.contiguous_format
     model = model.to(memory_format=memory_format)
     if args.ddp:

@@ -81,9 +81,9 @@ def main():
                             f"{len(args.image_size)} sizes")
     num_classes = sum(1 for path in (Path(args.data) / "train").iterdir() if path.is_dir())
     machine, rows = measuring.hardware(), []
+    parameters = {arch: count_parameters(arch, num_classes, size) for arch, size in zip(args.arch, args.image_size)}
     for (arch, image_size), processes, shard in itertools.product(zip(args.arch, args.image_size), args.processes,
                                                                   args.modes):
-        parameters = count_parameters(arch, num_classes, image_size)
         flags = [args.data, "-a", arch, "--image-size", str(image_size), "-b", str(args.batch_size),
                  "--epochs", "1", "--seed", "0", "-j", "0", "-p", "1000", "--shard", shard, "--opt-level", "O0"]
         out = Path(args.runs) / f"{arch}-{shard}-n{processes}"
@@ -93,13 +93,13 @@ def main():
         largest = {name: max(summary[name]) for name in ("param_bytes", "grad_bytes", "optimizer_bytes",
                                                            "peak_rss_bytes")}
         rows.append({"shard": shard, "zero": ZERO[shard], "processes": processes, "arch": arch,
-                     "image_size": image_size, "batch": args.batch_size, "parameters": parameters,
+                     "image_size": image_size, "batch": args.batch_size, "parameters": parameters[arch],
                      **largest, "state_bytes": max(p + g + o for p, g, o in zip(
                          summary["param_bytes"], summary["grad_bytes"], summary["optimizer_bytes"])),
-                     "model_bytes": round(model_bytes(shard, parameters, processes)),
+                     "model_bytes": round(model_bytes(shard, parameters[arch], processes)),
                      "peak_cuda_bytes": max(summary["peak_cuda_bytes"]) if "peak_cuda_bytes" in summary else "",
                      "images_per_s": round(summary["images_per_s"], 1),
-                     "comm_bytes_model": round(comm_bytes(shard, parameters, processes)),
+                     "comm_bytes_model": round(comm_bytes(shard, parameters[arch], processes)),
                      "top1": round(summary["top1"], 2), **machine})
         print(f"{arch}, {shard} at {processes}: {largest['param_bytes'] / 2**20:.1f} + "
               f"{largest['grad_bytes'] / 2**20:.1f} + {largest['optimizer_bytes'] / 2**20:.1f} MiB per rank, "
