@@ -102,8 +102,9 @@ def checks(data="{data}", small=SMALL, stand_in=False):
         ("fsdp", 1, [data, *small, "--epochs", "2", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16",
                      "--resume", "{out}/first/checkpoint_dcp"], 0)]))
     vit = ["-a", "vit_tiny", "--image-size", "56", "--opt-level", "O1", "--amp-dtype", "bf16"]  # (7 x 7 of 8 px)
-    found.append(("vit-tiny-fsdp-full-and-apex-bf16", "vit", [one("fsdp", *vit, "--shard", "full"),
-                                                              one("apex", *vit, "--channels-last")]))
+    found.append(("vit-tiny-fsdp-full-and-apex-bf16", "vit", [  # (each run its own --out: a second would clash)
+        one("fsdp", *vit, "--shard", "full", "--out", "{out}/fsdp"),
+        one("apex", *vit, "--channels-last", "--out", "{out}/apex")]))
     found.append(("pipeline-stages-1", "pipeline", [one(under_nccl_rules("pipeline"), "--stages", "1",
                                                         "--microbatches", "2")]))
     found.append(("ps-1-server-2-workers", "ps", [one(under_nccl_rules("ps"), "--servers", "1", "--aggregate",
