@@ -309,11 +309,20 @@ def test_validators_count_what_they_reject(tiny_data, tmp_path, aggregate, mode,
     """One Byzantine worker in 3 pushes -4 g: every push is counted, pushed or rejected, by whom; its pushes are
     rejected and the honest ones pass."""
     out = tmp_path / "ps"
-    run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", out, "--validators", "1", "--mode", mode,
-                      "--aggregate", aggregate, "--byzantine", "1", "--attack", "signflip", "--attack-scale", "4",
-                      *VALIDATED, *extra], nproc=5)
+    result = run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", out, "--validators", "1", "--mode", mode,
+                               "--aggregate", aggregate, "--byzantine", "1", "--attack", "signflip",
+                               "--attack-scale", "4", *VALIDATED, *extra], nproc=5)
     summary = read_summary(out)
     assert summary["honest_pushed"] + summary["byzantine_pushed"] == 6  # 3 workers, 1 step of 8 each, 2 epochs
+    # each epoch's line of the validators' work: its counts add up to the summary's
+    lines = re.findall(r"^epoch (\d) validators: pushes rejected ([\d.]+) of (\d+) honest, ([\d.]+) of (\d+) "
+                       r"poisoned; parameters rejected ([\d,]+) of ([\d,]+) honest, ([\d,]+) of ([\d,]+) poisoned$",
+                       result.stdout, re.M)
+    assert [int(line[0]) for line in lines] == [1, 2], result.stdout
+    total = [sum(float(line[i].replace(",", "")) for line in lines) for i in range(1, 9)]
+    assert total == pytest.approx([summary[key] for key in (
+        "honest_rejected", "honest_pushed", "byzantine_rejected", "byzantine_pushed", "honest_params_rejected",
+        "honest_params_pushed", "byzantine_params_rejected", "byzantine_params_pushed")], abs=2e-3), lines
     assert 0 <= summary["honest_rejected"] <= summary["honest_pushed"]
     if mode == "sync":
         assert summary["byzantine_pushed"] == 2 and summary["byzantine_rejected"] == 2

@@ -86,6 +86,19 @@ def counts_of_every_server(tally, run):
     return dict(**counts, stale_dropped=stale, max_applied_staleness=oldest)
 
 
+def log_validators(run, tally, epoch):
+    """The validators' work in the epoch, one line (rank 0): pushes and parameters rejected, honest and poisoned,
+    added up over the servers (a collective of their gloo group). A push counts the share of its tensors that were
+    rejected, so pushes can be fractional."""
+    done = tally["counts"].clone()
+    dist.all_reduce(done, group=run.control)
+    epoch_counts, tally["logged"] = (done - tally["logged"]).tolist(), done
+    pushes, parameters = epoch_counts[:4], epoch_counts[8:]  # (attacks.counts: pushed and rejected, by what)
+    run.log.print(f"epoch {epoch} validators: pushes rejected {round(pushes[2], 3):g} of {pushes[0]:.0f} honest, "
+                  f"{round(pushes[3], 3):g} of {pushes[1]:.0f} poisoned; parameters rejected {parameters[2]:,.0f} "
+                  f"of {parameters[0]:,.0f} honest, {parameters[3]:,.0f} of {parameters[1]:,.0f} poisoned")
+
+
 def server_state(model, view, shard, optimizer, server_chunks):
     """A server's shard of the (resumed) weights, and of the momentum when the checkpoint has it."""
     shard.data = pushpull.take(parameters_to_vector(model.parameters()).detach().cpu(), server_chunks)

@@ -41,7 +41,7 @@ from torch.utils.data import DistributedSampler
 
 from recipes.common import bookkeeping, cli, data, distributed, faults, launch, models, pushpull, runlog, schedule
 from recipes.ps import attacks, layout as roles, rules, steps, validators
-from recipes.ps.server import apply, counts_of_every_server, drain, gather, record, server_state
+from recipes.ps.server import apply, counts_of_every_server, drain, gather, log_validators, record, server_state
 
 
 def parse_args(argv=None):
@@ -152,6 +152,7 @@ def run_server(args, layout, run, shard, optimizer, val_loader, sizes, server_ch
     pulls until the next push arrives, apply it unless it is too stale. At each epoch's end, evaluate and
     save. Then tell every client to stop, and write the counts into summary.json."""
     tally = {"version": 0, "stale": 0, "oldest": 0, "left": set(), "counts": torch.zeros(12, dtype=torch.float64),
+             "logged": torch.zeros(12, dtype=torch.float64),
              "workers": layout.workers, "clipping": rules.clipping(args.aggregate), "sizes": sizes,
              "tensor_of": validators.tensor_of(sizes, server_chunks) if args.validators else None}
     step = sync_step if args.mode == "sync" else async_step
@@ -160,6 +161,8 @@ def run_server(args, layout, run, shard, optimizer, val_loader, sizes, server_ch
             for _ in run.batches(range(run.steps_per_epoch)):
                 losses = step(args, run, shard, optimizer, layout, tally)
                 run.step_done(torch.tensor(sum(losses) / len(losses) if losses else 0.0))
+            if args.validators:
+                log_validators(run, tally, epoch + 1)
             if run.end_epoch(run.meter.summary(), val_loader):
                 break
     except faults.Preempted:  # saved after a SIGTERM: tell every client to stop, then exit for a relaunch
