@@ -276,8 +276,9 @@ def record_part(figures_data, part, started, adding=False):
     measured in pieces): the pieces' runs trained now are added to the part's row, whose time holds the rest
     (runs kept from an earlier start are in it already)."""
     path = Path(figures_data) / "timings.csv"
-    earlier = [row for row in read_csv(path) if row["part"] == part] if path.exists() else []
-    rows = [row for row in read_csv(path) if row["part"] != part] if path.exists() else []
+    recorded = read_csv(path) if path.exists() else []
+    earlier = [row for row in recorded if row["part"] == part]
+    rows = [row for row in recorded if row["part"] != part]
     seconds, trained, reused = time.time() - started + counts["reused_s"], counts["trained"], counts["reused"]
     if adding and earlier:
         seconds = float(earlier[0]["seconds"]) + time.time() - started

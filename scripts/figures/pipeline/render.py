@@ -70,6 +70,14 @@ def pipeline_tables(rows):
     return sections
 
 
+def preduce_over_allreduce(groups, layouts):
+    """[(stages, replicas, updates/s of preduce over allreduce's, seed by seed)] under pipedream with stragglers,
+    for the layouts measured."""
+    found = [(s, r, ratios(groups, (s, r, "pipedream", "preduce", True), (s, r, "pipedream", "allreduce", True)))
+             for s, r in layouts]
+    return [(s, r, ratio) for s, r, ratio in found if ratio]
+
+
 def pipeline_vit(groups):
     """The transformer's section: each layout and sync method without and with stragglers, beside the model of
     what they cost, and preduce's updates/s over allreduce's with them."""
@@ -86,9 +94,7 @@ def pipeline_vit(groups):
                      with_range(measured) if measured else ""])
     first = next(iter(groups.values()))[0]
     faster = [f"{ratio['mean']:.2f}x ({ratio['low']:.2f}–{ratio['high']:.2f}) at {r} x {s}"
-              for s, r in pipeline_measure.VIT_LAYOUTS
-              if (ratio := ratios(groups, (s, r, "pipedream", "preduce", True),
-                                  (s, r, "pipedream", "allreduce", True)))]
+              for s, r, ratio in preduce_over_allreduce(groups, pipeline_measure.VIT_LAYOUTS)]
     return (table(["replicas x stages", "sync", "stragglers X", "seeds", "updates/s", "final top-1", "waits",
                    "model: updates/s with over without", "measured (seeds)"], body) +
             f"\n\nvit_tiny (8 pre-norm blocks of width 64 over a 7 x 7 grid of patches and a class token; each "
@@ -147,16 +153,12 @@ def headline(data):
         return None
     rows = read_csv(data / "pipeline.csv")
     groups = pipeline_groups(rows)
-    speeds = [(s, r, ratios(groups, (s, r, "pipedream", "preduce", True), (s, r, "pipedream", "allreduce", True)))
-              for s, r in ((2, 2), (2, 4))]
-    speeds = [(s, r, speed) for s, r, speed in speeds if speed]
+    speeds = preduce_over_allreduce(groups, ((2, 2), (2, 4)))
     if not speeds:
         return None
     held, total = targets_held(pipeline_targets(groups, pipeline_model_rows(groups)))
     cores = rows[0]["cores"]
-    vit = pipeline_groups(rows, "vit")
-    vit_speeds = [(s, r, speed) for s, r in pipeline_measure.VIT_LAYOUTS if (speed := ratios(
-        vit, (s, r, "pipedream", "preduce", True), (s, r, "pipedream", "allreduce", True)))]
+    vit_speeds = preduce_over_allreduce(pipeline_groups(rows, "vit"), pipeline_measure.VIT_LAYOUTS)
     return ("PipeDream with stragglers (X sized to SD-PIPE's c / X): partial reduce at " +
             " and ".join(f"{speed['mean']:.2f}x ({r} x {s})" for s, r, speed in speeds) +
             f" allreduce's updates/s, on {cores} CPU cores shared by up to {max(s * r for s, r, _ in speeds)} "

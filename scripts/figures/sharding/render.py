@@ -22,8 +22,11 @@ def sharding_rows(rows):
     return {arch: (by_run, sorted({n for _, n in by_run})) for arch, by_run in by_arch.items()}
 
 
-def model_line(r):
-    return f"{r['arch']} ({int(r['parameters']) / 1e6:.1f} M parameters) at {r['image_size']} px"
+def models_line(rows):
+    """Each model measured, its parameters and image size: "resnet50 (23.5 M parameters) at 32 px; ..."."""
+    firsts = [next(iter(by_run.values())) for by_run, _ in sharding_rows(rows).values()]
+    return "; ".join(f"{r['arch']} ({int(r['parameters']) / 1e6:.1f} M parameters) at {r['image_size']} px"
+                     for r in firsts)
 
 
 def sharding_summary(rows):
@@ -43,7 +46,7 @@ def sharding_summary(rows):
     first = rows[0]
     return (table(["model", "--shard", "processes", "weights + gradients + momentum MiB per rank",
                    "of ddp's, measured", "of ddp's, ZeRO model", "train images/s relative to ddp"], body) +
-            "\n\n" + "; ".join(model_line(by_run[next(iter(by_run))]) for by_run, _ in sharding_rows(rows).values()) +
+            f"\n\n{models_line(rows)}" +
             f", -b {first['batch']} per process, one epoch, fp32, SGD with momentum; each byte count is the largest "
             f"rank's, measured from its tensors. On {first['cores']} cores ({first['cpu']}).")
 
@@ -69,12 +72,11 @@ def sharding_table(rows):
     first = rows[0]
     measured_over_model = "; ".join(f"`{shard}` {min(v):.2f}-{max(v):.2f}" for shard, v in ratios.items())
     peak = "peak resident (/ peak CUDA) MiB" if any(r["peak_cuda_bytes"] for r in rows) else "peak resident MiB"
-    models = "; ".join(model_line(by_run[next(iter(by_run))]) for by_run, _ in sharding_rows(rows).values())
     return (table(["model", "--shard", "processes", "weights MiB", "gradients MiB", "optimizer MiB", "sum MiB",
                    "ZeRO model MiB", peak, "train images/s", "relative to ddp", "sent per step MiB (model)"], body) +
-            f"\n\n{models}, -b {first['batch']} per process, one epoch, fp32, SGD with momentum; each byte count is "
-            f"the largest rank's, measured from its tensors (weights: the most held when a forward ends). The ZeRO "
-            f"model for this set-up, with P parameters and N processes: `none` 12 P, `optimizer` 8 P + 4 P / N, "
+            f"\n\n{models_line(rows)}, -b {first['batch']} per process, one epoch, fp32, SGD with momentum; each "
+            f"byte count is the largest rank's, measured from its tensors (weights: the most held when a forward "
+            f"ends). The ZeRO model for this set-up, with P parameters and N processes: `none` 12 P, `optimizer` 8 P + 4 P / N, "
             f"`grad-op` 4 P + 8 P / N, `full` 12 P / N bytes. Measured sum over the model: {measured_over_model}. "
             f"Sent per step: what the ring algorithms of each mode send per rank, from P and N (not measured). On "
             f"{first['cores']} cores ({first['cpu']}); more processes than cores share them.")
