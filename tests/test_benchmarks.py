@@ -204,7 +204,7 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
 
 def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(tiny_data, tmp_path):
     runs = ps_table.plan([0, 1, 2])
-    per_seed = 4 * 4 + 4 * 4 + 2 * 4 + 2 * 4 + 5 * 2 + 4 * 3 + 7 + 1 + 2 + 3  # sync-1v, sync-2v, async-1v, async-2v,
+    per_seed = 4 * 6 + 4 * 6 + 3 * 4 + 3 * 4 + 5 * 2 + 4 * 3 + 7 + 1 + 2 + 3  # sync-1v, sync-2v, async-1v, async-2v,
     # zeno, zeno++, eta and its baseline, batch, speed
     assert len(runs) == 3 * per_seed and len(set(runs)) == len(runs) and {run[-1] for run in runs} == {0, 1, 2}
     args = ps_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
@@ -240,6 +240,10 @@ def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(t
                                                  None, 1, args)
     assert processes == 10 and value(flags, "--attack-draw") == "push" and value(flags, "--momentum") == "0"
     assert value(flags, "--clean-epochs") == "1"  # Zeno++'s attack-free first epoch
+    recipe, processes, flags = ps_table.flags_of("sync-1v", "sync", "phocas", "4 of 8 flip x1.2", None, 0, args)
+    assert value(flags, "--byzantine") == "4" and value(flags, "--attack-scale") == "1.2" and processes == 9
+    recipe, processes, flags = ps_table.flags_of("sync-2v", "sync", "mean", "ALIE, 4 of 8", None, 0, args)
+    assert value(flags, "--attack") == "alie" and value(flags, "--byzantine") == "4" and "--attack-prob" not in flags
     recipe, processes, flags = ps_table.flags_of("eta", "sync", "zenops", "N(0,1)", -0.01, 1, args)
     assert value(flags, "--zeno-eta") == "-0.01" and value(flags, "--attack") == "gaussian"
     assert value(flags, "--validators") == "2" and "--worker-subsample" not in flags  # the two-validator runs
@@ -255,6 +259,29 @@ def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(t
     folder = ps_table.validation_only_data(tiny_data, 0, 0.5, tmp_path / "held")
     assert len(list((folder / "train").rglob("*.png"))) == 24  # half of the 48 train images
     assert sorted(p.name for p in (folder / "val").iterdir()) == ["blue", "green", "red"]
+
+
+def test_the_ps_learning_rates_and_placements_stated_are_the_ones_the_bench_passes(tiny_data, tmp_path):
+    """What the docstrings and docs/results/ps.md say of the table's learning rates and of where naive-async runs is
+    what flags_of passes the recipe, and what ps.csv's rows ran at."""
+    args = ps_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
+    recipe_lr = ps_table.last_flag(measuring.ACCURACY, "--lr")
+    docs, docstring = (ROOT / "docs/results/ps.md").read_text(), " ".join(ps_table.__doc__.split())
+    assert f"--lr {recipe_lr} for 256 images" in docstring and f"`--lr` {recipe_lr} for 256 images" in docs
+    zeno_pp = f"{ps_table.ZENO_PP_LR:g}"
+    assert f"--lr {zeno_pp} for 256: their 0.1 for 128" in docstring and f"(`--lr` {zeno_pp} for 256 images" in docs
+    assert ps_table.ZENO_PP_LR * 128 / 256 == 0.1  # AsyncByzGrad's 0.1 for a batch of 128, an image alike
+    for label, *_ in ps_table.PARTS["zeno++"][1]:  # at 8 and at 32: its authors' rate an image, no momentum
+        flags = ps_table.flags_of("zeno++", "async", label, "none", None, 0, args)[2]
+        assert ps_table.last_flag(flags, "--lr") == zeno_pp and ps_table.last_flag(flags, "--momentum") == "0", label
+    for part in ("async-1v", "async-2v"):  # naive-async on the servers, and where ZenoPS runs it: in the validators
+        for label, *_ in ps_table.PARTS[part][1]:
+            flags = ps_table.flags_of(part, "async", label, "none", None, 0, args)[2]
+            in_validators = "--validators" in flags
+            assert in_validators == (label != "naive-async"), label
+            assert ("in the validator" in label) == (in_validators and "naive-async" in flags), label
+    rows = [r for r in measuring.read_csv(ROOT / "figures/data/ps.csv") if r["part"] == "zeno++"]
+    assert rows and {(r["lr"], r["momentum"]) for r in rows} == {(zeno_pp, "0")}  # what the table's runs used
 
 
 def test_bench_pipeline_plans_each_sync_layout_and_schedule_with_and_without_stragglers(tiny_data):

@@ -90,13 +90,16 @@ def test_the_summary_counts_go_over_a_control_group(recorded):
     GPUs) their all-reduce would fail, after training, before summary.json."""
     from recipes.pipeline import sync
     from recipes.pipeline.layout import Layout
-    from recipes.ps import train as ps
+    from recipes.ps import attacks, server as ps
 
     calls, control = recorded
     tally = {**sync.new_tally(), "waits": 3, "partial_syncs": 4, "gap": 1, "longest_gap": 2, "full_syncs": 5}
     counts = sync.counts_of_every_rank(tally, Layout(stages=2, world_size=4), rank=0)
     servers = argparse.Namespace(group=object(), control=object())  # a Run of the servers: device and gloo groups
-    ps.counts_of_every_server({"counts": torch.ones(4, dtype=torch.float64), "stale": 0, "oldest": 2}, servers)
+    flags = argparse.Namespace(mode="sync", aggregate="mean", attack="none", byzantine=0, attack_prob=0, local_steps=1,
+                               servers=1, validators=0)
+    ps.summary_of(flags, argparse.Namespace(workers=2), {"counts": torch.ones(attacks.COUNTS, dtype=torch.float64),
+                                                         "stale": 0, "oldest": 2}, servers)
     assert [(name, group) for name, _, group, _ in calls] == [("all_reduce", control)] * 2 + [
         ("all_reduce", servers.control)] * 2
     assert all(tensor.device.type == "cpu" for _, tensor, _, _ in calls)

@@ -95,14 +95,18 @@ def honest_and_flipped():
 
 
 def test_zenops_sync_judges_each_tensor_exactly_where_its_formula_says():
+    """Per tensor, (the sign test passed, the norm test passed): mean(u v) > eta mean(v^2), mean(u^2) < (1 + rho)
+    mean(v^2)."""
     v, honest, flipped = honest_and_flipped()
-    assert rules.zenops_sync(honest, v, [600, 400], eta=-0.001, rho=0.6) == [True, True]
-    assert rules.zenops_sync(flipped, v, [600, 400], eta=-0.001, rho=0.6) == [False, False]
+    assert rules.zenops_sync(honest, v, [600, 400], eta=-0.001, rho=0.6) == [(True, True)] * 2
+    assert [sign for sign, _ in rules.zenops_sync(flipped, v, [600, 400], eta=-0.001, rho=0.6)] == [False, False]
     v = torch.ones(4)  # two tensors of 2, mean(v^2) = 1 in each
-    assert rules.zenops_sync(torch.tensor([0.5, 0.5, 0.5, 0.5]), v, [2, 2], 0.4, 0.6) == [True, True]  # 0.5 > 0.4
-    assert rules.zenops_sync(torch.tensor([0.5, 0.5, 0.5, 0.5]), v, [2, 2], 0.5, 0.6) == [False, False]  # not >
-    assert rules.zenops_sync(torch.tensor([1.2, 1.2, 1.3, 1.3]), v, [2, 2], 0.0, 0.6) == [True, False]  # 1.44, 1.69
-    assert rules.zenops_sync(torch.tensor([1.0, 1.0, -1.0, -1.0]), v, [2, 2], 0.0, 0.6) == [True, False]
+    assert rules.zenops_sync(torch.tensor([0.5, 0.5, 0.5, 0.5]), v, [2, 2], 0.4, 0.6) == [(True, True)] * 2  # > 0.4
+    assert rules.zenops_sync(torch.tensor([0.5, 0.5, 0.5, 0.5]), v, [2, 2], 0.5, 0.6) == [(False, True)] * 2  # not >
+    assert rules.zenops_sync(torch.tensor([1.2, 1.2, 1.3, 1.3]), v, [2, 2], 0.0, 0.6) == [(True, True), (True, False)]
+    assert rules.zenops_sync(torch.tensor([1.0, 1.0, -1.0, -1.0]), v, [2, 2], 0.0, 0.6) == [(True, True), (False, True)]
+    # a liar inside the norm bound: -1.2 v has mean(u^2) 1.44 < 1.6, and only the sign test rejects it
+    assert rules.zenops_sync(-1.2 * v, v, [2, 2], -0.001, 0.6) == [(False, True)] * 2
 
 
 def test_the_accepted_mean_is_taken_tensor_by_tensor():
@@ -217,8 +221,8 @@ def test_each_attack_pushes_what_its_paper_says_tensor_by_tensor():
     assert torch.equal(pushed[:4000], u[:4000]) and torch.isclose(pushed[4000:].norm(), 8 * u[4000:].norm())
     assert torch.equal(attacker("signflip", 6, sizes=(4000, 6000)).poison(u, [True, False])[4000:], u[4000:])
     target = torch.tensor([0, 1, 9])
-    assert attacker("labelflip").labels(target, 10, lies=[True]).tolist() == [9, 8, 0]
-    assert attacker("labelflip").labels(target, 10, lies=[False]).tolist() == [0, 1, 9]
+    assert attacker("labelflip").relabel([True], 10)(target).tolist() == [9, 8, 0]
+    assert attacker("labelflip").relabel([False], 10) is None and attacker("signflip", 6).relabel([True], 10) is None
     assert torch.equal(attacker("labelflip").poison(u, [True]), u)  # (computed on flipped labels already)
 
 
@@ -270,8 +274,13 @@ def test_counts_by_pushes_tensors_and_parameters():
     counts = attacks.counts([False, True, True], [10, 1, 100], passed=[False, True, False]).tolist()
     assert counts[:3] == [0, 1, 0] and abs(counts[3] - 2 / 3) < 1e-12  # by pushes: a poisoned push, 2 / 3 rejected
     assert counts[4:8] == [1, 2, 1, 1]  # by tensors: 1 honest (rejected), 2 lying (1 rejected)
-    assert counts[8:] == [10, 101, 10, 100]  # by parameters
-    assert attacks.counts([False] * 2, [3, 4]).tolist() == [1, 0, 0, 0, 2, 0, 0, 0, 7, 0, 0, 0]
+    assert counts[8:12] == [10, 101, 10, 100]  # by parameters
+    assert counts[12:] == [0, 0, 0, 0]  # no test named: none failed
+    assert attacks.counts([False] * 2, [3, 4]).tolist() == [1, 0, 0, 0, 2, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0]
+    # zenops' tests, per tensor (sign passed, norm passed): the parameters that failed each, honest and lying apart
+    tested = attacks.counts([False, True, True], [10, 1, 100], [False, False, False],
+                            [(True, False), (False, True), (False, False)]).tolist()
+    assert tested[12:] == [10, 0, 100, 101]  # honest: 10 failed the norm test; lying: 100 the norm, 101 the sign
 
 
 def test_local_steps_push_the_change_of_the_weights_and_keep_the_momentum():
@@ -316,7 +325,8 @@ def test_validators_count_what_they_reject(tiny_data, tmp_path, aggregate, mode,
     assert summary["honest_pushed"] + summary["byzantine_pushed"] == 6  # 3 workers, 1 step of 8 each, 2 epochs
     # each epoch's line of the validators' work: its counts add up to the summary's
     lines = re.findall(r"^epoch (\d) validators: pushes rejected ([\d.]+) of (\d+) honest, ([\d.]+) of (\d+) "
-                       r"poisoned; parameters rejected ([\d,]+) of ([\d,]+) honest, ([\d,]+) of ([\d,]+) poisoned$",
+                       r"poisoned; parameters rejected ([\d,]+) of ([\d,]+) honest, ([\d,]+) of ([\d,]+) poisoned"
+                       r"(?:; of the poisoned, ([\d,]+) failed the norm test, ([\d,]+) the sign test)?$",
                        result.stdout, re.M)
     assert [int(line[0]) for line in lines] == [1, 2], result.stdout
     total = [sum(float(line[i].replace(",", "")) for line in lines) for i in range(1, 9)]
@@ -324,6 +334,9 @@ def test_validators_count_what_they_reject(tiny_data, tmp_path, aggregate, mode,
         "honest_rejected", "honest_pushed", "byzantine_rejected", "byzantine_pushed", "honest_params_rejected",
         "honest_params_pushed", "byzantine_params_rejected", "byzantine_params_pushed")], abs=2e-3), lines
     assert 0 <= summary["honest_rejected"] <= summary["honest_pushed"]
+    tests = [sum(float(line[i].replace(",", "") or 0) for line in lines) for i in (9, 10)]
+    assert tests == [summary["byzantine_params_failed_norm"], summary["byzantine_params_failed_sign"]] if \
+        aggregate == "zenops" else tests == [0, 0], lines
     if mode == "sync":
         assert summary["byzantine_pushed"] == 2 and summary["byzantine_rejected"] == 2
         return
@@ -340,6 +353,84 @@ def test_validators_count_what_they_reject(tiny_data, tmp_path, aggregate, mode,
     else:
         assert rejected >= max(1, byzantine - 1), summary
     assert summary["honest_rejected"] <= 1, summary  # the honest ones agree with v here: they pass
+
+
+@pytest.mark.parametrize("attack", [["--byzantine", "1", "--attack", "signflip", "--attack-scale", "1.2"],
+                                    ["--byzantine", "2", "--attack", "alie", "--attack-scale", "1.5"]])
+def test_a_liar_inside_the_norm_bound_is_rejected_by_the_sign_test(tiny_data, tmp_path, attack):
+    """Sync zenops, 3 workers, 2 local steps a push. One flips its update x 1.2: inside the norm bound (1.44 <
+    1.6 x mean(v^2) where its update is as large as v), so what rejects it is the sign test, and the counts name
+    it. ALIE (2 liars, mean + 1.5 std of their own updates): every liar pushes each round, and the counts say which
+    test each rejected parameter failed."""
+    out = tmp_path / "ps"
+    result = run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", out, "--validators", "1", "--aggregate",
+                               "zenops", "--local-steps", "2", "-b", "4", *attack, *VALIDATED], nproc=5)
+    summary = read_summary(out)
+    liars = int(attack[1])
+    assert summary["byzantine_pushed"] == 2 * liars and summary["honest_pushed"] == 2 * (3 - liars), summary
+    pushed, failed_sign = summary["byzantine_params_pushed"], summary["byzantine_params_failed_sign"]
+    rejected, failed_norm = summary["byzantine_params_rejected"], summary["byzantine_params_failed_norm"]
+    assert max(failed_sign, failed_norm) <= rejected <= failed_sign + failed_norm, summary  # each by a test
+    if attack[3] == "signflip":
+        assert failed_sign >= 0.9 * pushed and failed_norm < failed_sign, summary
+        assert "--attack signflip x 1.2 by workers 0..0 always" in result.stdout
+    else:
+        assert "--attack alie (mean + 1.5 std of the liars' updates) by workers 0..1 always" in result.stdout
+
+
+def test_a_worker_sleeps_up_to_the_worker_delay_before_each_push_drawn_from_the_seed(monkeypatch):
+    """--worker-delay W, ZenoPS's simulated asynchrony: before a push (not a round sat out), a uniform draw from [0, W)
+    seconds, the same for the same seed, worker and round."""
+    from recipes.ps import worker
+    slept = []
+    monkeypatch.setattr(worker.time, "sleep", slept.append)
+    flags = argparse.Namespace(mode="async", local_steps=8, attack="none", byzantine=0, worker_delay=2.0, seed=0)
+    u = torch.ones(3)
+    for round_ in range(200):
+        worker.prepare_push(flags, attacker("none", sizes=(3,)), 1, round_, u, torch.zeros(3), True, [False])
+    assert len(slept) == 200 and 0 <= min(slept) < 0.1 and 1.9 < max(slept) < 2.0
+    again = []
+    monkeypatch.setattr(worker.time, "sleep", again.append)
+    worker.prepare_push(flags, attacker("none", sizes=(3,)), 1, 0, u, torch.zeros(3), True, [False])
+    worker.prepare_push(flags, attacker("none", sizes=(3,)), 1, 1, u, torch.zeros(3), False, [False])  # sat out
+    assert again == slept[:1]
+
+
+def test_alie_pushes_the_mean_plus_s_std_of_the_liars_own_updates(monkeypatch):
+    """Every liar gathers the liars' honest updates of the round and pushes byzfl's ALittleIsEnough of them: mean +
+    s std (ddof 1), coordinate-wise; a liar that sits the round out takes part in the gather and pushes nothing."""
+    pytest.importorskip("byzfl")
+    theirs = [torch.tensor([1.0, 2.0, 4.0]), torch.tensor([3.0, 2.0, 0.0])]
+
+    def all_gather(every, update, group):
+        every[:] = [update, *theirs]
+    monkeypatch.setattr(attacks.dist, "all_gather", all_gather)
+    monkeypatch.setattr(attacks.dist, "get_world_size", lambda group: 3)
+    liar = attacker("alie", 1.5, byzantine=3, sizes=(2, 1))
+    mine = torch.tensor([2.0, 2.0, 2.0])
+    every = torch.stack([mine, *theirs])
+    expected = every.mean(dim=0) + 1.5 * every.std(dim=0)  # (torch's std: ddof 1)
+    torch.testing.assert_close(liar.poison(mine, liar.next_push(0)), expected)
+    assert liar.next_push(0) == [True, True]  # (a whole push)
+    assert torch.equal(liar.poison(mine, [False, False]), mine)
+
+
+def test_naive_async_in_the_validators_moves_alpha_of_the_push_once(tiny_data, tmp_path):
+    """ZenoPS runs its naive-async baseline in the validators: through one validator, one push of 6 local steps at
+    alpha 0.5 moves the servers' weights as naive-async on the servers does (the same held-out share), neither
+    scaled twice nor not at all."""
+    runs = {name: tmp_path / name for name in ("servers", "validators")}
+    for name, extra in (("servers", []), ("validators", ["--validators", "1"])):
+        run_recipe("ps", [tiny_data, *TINY, "--epochs", "1", "-b", "4", "--out", runs[name], "--local-steps", "6",
+                          "--mode", "async", "--aggregate", "naive-async", "--zeno-alpha", "0.5", *VALIDATED, *extra],
+                   nproc=2 + len(extra) // 2)
+    on_servers, in_validators = weights(runs["servers"])["model"], weights(runs["validators"])["model"]
+    torch.manual_seed(0)
+    initial = models.build_model("lenet", 3).state_dict()
+    for key, value in on_servers.items():
+        assert (value - initial[key]).abs().max() > 1e-4, key
+        torch.testing.assert_close(in_validators[key], value, atol=1e-6, rtol=0, msg=key)
+    assert read_summary(runs["validators"])["honest_pushed"] == 1
 
 
 def test_async_validators_forward_a_round_a_worker_sat_out_as_a_skip(tiny_data, tmp_path):
@@ -512,7 +603,10 @@ def test_impossible_roles_are_one_line(flags, world_size, phrase):
     (["--worker-subsample", "1.5"], "--worker-subsample is a probability in (0, 1], got 1.5"),
     (["--validators", "1", "--aggregate", "zeno", "--worker-subsample", "0.5"], "not with --worker-subsample"),
     (["--aggregate", "naive-async"], "naive-async is ZenoPS's asynchronous baseline: use --mode async"),
-    (["--aggregate", "naive-async", "--mode", "async", "--validators", "1"], "--validators score pushes with a Zeno"),
+    (["--aggregate", "mean", "--validators", "1"], "--validators score pushes with a Zeno rule: --aggregate zenops"),
+    (["--attack", "alie", "--byzantine", "1"], "--attack alie: the liars share their updates each round"),
+    (["--attack", "alie", "--byzantine", "2", "--mode", "async", "--aggregate", "naive-async"], "--mode sync"),
+    (["--worker-delay", "-1"], "--worker-delay must be 0 or more, got -1"),
     (["--aggregate", "trimmed-mean", "--trim-ratio", "0.5"], "--trim-ratio is a fraction in (0, 0.5), got 0.5"),
     (["--trim-ratio", "0.2"], "--trim-ratio sets the trim of --aggregate trimmed-mean or phocas, not mean"),
     (["--aggregate", "phocas", "--trim-ratio", "0.2", "--zeno-b", "1"], "not with --zeno-b"),

@@ -149,5 +149,5 @@ def test_the_signflip_text_counts_the_runs_under_90_percent_and_tests_the_differ
     assert ("Over 22 epochs: 2 of 3 runs under 90 % with the sign flip, 1 of 3 without (Fisher's exact p = 1.00); "
             "1 lies accepted of 150 pushed, 1 before the highest loss of their run.") in text
     assert "highest loss: 3.00 to 16.30 in the runs under 90 %, 2.10 to 2.20 in the others." in text
-    assert ("The zeno++ table's 1 and 3 runs of the same two rows reached 60.0 with the sign flip and 91.0 without; "
+    assert ("The Zeno++ study's 1 and 3 runs of the same two rows reached 60.0 with the sign flip and 91.0 without; "
             "these 3 and 3: 58.3 and 67.0.") in text

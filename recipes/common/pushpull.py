@@ -27,15 +27,15 @@ from recipes.common import RecipeError, distributed, faults
 
 PUSH, SKIP, PULL, BYE = 0, 1, 2, 3  # a gradient; a worker's step with no gradient (rejected, or sat out); a request;
 # leaving
-HEADER = 23
+HEADER = 27
 # header fields: kind; version (of the weights a gradient was computed on; in a pull, of the client's copy);
 # age (a pull: send the shard once it is this many versions newer); the sender's training statistics
 # (loss x images, top-1 hits, top-5 hits, images, seconds its workers waited for data); update counts
 # (honest pushed, byzantine pushed, honest rejected, byzantine rejected: by pushes, by tensors, by
-# parameters); stop and lr (a pull's answer: training is over; the server's learning rate); sigterm (the
+# parameters; then the parameters failing zenops' norm and sign tests, honest and byzantine); stop and lr (a pull's answer: training is over; the server's learning rate); sigterm (the
 # sender has received SIGTERM: the receiver stops as if it had, so that the servers save and stop,
 # faults.request_stop)
-KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, SIGTERM = 0, 1, 2, slice(3, 8), slice(8, 20), 20, 21, 22
+KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, SIGTERM = 0, 1, 2, slice(3, 8), slice(8, 24), 24, 25, 26
 
 
 def partition(sizes, partition_bytes, servers, element_bytes=4):

@@ -12,15 +12,23 @@ change of its weights over H steps), as the Zeno papers attack:
   signflip          -s u_t (ZenoPS: s = 6 sync, 2 async; Zeno++: 10; Zeno: 1);
   gaussian          N(0, s^2) in place of u_t (ZenoPS: s = 1);
   random            a random direction at s times ||u_t|| (ZenoPS: s = 8);
-  labelflip         u computed on labels c -> C-1-c, a whole push (--attack-scale unused).
+  labelflip         u computed on labels c -> C-1-c, a whole push (--attack-scale unused);
+  alie              A Little Is Enough (Baruch et al. 2019), byzfl's ALittleIsEnough: every liar pushes
+                    mean + s std, coordinate-wise, of the liars' own honest updates of the round (the
+                    paper's attackers estimate both from their own data; --byzantine K >= 2, sync; s is
+                    byzfl's tau, 1.5 by default there). It stays within the honest updates' spread, where
+                    norm bounds and distance rules do not see it.
 Each attack acts tensor by tensor (u_t: one parameter tensor of u), as ZenoPS's attacks.py 39-52.
 
-ALIE and IPM are not here: they are omniscient (computed from the honest workers' updates of the
-step), which workers that see only their own batches cannot be; byzfl's benchmark, run by
-scripts/figures/ps/byzfl_reference.py, measures them with that knowledge.
+IPM is not here: it is omniscient (computed from the honest workers' updates of the step), which
+workers that see only their own batches cannot be; byzfl's benchmark, run by
+scripts/figures/ps/byzfl_reference.py, measures it with that knowledge.
 """
 
 import torch
+import torch.distributed as dist
+
+COUNTS = 16  # the numbers of counts(), in the push headers and summed by the servers
 
 
 class Attacker:
@@ -28,11 +36,12 @@ class Attacker:
     come from a generator seeded by --seed, the worker's index and the round (counted from the run's start,
     so that a resumed run draws on as the straight one). clean_rounds: the rounds in which nobody lies."""
 
-    def __init__(self, args, index, sizes, clean_rounds=0):
+    def __init__(self, args, index, sizes, clean_rounds=0, liars=None):
+        self.liars = liars  # alie: the liars' gloo group, over which they share their honest updates
         self.attack, self.scale, self.prob, self.sizes = args.attack, args.attack_scale, args.attack_prob, sizes
         self.always, self.seed, self.index = index < args.byzantine, args.seed or 0, index
         self.clean_rounds = clean_rounds
-        self.per_tensor = args.attack_draw == "tensor" and args.attack != "labelflip"  # (a data attack: whole)
+        self.per_tensor = args.attack_draw == "tensor" and args.attack not in ("labelflip", "alie")  # (whole)
         self.generator = torch.Generator().manual_seed(1_000_003 * self.seed + index)  # (reseeded each round)
 
     def next_push(self, round_):
@@ -45,12 +54,19 @@ class Attacker:
         lies = [self.attack != "none" and (self.always or bool(draw)) for draw in draws.tolist()]
         return lies if self.per_tensor else lies * len(self.sizes)
 
-    def labels(self, target, num_classes, lies):
-        return num_classes - 1 - target if any(lies) and self.attack == "labelflip" else target
+    def relabel(self, lies, num_classes):
+        """The labels a lying worker trains on, as a function of the true ones (labelflip: c -> C-1-c); else None."""
+        return (lambda target: num_classes - 1 - target) if self.attack == "labelflip" and any(lies) else None
 
     def poison(self, update, lies):
         """The pushed vector: each lying tensor in place of the honest one (labelflip: already computed on
-        flipped labels)."""
+        flipped labels). alie: every liar calls it every round, pushing or not (they share their updates)."""
+        if self.attack == "alie":
+            import byzfl
+
+            every = [torch.empty_like(update) for _ in range(dist.get_world_size(self.liars))]
+            dist.all_gather(every, update, group=self.liars)
+            return byzfl.ALittleIsEnough(float(self.scale))(torch.stack(every)) if any(lies) else update
         if self.attack == "labelflip" or not any(lies):
             return update
         return torch.cat([self.poison_tensor(u_t) if lie else u_t for u_t, lie in zip(update.split(self.sizes), lies)])
@@ -64,17 +80,24 @@ class Attacker:
         return direction * (self.scale * u_t.norm() / direction.norm().clamp_min(1e-12))
 
 
-def counts(lies, sizes, passed=None):
-    """One push's update counts for the summary (12 numbers): by pushes (honest pushed, byzantine pushed, honest
+def counts(lies, sizes, passed=None, tests=None):
+    """One push's update counts for the summary (COUNTS numbers): by pushes (honest pushed, byzantine pushed, honest
     rejected, byzantine rejected; a push is byzantine when any of its tensors lies, and rejected counts the share
-    of its tensors that did not pass), then the same four by tensors, then by parameters."""
+    of its tensors that did not pass), then the same four by tensors, then by parameters; then the parameters that
+    failed each of zenops' tests (tests: per tensor, (the sign test passed, the norm test passed)): honest failing
+    the norm test, honest failing the sign test, byzantine failing the norm test, byzantine failing the sign test
+    (a tensor failing both counts in both)."""
     passed = [True] * len(lies) if passed is None else passed
+    tests = [(True, True)] * len(lies) if tests is None else tests
     byzantine, share = any(lies), 1 - sum(passed) / len(passed)
     values = [not byzantine, byzantine, 0 if byzantine else share, share if byzantine else 0]
     for weights in ([1] * len(sizes), sizes):
         values += [sum(w for w, lie in zip(weights, lies) if not lie), sum(w for w, lie in zip(weights, lies) if lie),
                    sum(w for w, lie, ok in zip(weights, lies, passed) if not lie and not ok),
                    sum(w for w, lie, ok in zip(weights, lies, passed) if lie and not ok)]
+    for lying in (False, True):
+        values += [sum(w for w, lie, (_, norm) in zip(sizes, lies, tests) if lie == lying and not norm),
+                   sum(w for w, lie, (sign, _) in zip(sizes, lies, tests) if lie == lying and not sign)]
     return torch.tensor(values, dtype=torch.float64)
 
 
@@ -82,7 +105,10 @@ def describe(args):
     """Who lies, in words, for a run's first line."""
     if args.attack == "none":
         return "no attack"
-    drawn = "tensor of every push" if args.attack_draw == "tensor" and args.attack != "labelflip" else "push"
+    drawn = "tensor of every push" if args.attack_draw == "tensor" and args.attack not in ("labelflip", "alie") \
+        else "push"
     who = " and ".join(([f"workers 0..{args.byzantine - 1} always"] if args.byzantine else []) +
                        ([f"every {drawn} with probability {args.attack_prob:g}"] if args.attack_prob else []))
-    return f"--attack {args.attack} x {args.attack_scale:g} by {who}"
+    what = f"(mean + {args.attack_scale:g} std of the liars' updates)" if args.attack == "alie" else \
+        f"x {args.attack_scale:g}"
+    return f"--attack {args.attack} {what} by {who}"

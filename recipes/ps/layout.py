@@ -7,14 +7,16 @@ workers: one object says it, so that no role computes it again.
 import argparse
 import importlib.util
 from dataclasses import dataclass
+from types import SimpleNamespace
 
-from recipes.common import RecipeError, cli
+from recipes.common import RecipeError, cli, distributed
 from recipes.ps.rules import ZENOPS_ASYNC_ETA, ZENOPS_RHO, ZENOPS_SYNC_ETA
 
 ROBUST = ["mean", "median", "trimmed-mean", "krum", "centered-clipping", "phocas", "naive-async"]  # on the servers
+# (naive-async also in validators, as ZenoPS's)
 BYZFL_RULES = ["median", "trimmed-mean", "krum", "centered-clipping"]  # (rules.py imports byzfl for these)
 VALIDATED = ["zenops", "zeno", "zeno++"]  # by validators
-ATTACKS = ["none", "signflip", "gaussian", "random", "labelflip"]
+ATTACKS = ["none", "signflip", "gaussian", "random", "labelflip", "alie"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,18 @@ class Layout:
         return self.clients[:self.validators] if self.validators else self.clients
 
 
+def process_groups(args, layout):
+    """The groups beside the default one (every rank takes part in making each): the servers' on the device (to
+    evaluate) and on gloo (their shards, on the CPU, as BytePS's), the validators' (zeno's scores) and the liars'
+    (--attack alie: their updates), on gloo."""
+    return SimpleNamespace(
+        servers=distributed.new_group(range(args.servers)),
+        servers_control=distributed.new_control_group(range(args.servers)),
+        validators=distributed.new_control_group(range(args.servers, layout.first_worker)) if args.validators else None,
+        liars=distributed.new_control_group(range(layout.first_worker, layout.first_worker + args.byzantine))
+        if args.attack == "alie" else None)
+
+
 def add_args(parser):
     group = parser.add_argument_group("parameter server")
     group.add_argument("--servers", type=int, default=1, help="ranks 0..S-1 hold the model (default: 1)")
@@ -82,9 +96,14 @@ def add_args(parser):
                        help="--attack-prob's draw: each tensor of a push on its own (ZenoPS's, default) or the "
                             "push whole (Zeno++'s)")
     group.add_argument("--attack", choices=ATTACKS, default="none",
-                       help="what a lying worker pushes in place of its update u (attacks.py)")
+                       help="what a lying worker pushes in place of its update u (attacks.py; alie: byzfl's A "
+                            "Little Is Enough from the liars' own updates, sync, --byzantine K >= 2)")
     group.add_argument("--attack-scale", type=float, default=1.0, metavar="S",
-                       help="signflip: -S u; gaussian: N(0, S^2); random: a random direction at S ||u||")
+                       help="signflip: -S u; gaussian: N(0, S^2); random: a random direction at S ||u||; alie: "
+                            "mean + S std (byzfl's tau, 1.5 there)")
+    group.add_argument("--worker-delay", type=float, default=0.0, metavar="W",
+                       help="each worker sleeps a uniform draw from [0, W) seconds before each push, ZenoPS's "
+                            "simulated asynchrony (worker.py; theirs: 1 s x the workers; default: 0)")
     group.add_argument("--worker-subsample", type=float, default=1.0, metavar="P",
                        help="each worker pushes in a round with probability P; after a round it sat out, sync: "
                             "it starts from the new weights plus that round's change and pushes the next round's "
@@ -139,6 +158,7 @@ def check_flags(args):
                             "--byzantine": (lambda v: v >= 0, "must be 0 or more"),
                             "--attack-prob": (lambda v: 0 <= v <= 1, "is a probability in [0, 1]"),
                             "--attack-scale": (lambda v: v >= 0, "must be 0 or more"),
+                            "--worker-delay": (lambda v: v >= 0, "must be 0 or more"),
                             "--rho": (lambda v: v >= 0, "must be 0 or more"),
                             "--zeno-alpha": (lambda v: v > 0, "must be positive"),
                             "--eps": (lambda v: v >= 0, "must be 0 or more"),
@@ -152,8 +172,14 @@ def check_flags(args):
         raise RecipeError("--byzantine and --attack-prob need an --attack")
     if args.attack != "none" and not (args.byzantine or args.attack_prob):
         raise RecipeError(f"--attack {args.attack} needs --byzantine K or --attack-prob q: who lies")
-    if args.validators and args.aggregate not in VALIDATED:
-        raise RecipeError(f"--validators score pushes with a Zeno rule: --aggregate {'|'.join(VALIDATED)}")
+    if args.validators and args.aggregate not in VALIDATED + ["naive-async"]:
+        raise RecipeError(f"--validators score pushes with a Zeno rule: --aggregate {'|'.join(VALIDATED)} (or "
+                          f"naive-async, which they scale, as ZenoPS's)")
+    if args.attack == "alie" and (args.attack_prob or args.byzantine < 2 or args.mode != "sync"):
+        raise RecipeError("--attack alie: the liars share their updates each round: --byzantine K (2 or more), "
+                          "no --attack-prob, --mode sync")
+    if args.attack == "alie" and importlib.util.find_spec("byzfl") is None:
+        raise RecipeError("--attack alie is byzfl's: pip install byzfl (or pip install -e '.[ps]')")
     if not args.validators and args.aggregate in VALIDATED:
         raise RecipeError(f"--aggregate {args.aggregate} needs --validators (at least 1)")
     if args.mode == "async" and args.aggregate not in ("mean", "naive-async", "zenops", "zeno++"):
@@ -201,7 +227,7 @@ def check_world(args, world_size):
         raise RecipeError(f"{args.validators} validators for {workers} worker(s): each validator needs a worker")
     if args.byzantine >= workers:
         raise RecipeError(f"--byzantine {args.byzantine} must be smaller than the {workers} worker(s)")
-    if args.aggregate in ("median", "trimmed-mean", "phocas", "krum") and 2 * b >= workers:
+    if args.aggregate in ("median", "trimmed-mean", "phocas", "krum") and args.trim_ratio is None and 2 * b >= workers:
         raise RecipeError(f"--aggregate {args.aggregate} tolerates fewer than half of the workers Byzantine: "
                           f"{b} of {workers}")
     if args.aggregate == "krum" and 2 * b + 2 >= workers:

@@ -16,8 +16,10 @@ over coordinates; <.,.> and ||.|| are over the whole vector unless a rule works 
                 base (unscheduled) learning rate, the penalty on g before rescaling (Zeno++, Xie et
                 al. ICML 2020: eps 0, rho 0.001 at lr 0.1; v refreshed every k = 10 arrivals).
   phocas        coordinate-wise, the mean of the n - b values nearest the trimmed mean (Xie et al. 2018).
-  naive-async   alpha u for every push, on the servers: ZenoPS's asynchronous baseline, the rule its
-                async zenops is read against (zeno_ps validator.py 172-183, NaiveAsyncValidator; alpha 0.4).
+  naive-async   alpha u for every push: ZenoPS's asynchronous baseline, the rule its async zenops is
+                read against (zeno_ps validator.py 172-183, NaiveAsyncValidator; alpha 0.4). With
+                --validators it runs in them, as ZenoPS's (a hop between worker and server, which adds
+                staleness); without, on the servers.
 The other robust rules are byzfl's (median, trimmed mean, Krum, centered clipping).
 """
 
@@ -35,12 +37,13 @@ def per_tensor(vector, sizes):
 
 
 def zenops_sync(u, v, sizes, eta, rho):
-    """Which tensors of u pass ZenoPS's synchronous test against v: one bool per tensor."""
-    passed = []
+    """ZenoPS's synchronous tests of u against v, tensor by tensor: (the sign test passed, the norm test passed)
+    for each tensor; a tensor passes when both do."""
+    tests = []
     for u_t, v_t in zip(per_tensor(u, sizes), per_tensor(v, sizes)):
         v2 = (v_t * v_t).mean()
-        passed.append(bool((u_t * v_t).mean() > eta * v2 and (u_t * u_t).mean() < (1 + rho) * v2))
-    return passed
+        tests.append((bool((u_t * v_t).mean() > eta * v2), bool((u_t * u_t).mean() < (1 + rho) * v2)))
+    return tests
 
 
 def accepted_part(u, passed, sizes):
@@ -58,6 +61,11 @@ def zenops_async(u, v, sizes, eta, alpha):
         passed.append(score >= eta)
         pieces.append(alpha * u_t if score >= eta else alpha * score * u_t)
     return torch.cat(pieces), passed
+
+
+def naive_async(u, alpha):
+    """ZenoPS's naive-async: every push applied, scaled by alpha."""
+    return alpha * u
 
 
 def zeno_scores(loss_at, x, candidates, lr, rho_ratio):

@@ -1,13 +1,38 @@
-"""The servers' work around their loops (train.py): an update applied to a shard, whose statistics each
-keeps, the counts of the summary, the goodbye after training, the whole model put together for
-evaluation and checkpoints, and a server's share of a resumed checkpoint."""
+"""The servers' work around their loops (train.py): one update made of a step's pushes (the rules, or the
+validators' accepted pushes), applied to a shard, whose statistics each keeps, the counts of the summary,
+the goodbye after training, the whole model put together for evaluation and checkpoints, and a server's
+share of a resumed checkpoint."""
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
-from recipes.common import pushpull
+from recipes.common import bookkeeping, pushpull, schedule
+from recipes.ps import attacks, rules, validators
+
+
+def new_tally(args, layout, sizes, server_chunks):
+    """What a server counts as it trains: its version, the stale pushes dropped and the oldest applied, the
+    clients that left, the update counts (attacks.counts) summed and as last logged; and what its rules keep."""
+    return {"version": 0, "stale": 0, "oldest": 0, "left": set(), "workers": layout.workers, "sizes": sizes,
+            "counts": torch.zeros(attacks.COUNTS, dtype=torch.float64),
+            "logged": torch.zeros(attacks.COUNTS, dtype=torch.float64),
+            "tests": args.aggregate == "zenops",  # (its counts name the test a rejected parameter failed)
+            "clipping": rules.clipping(args.aggregate),  # (centered clipping's centre, kept from step to step)
+            "tensor_of": validators.tensor_of(sizes, server_chunks) if args.validators else None}
+
+
+def combine(args, updates, numel, tally):
+    """The servers' hook: one update of this server's shard (numel elements) from a step's pushes. Sync: the
+    validators' accepted pushes, tensor by tensor, or a rule (rules.py) over the workers'; async: the push,
+    naive-async's scaled on the servers unless validators scaled it."""
+    if args.mode == "async":
+        return rules.naive_async(updates[0], args.zeno_alpha) \
+            if args.aggregate == "naive-async" and not args.validators else updates[0]
+    if args.validators:
+        return validators.accepted_mean(updates, numel, tally["tensor_of"])
+    return rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"], args.trim_ratio)
 
 
 def apply(args, shard, optimizer, update, tally):
@@ -70,12 +95,23 @@ def gather(model, view, shard, optimizer, chunks, servers_control):
     view.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"]
 
 
-def counts_of_every_server(tally, run):
-    """The summary's update counts, added up (or the most) over the servers: CPU numbers, over their gloo group
-    (run.control; run.group, on the device, is NCCL's on GPUs)."""
+def describe(args, layout, chunks, where):
+    """The run's set-up in words, for its first line (where: the device and backend)."""
+    return (f"{args.servers} server(s), {args.validators} validator(s), {layout.workers} worker(s) on {where}, "
+            f"{args.mode}, "
+            f"{args.local_steps} local step(s) a push, --aggregate {args.aggregate}"
+            f"{' in the validators' if args.aggregate == 'naive-async' and args.validators else ''}, "
+            f"{attacks.describe(args)}; chunks per server {[len(c) for c in chunks]}, "
+            f"{[pushpull.shard_size(c) for c in chunks]} parameters")
+
+
+def summary_of(args, layout, tally, run):
+    """What summary.json adds for the parameter server: the set-up, and the update counts added up (or the most)
+    over the servers: CPU numbers, over their gloo group (run.control; run.group, on the device, is NCCL's on
+    GPUs)."""
     dist.all_reduce(tally["counts"], group=run.control)
     counts = {}  # by pushes (rejected: shares of pushes), by tensors, by parameters (attacks.counts)
-    for by, values in zip(("", "_tensors", "_params"), tally["counts"].split(4)):
+    for by, values in zip(("", "_tensors", "_params"), tally["counts"][:12].split(4)):
         honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = values.tolist()
         counts.update({f"honest{by}_pushed": round(honest_pushed), f"byzantine{by}_pushed": round(byzantine_pushed),
                        f"honest{by}_rejected": round(honest_rejected, 3),
@@ -83,20 +119,28 @@ def counts_of_every_server(tally, run):
     most = torch.tensor([tally["stale"], tally["oldest"]])  # (every server drops and applies on its own)
     dist.all_reduce(most, op=dist.ReduceOp.MAX, group=run.control)
     stale, oldest = most.tolist()
-    return dict(**counts, stale_dropped=stale, max_applied_staleness=oldest)
+    tests = dict(zip(("honest_params_failed_norm", "honest_params_failed_sign", "byzantine_params_failed_norm",
+                      "byzantine_params_failed_sign"), (round(n) for n in tally["counts"][12:].tolist())))
+    return dict(mode=args.mode, aggregate=args.aggregate, attack=args.attack, byzantine=args.byzantine,
+                attack_prob=args.attack_prob, local_steps=args.local_steps, servers=args.servers,
+                validators=args.validators, workers=layout.workers, **counts, **tests, stale_dropped=stale,
+                max_applied_staleness=oldest)
 
 
 def log_validators(run, tally, epoch):
     """The validators' work in the epoch, one line (rank 0): pushes and parameters rejected, honest and poisoned,
     added up over the servers (a collective of their gloo group). A push counts the share of its tensors that were
-    rejected, so pushes can be fractional."""
+    rejected, so pushes can be fractional. zenops: which of its tests the poisoned parameters failed (one may fail
+    both)."""
     done = tally["counts"].clone()
     dist.all_reduce(done, group=run.control)
     epoch_counts, tally["logged"] = (done - tally["logged"]).tolist(), done
-    pushes, parameters = epoch_counts[:4], epoch_counts[8:]  # (attacks.counts: pushed and rejected, by what)
+    pushes, parameters = epoch_counts[:4], epoch_counts[8:12]  # (attacks.counts: pushed and rejected, by what)
     run.log.print(f"epoch {epoch} validators: pushes rejected {round(pushes[2], 3):g} of {pushes[0]:.0f} honest, "
                   f"{round(pushes[3], 3):g} of {pushes[1]:.0f} poisoned; parameters rejected {parameters[2]:,.0f} "
-                  f"of {parameters[0]:,.0f} honest, {parameters[3]:,.0f} of {parameters[1]:,.0f} poisoned")
+                  f"of {parameters[0]:,.0f} honest, {parameters[3]:,.0f} of {parameters[1]:,.0f} poisoned"
+                  + ("; of the poisoned, {2:,.0f} failed the norm test, {3:,.0f} the sign test"
+                     .format(*epoch_counts[12:]) if tally["tests"] else ""))
 
 
 def server_state(model, view, shard, optimizer, server_chunks):
@@ -106,3 +150,20 @@ def server_state(model, view, shard, optimizer, server_chunks):
     if all(buffer is not None for buffer in buffers):
         momentum = torch.cat([buffer.reshape(-1) for buffer in buffers]).cpu()
         optimizer.state[shard]["momentum_buffer"] = pushpull.take(momentum, server_chunks)
+
+
+def server_run(args, log, device, model, shard, optimizer, chunks, num_classes, global_batch, update_steps, groups):
+    """A server's bookkeeping (common/bookkeeping.Run): its learning-rate schedule, the whole model and an optimizer
+    of it (view) for evaluation and checkpoints, put together from every server's shard (gather), and --resume:
+    then this server's chunks of the resumed weights and momentum."""
+    lr = optimizer.param_groups[0]["lr"]
+    view = torch.optim.SGD(model.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    view.param_groups[0]["initial_lr"] = lr  # the checkpoint's optimizer, as the other recipes save it
+    scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=update_steps)
+    server_chunks = chunks[dist.get_rank()]
+    run = bookkeeping.Run(args, log, device, model, view, scheduler, None, num_classes, global_batch,
+                          steps_per_epoch=update_steps, group=groups.servers, control=groups.servers_control,
+                          gather=lambda: gather(model, view, shard, optimizer, chunks, groups.servers_control))
+    run.resume()  # --resume, or <out>/checkpoint.pt with --auto-resume
+    server_state(model, view, shard, optimizer, server_chunks)
+    return run

@@ -12,10 +12,13 @@ to validator i mod V) against what it computes itself on data no worker sees, an
   zeno++  v is the gradient of one --validator-batch batch at the latest weights, refreshed every
           --zeno-delay k pushes that reached any validator (default 10, its authors': their one server
           counts every arrival). Gradients only (--local-steps 1).
+  naive-async  no v, no test: alpha u forwarded, as ZenoPS's asynchronous baseline runs in its
+          validators (launcher/experiments_async_*.sh --validation-type naive_async).
 Every forwarded push says what it held: per parameter tensor, how many pushes were accepted (sync),
 so the servers apply, tensor by tensor, the mean of every accepted push. What was rejected is
 counted by pushes (the share of its tensors, a push rejected whole counting 1), by tensors and by
-parameters, for honest and for poisoned tensors apart (the worker says which of its tensors lie).
+parameters, for honest and for poisoned tensors apart (the worker says which of its tensors lie), and
+zenops counts the parameters that failed each of its tests, the norm test and the sign test.
 
 Where this departs from the authors' code (xcgoner/zeno_ps, icml2019_zeno, AsyncByzGrad), and why:
 - Local steps use the recipes' SGD with momentum, not ZenoPS's Nesterov: one optimizer in every
@@ -48,7 +51,8 @@ Where this departs from the authors' code (xcgoner/zeno_ps, icml2019_zeno, Async
 - --validator-batch: zenops's v is computed as a push is, on the workers' batch (ZenoPS's); a larger
   one would average away more of v's noise, and lower with it the norm test's bar, 1.6 ||v||^2. zeno and
   zeno++ score on 4 x --batch-size (Zeno++'s authors score on the workers' batch of 128): a gradient
-  of 8 images has 4 times the variance of one of 32. docs/results/ps.md's zeno table measures Zeno's own scoring batch of 4.
+  of 8 images has 4 times the variance of one of 32. docs/results/ps.md's zeno table measures Zeno's own
+  scoring batch of 4.
 - The held-out data is a share of train/ for every rule, and every validator trains on all of it,
   shuffled its own way, as ZenoPS's validators all hold the same last shard of W + 1
   (train_cifar10_byteps_zeno_validator.py 210-220); Zeno++ holds a 20th.
@@ -105,13 +109,16 @@ def validator_sync(args, layout, rank, model, batches, chunks, rounds, base_lr, 
             raise RunFailed(f"rank {rank} lost worker rank(s) {lost} during training: sync waits for every push")
         pushed = [split_lies(g, sizes) for *_, g in candidates if g is not None]
         updates, lies = [u for u, _ in pushed], [lying for _, lying in pushed]
-        if args.aggregate == "zenops":
-            passed = [rules.zenops_sync(u, v, sizes, args.zeno_eta, args.rho) for u in updates]
+        if args.aggregate == "zenops":  # (per tensor: the sign test passed, the norm test passed)
+            tests = [rules.zenops_sync(u, v, sizes, args.zeno_eta, args.rho) for u in updates]
+            passed = [[sign and norm for sign, norm in tests_of] for tests_of in tests]
         else:
             passed = zeno_passed(args, model, criterion, vector, batches, updates, lr, validators_control,
                                  to_device, len(sizes))
-        none = torch.zeros(12, dtype=torch.float64)  # (every worker may sit a round out)
-        counts = sum((attacks.counts(lying, sizes, ok) for lying, ok in zip(lies, passed)), none)
+            tests = [None] * len(updates)
+        none = torch.zeros(attacks.COUNTS, dtype=torch.float64)  # (every worker may sit a round out)
+        counts = sum((attacks.counts(lying, sizes, ok, tested) for lying, ok, tested in zip(lies, passed, tests)),
+                     none)
         stats = sum(message[pushpull.STATS] for message, *_ in candidates)
         total = sum((rules.accepted_part(u, ok, sizes) for u, ok in zip(updates, passed)), torch.zeros_like(vector))
         accepted = torch.tensor([sum(ok[t] for ok in passed) for t in range(len(sizes))], dtype=torch.float32)
@@ -151,7 +158,7 @@ def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr,
     arrivals = dist.PrefixStore("zeno++", dist.distributed_c10d._get_default_store())  # (every validator's pushes)
     active, scored, v = set(workers), 0, None
     while active:
-        if v is None:  # v at the latest weights
+        if v is None and args.aggregate != "naive-async":  # v at the latest weights (naive-async needs none)
             _, lr = pushpull.pull(vector, chunks, versions)
             model.train()
             v, _ = steps.local_update(model, optimizer, criterion, vector, batches, args.local_steps, lr, to_device)
@@ -166,9 +173,11 @@ def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr,
         u, lies = split_lies(u, sizes) if u is not None else (None, None)
         if u is None:  # it sat this round out (--worker-subsample): a skip, so that the servers count its step
             update, applied, counts, worker_versions = None, False, None, [0] * args.servers
-        elif args.aggregate == "zenops":  # applies alpha s u to what it rejects
+        elif args.aggregate == "naive-async":  # ZenoPS's baseline, where ZenoPS runs it: alpha u, forwarded
+            update, applied, counts = rules.naive_async(u, args.zeno_alpha), True, attacks.counts(lies, sizes)
+        elif args.aggregate == "zenops":  # applies alpha s u to what it rejects (s < eta: a failed sign test)
             update, passed = rules.zenops_async(u, v, sizes, args.zeno_eta, args.zeno_alpha)
-            applied, counts = True, attacks.counts(lies, sizes, passed)
+            applied, counts = True, attacks.counts(lies, sizes, passed, [(ok, True) for ok in passed])
         else:
             update, applied = rules.zeno_plus_plus(u, v, base_lr, rho, args.eps)
             counts = attacks.counts(lies, sizes, [applied] * len(sizes))

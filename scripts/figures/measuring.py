@@ -269,12 +269,14 @@ def train_seconds(out):
         return sum(float(row["epoch_s"]) for row in csv.DictReader(f) if row["split"] == "train")
 
 
-def record_part(figures_data, part, started, adding=False):
+def record_part(figures_data, part, started, adding=False, replacing=None):
     """Keep how long this part of `make figures` takes in <figures_data>/timings.csv (one row per part,
     replaced each time), for RESULTS.md: the time since `started` plus, for runs kept from an earlier
     start, the time they took then, so a resumed part still records what a whole one takes. adding (a part
     measured in pieces): the pieces' runs trained now are added to the part's row, whose time holds the rest
-    (runs kept from an earlier start are in it already)."""
+    (runs kept from an earlier start are in it already). replacing (runs measured again in place of earlier ones):
+    (seconds and runs the new ones took, seconds and runs of the earlier ones they replace): the part's row moves
+    by their difference, whatever this start trained or read back (so starting it again changes nothing)."""
     path = Path(figures_data) / "timings.csv"
     recorded = read_csv(path) if path.exists() else []
     earlier = [row for row in recorded if row["part"] == part]
@@ -283,6 +285,10 @@ def record_part(figures_data, part, started, adding=False):
     if adding and earlier:
         seconds = float(earlier[0]["seconds"]) + time.time() - started
         trained, reused = int(earlier[0]["runs_trained"]) + counts["trained"], int(earlier[0]["runs_reused"])
+    if replacing and earlier:
+        new_s, new_runs, old_s, old_runs = replacing
+        seconds = float(earlier[0]["seconds"]) + new_s - old_s
+        trained, reused = int(earlier[0]["runs_trained"]) + new_runs - old_runs, int(earlier[0]["runs_reused"])
     rows.append({"part": part, "seconds": round(seconds, 1), "runs_trained": trained,
                  "runs_reused": reused, "date": time.strftime("%Y-%m-%d"), **hardware()})
     write_csv(path, TIMING_FIELDS, rows)

@@ -2,11 +2,14 @@
 
     python scripts/figures/ps/measure.py     # figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (then plot_results.py)
     python scripts/figures/ps/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
+    python scripts/figures/ps/measure.py --only 'zeno++/*/*' 'sync-*/*/ALIE*'   # these rows; ps.csv keeps the rest
 
   table.py            the table: each of the authors' figures in their regime, scaled down (its docstring says how)
   byzfl_reference.py  ByzFL's own benchmark on the same digits, the outside reference
   why.py              why the targets that miss do: the recipe under probe.py
-Each step keeps what an earlier, stopped run finished; the part's time counts all three.
+Each step keeps what an earlier, stopped run finished; the part's time counts all three. --only PART/RULE/ATTACK
+patterns (fnmatch) measure the table's runs that match and keep every other row of ps.csv, and skip the other two
+steps.
 """
 
 import argparse
@@ -30,9 +33,14 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
     parser.add_argument("--runs", default="runs/figures/ps", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where ps.csv goes")
+    parser.add_argument("--only", nargs="+", metavar="PART/RULE/ATTACK",
+                        help="measure only the table's runs that match (fnmatch), keeping ps.csv's other rows")
     args = parser.parse_args()
     measuring.require_digits(args.data)
-    table.run(args.data, args.runs, args.figures_data, args.seeds, args.epochs, args.quick)
+    replacing = table.run(args.data, args.runs, args.figures_data, args.seeds, args.epochs, args.quick, args.only)
+    if args.only:  # (the part's time: less the replaced rows' training, their start-up unknown, plus the new runs')
+        measuring.record_part(args.figures_data, "ps", started, adding=True, replacing=replacing)
+        return
     # the outside reference, in the same part (its time counts in the part's)
     byzfl_reference.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)
     # why the targets that miss do: the recipe under probe.py

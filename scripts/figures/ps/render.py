@@ -2,32 +2,28 @@
 (scripts/figures/ps/table.py), its targets and ByzFL's benchmark beside it (scripts/figures/ps/render_targets.py).
 
     reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (ps_why.py)
-    draws    figures/ps.png, ps_eta.png (scripts/figures/ps/render_targets.py)
+    draws    figures/ps.png, ps_eta.png (scripts/figures/ps/plot.py)
     writes   sections ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
              ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (ps_why.py)
 """
 
 import statistics
 
-from scripts.figures.ps.render_targets import plot_ps, ps_byzfl_table, ps_targets  # (the part's second half)
+from scripts.figures.ps.plot import plot_ps  # (its figures)
+from scripts.figures.ps.render_targets import ps_batch, ps_byzfl_table, ps_targets  # (the part's second half)
 from scripts.figures.ps.render_why import why_sections  # (and why its misses miss)
-from scripts.figures.ps.rows import MATRICES, VALIDATED, finished, ps_groups, ps_top1, top1_or_chance
+from scripts.figures.ps.rows import (INBOUND, MATRICES, VALIDATED, finished, naive_in_validators, params_shares,
+                                     ps_groups, ps_top1, rejected, top1_or_chance)
 from scripts.figures.rendering import beyond_spread, read_csv, spread, table, targets_held, with_range
-
-def rejected(runs, who, by="_params"):
-    """'25 (20-30)': the share (%) of `who`'s (honest or byzantine) pushed tensors (by="_tensors"), parameters
-    ("_params") or pushes ("") that the rule dropped, its mean over the seeds' runs and its range."""
-    rates = [100 * float(r[f"{who}{by}_rejected"]) / float(r[f"{who}{by}_pushed"]) for r in finished(runs)
-             if r.get(f"{who}{by}_pushed") not in (None, "", "0", "0.0")]
-    return with_range(spread(rates), 0) if rates else ""
-
 
 def baseline_in(groups, aggregate):
     """The plain rule a rule is compared with: the mean with the same local steps and batch, where there is one
-    (async zenops: ZenoPS's own baseline, naive-async)."""
+    (async zenops: ZenoPS's own baseline, naive-async, where ZenoPS runs it: in the validators; naive-async there:
+    naive-async on the servers)."""
     same = "mean" + aggregate[aggregate.index(","):] if "," in aggregate else "mean"
-    for plain in (same, "mean, 1 step" if "1 step" in aggregate else "mean", "naive-async"):
-        if any(key[0] == plain for key in groups):
+    in_validators = naive_in_validators(groups) if aggregate in VALIDATED else None
+    for plain in (same, "mean, 1 step" if "1 step" in aggregate else "mean", in_validators, "naive-async"):
+        if plain and any(key[0] == plain for key in groups):
             return plain
     return "naive-async"
 
@@ -66,27 +62,32 @@ def ps_tables(rows):
                  f"it is counted beside the others.")
         if seeds > 1:
             text += (" Beyond the spread of the plain rule beside it (`mean` of the same local steps and batch; for "
-                     "async `zenops`, `naive-async`) under the same attack, a diverged run counted as chance (10 %), "
-                     "better: " + ("; ".join(better) or "none") +
-                     ". Worse: " + ("; ".join(worse) or "none") + ".")
+                     "async `zenops`, `naive-async` in the validators where measured, and for that, `naive-async` on "
+                     "the servers) under the same attack, a diverged run counted as chance (10 %), better: " +
+                     ("; ".join(better) or "none") + ". Worse: " + ("; ".join(worse) or "none") + ".")
+        text += part_notes(part, groups)
         sections[f"ps-{part.replace('++', '-pp')}"] = text
     body = []
     for part in MATRICES:
         for (aggregate, attack), runs in ps_groups(rows, part).items():
             if aggregate.split(",")[0] in VALIDATED:
                 rule = f"`{aggregate}`" + (" (reversed or damped, not dropped)" if part.startswith("async") else "")
+                tests = [failed(runs, test) if aggregate == "zenops" and part.startswith("sync") and attack != "none"
+                         else "" for test in ("norm", "sign")]
                 body.append([part, rule, attack, *(rejected(runs, who, by) if who == "honest" or attack != "none"
                                                    else "" for who in ("honest", "byzantine")
-                                                   for by in ("_tensors", "_params"))])
+                                                   for by in ("_tensors", "_params")), *tests])
     sections["ps-rejections"] = (
         table(["part", "rule", "attack", "honest tensors", "honest parameters", "poisoned tensors",
-               "poisoned parameters"], body) +
+               "poisoned parameters", "poisoned parameters failing the norm test", "... the sign test"], body) +
         "\n\nRejected (%): the share of the honest and of the poisoned tensors the workers pushed, and of their "
         "parameters, that the rule did not pass; the mean over the seeds and in brackets the lowest and highest. "
         "Async `zenops` rejects nothing whole: what it counts as rejected is applied reversed or damped (its score "
         "below eta: alpha s u). `zeno` and `zeno++` judge a push whole, so its tensors go together; `zeno` drops "
         "the b lowest-scoring of every round's pushes whatever they are, so without an attack it rejects b of the "
-        "8 honest pushes by construction.")
+        "8 honest pushes by construction. Sync `zenops` rejects a tensor that fails either of its tests: its norm "
+        "test (mean(u^2) >= 1.6 mean(v^2)) or its sign test (mean(u v) <= eta mean(v^2)); the last two columns say "
+        "which the poisoned parameters failed (one can fail both), where the runs counted it.")
     sections["ps-batch"] = ps_batch(rows)
     by_eta = {e: [x for x in rows if x["part"] == "eta" and x["zeno_eta"] == e] for e in sorted(
         {x["zeno_eta"] for x in rows if x["part"] == "eta" and x["zeno_eta"] != ""}, key=float, reverse=True)}
@@ -117,19 +118,29 @@ def ps_tables(rows):
     return sections
 
 
-def ps_batch(rows):
-    """sync-1v's zenops without an attack at the workers' batch of 8, 16 and 32: its honest rejections."""
-    runs = [("8", ps_groups(rows, "sync-1v").get(("zenops", "none"), []))]
-    runs += [(aggregate.split()[-1], group) for (aggregate, _), group in ps_groups(rows, "batch").items()]
-    body = [[batch, group[0]["epochs"], ps_top1(group), rejected(group, "honest", "_tensors"),
-             rejected(group, "honest")] for batch, group in runs if group]
-    return (table(["batch", "epochs", "val top-1 (%)", "honest tensors rejected (%)", "honest parameters rejected (%)"],
-                  body) +
-            "\n\nsync `zenops`, one validator, each worker a round with probability 0.5, 8 local steps a push, no "
-            "attack, at the workers' (and the validator's) batch; at 16 and 32 for more epochs (and a longer "
-            "warm-up), so that every batch trains as many rounds, at the same learning rate a step. ZenoPS's runs "
-            "use 32. The mean over the seeds, in "
-            "brackets the lowest and highest.")
+def failed(runs, test):
+    """'25 (20-30)': the share (%) of the poisoned parameters pushed that failed zenops' norm or sign test, over the
+    seeds' runs that counted it."""
+    rates = params_shares(runs, "byzantine", f"failed_{test}")
+    return with_range(spread(rates), 0) if rates else ""
+
+
+def part_notes(part, groups):
+    """What a part's table says beside its numbers: the learning rate its rows ran at (zeno++), where its
+    naive-async ran (async), the attacks inside the norm bound (sync)."""
+    runs = [r for group in groups.values() for r in group]
+    if part == "zeno++":
+        rates = sorted({(r["lr"], r["momentum"]) for r in runs if r.get("lr")})
+        return "" if not rates else " The servers' SGD: " + "; ".join(
+            f"--lr {lr} for 256 images ({float(lr) * 128 / 256:g} for a batch of 128) with momentum {momentum}"
+            for lr, momentum in rates) + " (Zeno++'s authors: 0.1 for 128, no momentum), at a batch of 8 and of 32."
+    if part.startswith("async") and naive_in_validators(groups):
+        return (f" `{naive_in_validators(groups)}`: alpha u applied as on the servers, but scaled and forwarded by "
+                f"the validators, where ZenoPS runs its baseline (the hop between worker and server adds staleness).")
+    if part.startswith("sync") and any(attack in INBOUND for _, attack in groups):
+        return (" The last two attacks stay inside the norm bound: 4 of 8 workers flip every push x 1.2 (1.44 < 1.6), "
+                "or push ALIE (byzfl's ALittleIsEnough, mean + 1.5 std of the 4 liars' own updates, coordinate-wise).")
+    return ""
 
 
 def render(data, figures, missing):
@@ -170,6 +181,14 @@ def headline(data):
                  if len(finished(mean)) < len(mean) else f"the plain mean {ps_top1(mean)}")
     ratio = statistics.mean(ratios)
     held, total = targets_held(ps_targets(rows))
+    inbound, inbound_mean = (groups.get((rule, INBOUND[0]), []) for rule in ("zenops", "mean"))
+    sign = params_shares(inbound, "byzantine", "failed_sign")
+    inside = "" if not (inbound and inbound_mean and sign) else (
+        f"; 4 of 8 flipping every push x1.2, inside the norm bound: zenops {ps_top1(inbound)} % (its sign test "
+        f"failing {statistics.mean(sign):.0f} % of the poisoned parameters), the mean "
+        + (f"diverging in {len(inbound_mean) - len(finished(inbound_mean))} of {len(inbound_mean)} seeds"
+           if len(finished(inbound_mean)) < len(inbound_mean) else f"{ps_top1(inbound_mean)} %"))
     return (f"ZenoPS sync, one validator, each of 8 workers flipping each tensor of a push x6 with p 0.2: top-1 "
-            f"{ps_top1(attacked)} % for zenops, where {mean_text}; without an attack zenops {ps_top1(clean)} %; the "
-            f"server at {ratio:.2f}x ddp's images/s (mean, a push a step); {held} of {total} targets hold")
+            f"{ps_top1(attacked)} % for zenops, where {mean_text}; without an attack zenops {ps_top1(clean)} %"
+            f"{inside}; the server at {ratio:.2f}x ddp's images/s (mean, a push a step); {held} of {total} targets "
+            f"hold")

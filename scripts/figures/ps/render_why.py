@@ -123,7 +123,7 @@ def signflip(groups, zeno_groups):
         earlier = [zeno_groups.get("g at the length of v (Zeno++)" + name.removeprefix("Zeno++")) for name in
                    (f"{label}, signflip x10, p 0.2 per push", label)]
         if all(earlier):
-            text += (f" The zeno++ table's {len(earlier[0])} and {len(earlier[1])} runs of the same two rows reached "
+            text += (f" The Zeno++ study's {len(earlier[0])} and {len(earlier[1])} runs of the same two rows reached "
                      f"{top1(earlier[0])['mean']:.1f} with the sign flip and {top1(earlier[1])['mean']:.1f} without; "
                      f"these {len(runs)} and {len(clean)}: {top1(runs)['mean']:.1f} and {top1(clean)['mean']:.1f}.")
     return text

@@ -1,5 +1,5 @@
-"""ps.csv's rows by run: each part's groups of seeds, and a group's top-1 (render.py, render_targets.py and
-render_why.py all read them so)."""
+"""ps.csv's rows by run: each part's groups of seeds, a group's top-1 and its shares rejected, and which rows are
+one measurement (render.py, render_targets.py, render_why.py and plot.py all read them so)."""
 
 from scripts.figures.rendering import spread, with_range
 
@@ -39,3 +39,45 @@ def ps_top1(runs):
     done = finished(runs)
     text = with_range(spread([float(r["top1"]) for r in done]), 1) if done else "diverged"
     return text + (f" ({len(runs) - len(done)} of {len(runs)} diverged)" if done and len(done) < len(runs) else "")
+
+
+INBOUND = ("4 of 8 flip x1.2", "ALIE, 4 of 8")  # the attacks inside zenops' norm bound (table.py's INBOUND_ATTACKS)
+IN_VALIDATORS = "naive-async, in the validator"  # (the label's start: "validator" in async-1v, "validators" in 2v)
+
+
+def naive_in_validators(groups):
+    """The label of the part's naive-async row in the validators (ZenoPS's placement), or None."""
+    return next((aggregate for aggregate, _ in groups if aggregate.startswith(IN_VALIDATORS)), None)
+
+
+def measurement(runs):
+    """What identifies a row's runs: seed by seed, the top-1 and the update counts. Two rows with the same are one
+    measurement (under two attacks that every poisoned tensor fails alike, the accepted pushes are the same)."""
+    fields = ("seed", "top1", "diverged", "honest_params_rejected", "byzantine_params_rejected",
+              "byzantine_params_pushed")
+    return tuple(sorted(tuple(r.get(field, "") for field in fields) for r in runs))
+
+
+def distinct_attacks(groups, aggregate, attacks):
+    """The attacks of one rule's rows grouped by measurement: a list of lists of attack labels, in order."""
+    by_measurement = {}
+    for attack in attacks:
+        runs = groups.get((aggregate, attack))
+        key = measurement(runs) if runs else ("not measured", attack)
+        by_measurement.setdefault(key, []).append(attack)
+    return list(by_measurement.values())
+
+
+def params_shares(runs, who, what="rejected"):
+    """Run by run, the share (%) of `who`'s (honest or byzantine) pushed parameters rejected, or failing zenops' test
+    (what: "failed_norm", "failed_sign"), over the finished runs that counted it."""
+    return [100 * float(r[f"{who}_params_{what}"]) / float(r[f"{who}_params_pushed"]) for r in finished(runs)
+            if float(r[f"{who}_params_pushed"] or 0) and r.get(f"{who}_params_{what}") not in (None, "")]
+
+
+def rejected(runs, who, by="_params"):
+    """'25 (20-30)': the share (%) of `who`'s (honest or byzantine) pushed tensors (by="_tensors"), parameters
+    ("_params") or pushes ("") that the rule dropped, its mean over the seeds' runs and its range."""
+    rates = [100 * float(r[f"{who}{by}_rejected"]) / float(r[f"{who}{by}_pushed"]) for r in finished(runs)
+             if r.get(f"{who}{by}_pushed") not in (None, "", "0", "0.0")]
+    return with_range(spread(rates), 0) if rates else ""

@@ -11,7 +11,9 @@ on the same shards as those with them; each validator holds all of it.
             worker sits a round out with probability 0.5 (--worker-subsample, __init__.py 381), 8 local
             steps a push; mean, trimmed-mean and phocas (b from each round's pushes at ZenoPS's ratio 0.2,
             validator.py 66-90) and zenops; attacks: none, sign flip x 6, N(0, 1), a random direction at
-            8 x each tensor's norm.
+            8 x each tensor's norm (ZenoPS's, each tensor poisoned with probability 0.2); and two inside the
+            norm bound, which the norm test passes: 4 of 8 workers flipping every push x 1.2 (1.44 < 1.6),
+            and 4 of 8 pushing ALIE (byzfl's ALittleIsEnough, tau 1.5, from the 4 liars' own updates).
   sync-2v   ZenoPS's sync runs with two validators (experiments_sync_two_validators.sh): every worker
             every round; the same rules and attacks.
   eta       ZenoPS's eta sweep (experiments_sync_tune_rho.sh, its Figure 7): sync-2v's zenops under N(0, 1),
@@ -20,25 +22,30 @@ on the same shards as those with them; each validator holds all of it.
             as one worker takes, at half the workers' per-step learning rate (the script's default 0.1, its
             line 56, against the workers' 0.2).
   async-1v  ZenoPS's async runs (experiments_async_single_validator.sh): one validator, each worker sitting
-            a round out with probability 0.5, 8 local steps; naive-async (alpha 0.4, its baseline) and
-            zenops; attacks: none, sign flip x 2, N(0, 1), random x 8.
+            a round out with probability 0.5, 8 local steps; naive-async (alpha 0.4, its baseline) on the
+            server and, where ZenoPS runs it, in the validator (the hop adds staleness), and zenops;
+            attacks: none, sign flip x 2, N(0, 1), random x 8.
   async-2v  ZenoPS's async runs with two validators and two servers (experiments_async_two_validators.sh,
-            its Figure 6): every worker every round; naive-async and zenops; async-1v's attacks.
+            its Figure 6): every worker every round; naive-async (on the servers, in the validators) and
+            zenops; async-1v's attacks. No --worker-delay (ZenoPS's workers sleep up to 1 s x the workers
+            before each push, __init__.py 821): here the asynchrony is the 11-12 processes' on 2 cores, and
+            a delay in proportion would make each async run several times as long.
   batch     sync-1v's zenops without an attack at a batch of 16 and 32 (ZenoPS's), for as many rounds as at 8,
             at the same learning rate a step (--lr x 8 / batch; the epochs and the warm-up scaled to the
-            rounds; so every row labelled ", batch B"): its honest rejections against the batch, that is,
-            against the noise of u and v.
+            rounds; so every row labelled ", batch B" but zeno++'s, which keeps its authors' rate an image):
+            its honest rejections against the batch, that is, against the noise of u and v.
   zeno      Zeno (icml2019_zeno test_zeno_1.sh: 8 of 20 lie, b = 12): 3 of 8 workers flip their gradient
             x 4 at every push, b = 5; mean and zeno on one gradient a push, zeno scoring on 4 x the workers'
             batch and on Zeno's own 4 images; and mean and zeno at a batch of 32 (Zeno's: 100; as the batch
             part scales it). (x 4,
             where Zeno's liars push -1 x a gradient, so that the mean fails: 3 of 8 flipped x 1 leave it
             (5 - 3) / 8 of the honest mean, Zeno's 8 of 20 (12 - 8) / 20.)
-  zeno++    Zeno++ (AsyncByzGrad exp_*.sh): one gradient a push, SGD without momentum on the servers (at 10
-            times --lr, for the momentum's missing 1 / (1 - 0.9)), mean and zeno++ with one validator, under
+  zeno++    Zeno++ (AsyncByzGrad exp_*.sh): one gradient a push, SGD without momentum on the servers at its
+            authors' rate an image (--lr 0.2 for 256: their 0.1 for 128), mean and zeno++ with one validator, under
             sign flip x 10 per push with probability 0.2 and 0.4 (its nbyz / 10 for 2 and 4 liars), nobody
             lying in the first epoch (its clean first epoch, train_cifar10.py 259; 1 of 5 here, 1 of 200 there);
-            and both at a batch of 32 (v then on 128, Zeno++'s batch).
+            and both at a batch of 32 (v then on 128, Zeno++'s batch), for as many rounds, at the same rate an
+            image.
   speed     ddp on 8 processes, beside ps sync mean on one gradient a push (a push every step, as ddp's
             allreduce) and on 8 local steps (an eighth of the pushes).
 Scaled, not copied (docs/results/ps.md lists each with the authors' file and line): a batch of 8 (theirs: 32 sync,
@@ -54,6 +61,7 @@ runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete is not trai
 """
 
 import argparse
+import fnmatch
 import json
 import math
 import re
@@ -85,21 +93,27 @@ ZENOPS_ASYNC_ATTACKS = [("none", []), ("signflip x2", attack("signflip", 2)), ("
 ZENO_LIARS, ZENO_B = 3, 5  # of 8: Zeno's 8 liars and b = 12 of 20, scaled
 ZENO_ATTACKS = [("none", []), ("3 of 8 flip x4", ["--byzantine", str(ZENO_LIARS), "--attack", "signflip",
                                                    "--attack-scale", "4"])]
+INBOUND_ATTACKS = [("4 of 8 flip x1.2", ["--byzantine", "4", "--attack", "signflip", "--attack-scale", "1.2"]),
+                   ("ALIE, 4 of 8", ["--byzantine", "4", "--attack", "alie", "--attack-scale", "1.5"])]
 ZENO_PP_ATTACKS = [("none", []), ("signflip x10, p 0.2 per push", attack("signflip", 10, "push", 0.2)),
                    ("signflip x10, p 0.4 per push", attack("signflip", 10, "push", 0.4))]
-NO_MOMENTUM = ["--momentum", "0", "--lr", "1.0", "--clean-epochs", "1"]  # Zeno++'s servers, its clean 1st epoch
+ZENO_PP_LR = 0.2  # AsyncByzGrad exp_*.sh: 0.1 for a batch of 128, the same an image as 0.2 for 256
+NO_MOMENTUM = ["--momentum", "0", "--lr", str(ZENO_PP_LR), "--clean-epochs", "1"]  # Zeno++'s servers, clean 1st epoch
 # part: (the mode, its rules: (label, flags, validators), its attacks)
 PARTS = {
     "sync-1v": ("sync", [("mean", [*LOCAL, *SUBSAMPLE], 0),
                          ("trimmed-mean", ["--aggregate", "trimmed-mean", *TRIM, *LOCAL, *SUBSAMPLE], 0),
                          ("phocas", ["--aggregate", "phocas", *TRIM, *LOCAL, *SUBSAMPLE], 0),
-                         ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)], ZENOPS_SYNC_ATTACKS),
+                         ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)],
+                ZENOPS_SYNC_ATTACKS + INBOUND_ATTACKS),
     "sync-2v": ("sync", [("mean", LOCAL, 0), ("trimmed-mean", ["--aggregate", "trimmed-mean", *TRIM, *LOCAL], 0),
                          ("phocas", ["--aggregate", "phocas", *TRIM, *LOCAL], 0),
-                         ("zenops", ["--aggregate", "zenops", *LOCAL], 2)], ZENOPS_SYNC_ATTACKS),
+                         ("zenops", ["--aggregate", "zenops", *LOCAL], 2)], ZENOPS_SYNC_ATTACKS + INBOUND_ATTACKS),
     "async-1v": ("async", [("naive-async", ["--aggregate", "naive-async", *LOCAL, *SUBSAMPLE], 0),
+                           ("naive-async, in the validator", ["--aggregate", "naive-async", *LOCAL, *SUBSAMPLE], 1),
                            ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE], 1)], ZENOPS_ASYNC_ATTACKS),
     "async-2v": ("async", [("naive-async", ["--aggregate", "naive-async", *LOCAL, *TWO_SERVERS], 0),
+                           ("naive-async, in the validators", ["--aggregate", "naive-async", *LOCAL, *TWO_SERVERS], 2),
                            ("zenops", ["--aggregate", "zenops", *LOCAL, *TWO_SERVERS], 2)], ZENOPS_ASYNC_ATTACKS),
     "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2),
                       ("zeno, 1 step, scoring batch 4", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B),
@@ -120,8 +134,10 @@ SPEED = [("ps sync, mean, 1 step", "sync", []), ("ps sync, mean, 8 local steps",
 FIELDS = ["part", "mode", "aggregate", "attack", "zeno_eta", "seed", "processes", "epochs", "top1", "diverged",
           *(f"{who}{by}_{what}" for by in ("", "_tensors", "_params") for who in ("honest", "byzantine")
             for what in ("pushed", "rejected")),
-          "stale_dropped", "images_per_s", "train_s", "cpu", "cores", "gpu", "torch"]
-COUNTS = FIELDS[10:23]  # (the update counts and stale_dropped, from summary.json)
+          "stale_dropped",
+          *(f"{who}_params_failed_{test}" for who in ("honest", "byzantine") for test in ("norm", "sign")),
+          "lr", "momentum", "images_per_s", "train_s", "cpu", "cores", "gpu", "torch"]
+COUNTS = FIELDS[10:27]  # (the update counts, stale_dropped and which of zenops' tests failed, from summary.json)
 
 
 def plan(seeds, quick=False):
@@ -174,12 +190,13 @@ def flags_of(part, mode, aggregate, attack_label, zeno_eta, seed, args):
         flags += ["--validators", str(validators)]
     if zeno_eta is not None:
         flags += ["--zeno-eta", str(zeno_eta)]
-    if ", batch " in aggregate:  # as many steps as at 8, at the same lr a step (the last flags win)
+    if ", batch " in aggregate:  # as many steps as at 8, at the same lr a step (the last flags win); zeno++ at its
+        # authors' rate an image, as at 8
         batch, local = int(aggregate.split()[-1]), 8 if "--local-steps" in flags else 1
         more = rounds_per_epoch(args.data, 8, local) / rounds_per_epoch(args.data, batch, local)
-        lr = float(flags[len(flags) - 1 - flags[::-1].index("--lr") + 1])
+        lr = float(last_flag(flags, "--lr"))
         flags += ["-b", str(batch), "--epochs", str(math.ceil(args.epochs * more)), "--warmup-epochs", str(round(more)),
-                  "--lr", str(lr * 8 / batch)]
+                  "--lr", str(lr if part == "zeno++" else lr * 8 / batch)]
     servers = int(flags[flags.index("--servers") + 1]) if "--servers" in flags else 1
     return "ps", servers + validators + WORKERS, flags
 
@@ -219,17 +236,39 @@ def require_diverged(out, name, seed):
         sys.exit(f"error: {name} seed {seed} failed:\n{failure[-3000:]}")
 
 
-def run(data, runs, figures_data, seeds, epochs, quick=False):
-    """Every row of the table, seed by seed, into <figures_data>/ps.csv; a run already finished is read back."""
+def last_flag(flags, name, default=""):
+    """The value a recipe takes for `name`: its last occurrence in the flags (argparse's), else the default."""
+    return flags[len(flags) - flags[::-1].index(name)] if name in flags else default
+
+
+def key_of(part, mode, aggregate, attack, zeno_eta, seed):
+    """A run's key in ps.csv, as its row spells it."""
+    return part, mode, aggregate, attack, "" if zeno_eta is None else str(zeno_eta), str(seed)
+
+
+def run(data, runs, figures_data, seeds, epochs, quick=False, only=None):
+    """Every row of the table, seed by seed, into <figures_data>/ps.csv; a run already finished is read back.
+    only: patterns of part/aggregate/attack (fnmatch): only the runs that match are measured, every other run's
+    row is kept from ps.csv as it is (a run with no row there stays out). Returns, for the part's time, what the
+    measured runs replace: (their seconds, start-up included, and number; the replaced rows' training seconds,
+    their start-up unknown, and number), counting only runs whose row in ps.csv was another run's."""
     args = argparse.Namespace(data=data, runs=runs, figures_data=figures_data, seeds=seeds, epochs=epochs, quick=quick)
-    machine, rows, runs = measuring.hardware(), [], Path(args.runs)
+    machine, rows, runs, csv_path = measuring.hardware(), [], Path(args.runs), Path(args.figures_data) / "ps.csv"
+    measured = {}  # (only) the measured runs' keys: (their run directory, their row)
+    kept = {key_of(*(r[k] for k in ("part", "mode", "aggregate", "attack", "zeno_eta", "seed"))): r
+            for r in (measuring.read_csv(csv_path) if only and csv_path.exists() else [])}
     for part, mode, aggregate, attack, zeno_eta, seed in plan(args.seeds, args.quick):
+        if only and not any(fnmatch.fnmatchcase(f"{part}/{aggregate}/{attack}", pattern) for pattern in only):
+            key = key_of(part, mode, aggregate, attack, zeno_eta, seed)
+            rows += [kept[key]] if key in kept else []
+            continue
         name = f"{part}-{mode}-{aggregate}-{attack}" + (f"-eta{zeno_eta:g}" if zeno_eta is not None else "")
         out = runs / f"{re.sub(r'[^A-Za-z0-9.+-]+', '_', name)}-seed{seed}"
         recipe, processes, flags = flags_of(part, mode, aggregate, attack, zeno_eta, seed, args)
         summary = measuring.train(recipe, processes, flags, out, threads=1, forked=True, check=False)
         row = {"part": part, "mode": mode, "aggregate": aggregate, "attack": attack,
-               "zeno_eta": "" if zeno_eta is None else zeno_eta, "seed": seed, "processes": processes, **machine}
+               "zeno_eta": "" if zeno_eta is None else zeno_eta, "seed": seed, "processes": processes,
+               "lr": last_flag(flags, "--lr"), "momentum": last_flag(flags, "--momentum", "0.9"), **machine}
         if summary is None:  # an attack may make training diverge: a result of the table, not an error of it
             require_diverged(out, name, seed)
             rows.append({**row, "diverged": 1, "epochs": args.epochs})
@@ -241,4 +280,17 @@ def run(data, runs, figures_data, seeds, epochs, quick=False):
                          "train_s": round(measuring.train_seconds(out), 2)})
             print(f"{name} seed {seed}: top-1 {summary['top1']:.2f} %  " + json.dumps(
                 {key: summary.get(key) for key in COUNTS[:4]}), flush=True)
-        measuring.write_csv(Path(args.figures_data) / "ps.csv", FIELDS, rows)
+        measured[key_of(part, mode, aggregate, attack, zeno_eta, seed)] = (out, rows[-1])
+        if not only:  # (with only, ps.csv is written once at the end: a stopped run leaves it whole)
+            measuring.write_csv(csv_path, FIELDS, rows)
+    measuring.write_csv(csv_path, FIELDS, rows)
+    new_s = new_runs = old_s = old_runs = 0
+    for key, (out, row) in measured.items():
+        old = kept.get(key)
+        if old is not None and all(old.get(field, "") == str(row.get(field, "")) for field in ("top1", "train_s", "lr")):
+            continue  # (ps.csv held this very run already)
+        launch = out / "launch_seconds"
+        new_s, new_runs = new_s + (float(launch.read_text()) if launch.exists() else 0.0), new_runs + 1
+        if old is not None:
+            old_s, old_runs = old_s + float(old["train_s"] or 0), old_runs + 1
+    return new_s, new_runs, old_s, old_runs

@@ -14,9 +14,10 @@ own flags with the recipe run under scripts/figures/ps/probe.py, which writes do
               pushed, and at v's length only where that shortens it; the accepted pushes that v's length
               lengthened, and the longest step the servers applied over the median one. At a batch of 32 (3
               seeds: each run is 4 x as long), the mean, Zeno++ and g as pushed, and the latter two under the
-              sign flip x 10 at p 0.2. And the mean and Zeno++ at its authors' learning rate an image (0.1 for
-              128), a fifth of the zeno++ table's, also for 4 x the epochs (3 seeds), and at a batch of 32, also
-              under the sign flip.
+              sign flip x 10 at p 0.2: those rows at 5 x its authors' learning rate an image (--lr 1.0 for
+              256; at 32, the same rate a step). And the mean and Zeno++ at its authors' rate an image (0.1 for
+              128, the zeno++ table's), also for 4 x the epochs (3 seeds), and at a batch of 32, also under the
+              sign flip.
   signflip    Zeno++ at a batch of 32 and its authors' learning rate an image, with and without the sign flip
               x 10 at p 0.2, 8 seeds each (how often a run ends under 90 %), and for 4 x the epochs (3 seeds): the
               lies it accepted, and the validator's highest loss (where it computed v) with the lies before it.
@@ -46,30 +47,33 @@ from scripts.figures import measuring  # noqa: E402
 # (study, label, scripts/figures/ps/table.py's part, aggregate and attack labels, the probe's flags, more recipe flags, epochs x the
 # table's)
 PLUS_PLUS, AS_PUSHED, SIGN_FLIP = "zeno++, 1 step", ["--zeno-plus-plus-step", "g"], "signflip x10, p 0.2 per push"
-AUTHORS_LR = ["--lr", "0.2"]  # 0.1 for 128 images (AsyncByzGrad exp_*.sh): the zeno++ table's --lr 1.0 is 5 x that
+AUTHORS_LR = ["--lr", str(ps_table.ZENO_PP_LR)]  # 0.1 for 128 images (AsyncByzGrad exp_*.sh), as the zeno++ table
 AUTHORS = "at its authors' learning rate an image"
+FIVE_X = ["--lr", "1.0"]  # the other zeno++ rows: 5 x its authors' rate an image (10 x --lr 0.1, the momentum's
+FIVE_X_32 = ["--lr", "0.25"]  # 1 / (1 - 0.9)), at 32 the same rate a step as at 8
 RUNS = [("rejections", "sync-1v", "sync-1v", "zenops", "none", [], [], 1),
         ("rejections", "sync-2v", "sync-2v", "zenops", "none", [], [], 1),
         ("rejections", "sync-2v, batch 32", "sync-2v", "zenops, batch 32", "none", [], [], 1),
-        ("zeno++", "mean", "zeno++", "mean, 1 step", "none", [], [], 1),
-        ("zeno++", "g at the length of v (Zeno++)", "zeno++", PLUS_PLUS, "none", [], [], 1),
+        ("zeno++", "mean", "zeno++", "mean, 1 step", "none", [], FIVE_X, 1),
+        ("zeno++", "g at the length of v (Zeno++)", "zeno++", PLUS_PLUS, "none", [], FIVE_X, 1),
         ("zeno++", "g at the length of v, v on the workers' batch of 8 (its authors' ratio)", "zeno++", PLUS_PLUS,
-         "none", [], ["--validator-batch", "8"], 1),
-        ("zeno++", "g as pushed", "zeno++", PLUS_PLUS, "none", AS_PUSHED, [], 1),
+         "none", [], ["--validator-batch", "8", *FIVE_X], 1),
+        ("zeno++", "g as pushed", "zeno++", PLUS_PLUS, "none", AS_PUSHED, FIVE_X, 1),
         ("zeno++", "g at the length of v where that shortens it", "zeno++", PLUS_PLUS, "none",
-         ["--zeno-plus-plus-step", "at-most-v"], [], 1),
+         ["--zeno-plus-plus-step", "at-most-v"], FIVE_X, 1),
         ("zeno++", f"mean, {AUTHORS}", "zeno++", "mean, 1 step", "none", [], AUTHORS_LR, 1),
         ("zeno++", f"g at the length of v (Zeno++), {AUTHORS}", "zeno++", PLUS_PLUS, "none", [], AUTHORS_LR, 1),
         ("zeno++", f"mean, {AUTHORS}, 20 epochs", "zeno++", "mean, 1 step", "none", [], AUTHORS_LR, 4),
         ("zeno++", f"g at the length of v (Zeno++), {AUTHORS}, 20 epochs", "zeno++", PLUS_PLUS, "none", [],
          AUTHORS_LR, 4),
-        ("zeno++", "mean, batch 32", "zeno++", "mean, 1 step, batch 32", "none", [], [], 1),
-        ("zeno++", "g at the length of v (Zeno++), batch 32", "zeno++", f"{PLUS_PLUS}, batch 32", "none", [], [], 1),
-        ("zeno++", "g as pushed, batch 32", "zeno++", f"{PLUS_PLUS}, batch 32", "none", AS_PUSHED, [], 1),
+        ("zeno++", "mean, batch 32", "zeno++", "mean, 1 step, batch 32", "none", [], FIVE_X_32, 1),
+        ("zeno++", "g at the length of v (Zeno++), batch 32", "zeno++", f"{PLUS_PLUS}, batch 32", "none", [], FIVE_X_32,
+         1),
+        ("zeno++", "g as pushed, batch 32", "zeno++", f"{PLUS_PLUS}, batch 32", "none", AS_PUSHED, FIVE_X_32, 1),
         ("zeno++", f"g at the length of v (Zeno++), batch 32, {SIGN_FLIP}", "zeno++", f"{PLUS_PLUS}, batch 32",
-         SIGN_FLIP, [], [], 1),
+         SIGN_FLIP, [], FIVE_X_32, 1),
         ("zeno++", f"g as pushed, batch 32, {SIGN_FLIP}", "zeno++", f"{PLUS_PLUS}, batch 32", SIGN_FLIP, AS_PUSHED,
-         [], 1),
+         FIVE_X_32, 1),
         ("zeno++", f"mean, batch 32, {AUTHORS}", "zeno++", "mean, 1 step, batch 32", "none", [], AUTHORS_LR, 1),
         ("zeno++", f"g at the length of v (Zeno++), batch 32, {AUTHORS}", "zeno++", f"{PLUS_PLUS}, batch 32", "none",
          [], AUTHORS_LR, 1),
