@@ -32,7 +32,8 @@ HEADER = 27
 # age (a pull: send the shard once it is this many versions newer); the sender's training statistics
 # (loss x images, top-1 hits, top-5 hits, images, seconds its workers waited for data); update counts
 # (honest pushed, byzantine pushed, honest rejected, byzantine rejected: by pushes, by tensors, by
-# parameters; then the parameters failing zenops' norm and sign tests, honest and byzantine); stop and lr (a pull's answer: training is over; the server's learning rate); sigterm (the
+# parameters; then the parameters failing zenops' norm and sign tests, honest and byzantine);
+# stop and lr (a pull's answer: training is over; the server's learning rate); sigterm (the
 # sender has received SIGTERM: the receiver stops as if it had, so that the servers save and stop,
 # faults.request_stop)
 KIND, VERSION, AGE, STATS, COUNTS, STOP, LR, SIGTERM = 0, 1, 2, slice(3, 8), slice(8, 24), 24, 25, 26

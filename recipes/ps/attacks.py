@@ -16,8 +16,8 @@ change of its weights over H steps), as the Zeno papers attack:
   alie              A Little Is Enough (Baruch et al. 2019), byzfl's ALittleIsEnough: every liar pushes
                     mean + s std, coordinate-wise, of the liars' own honest updates of the round (the
                     paper's attackers estimate both from their own data; --byzantine K >= 2, sync; s is
-                    byzfl's tau, 1.5 by default there). It stays within the honest updates' spread, where
-                    norm bounds and distance rules do not see it.
+                    byzfl's tau, 1.5 by default there): a lie within the spread of the honest updates,
+                    coordinate by coordinate, built against distance and median rules.
 Each attack acts tensor by tensor (u_t: one parameter tensor of u), as ZenoPS's attacks.py 39-52.
 
 IPM is not here: it is omniscient (computed from the honest workers' updates of the step), which
@@ -27,6 +27,8 @@ scripts/figures/ps/byzfl_reference.py, measures it with that knowledge.
 
 import torch
 import torch.distributed as dist
+
+from recipes.common import faults
 
 COUNTS = 16  # the numbers of counts(), in the push headers and summed by the servers
 
@@ -43,6 +45,9 @@ class Attacker:
         self.clean_rounds = clean_rounds
         self.per_tensor = args.attack_draw == "tensor" and args.attack not in ("labelflip", "alie")  # (whole)
         self.generator = torch.Generator().manual_seed(1_000_003 * self.seed + index)  # (reseeded each round)
+        self.shares_updates = args.attack == "alie" and self.always  # (every round, pushing or not: poison())
+        if self.shares_updates:
+            import byzfl  # noqa: F401 (seconds to import: before the first round, so that no liar waits on it)
 
     def next_push(self, round_):
         """Which tensors of this worker's push in round `round_` lie, one bool each (one draw per push, or per
@@ -61,11 +66,12 @@ class Attacker:
     def poison(self, update, lies):
         """The pushed vector: each lying tensor in place of the honest one (labelflip: already computed on
         flipped labels). alie: every liar calls it every round, pushing or not (they share their updates)."""
-        if self.attack == "alie":
+        if self.attack == "alie" and self.shares_updates:  # (an honest worker is not in the liars' group)
             import byzfl
 
             every = [torch.empty_like(update) for _ in range(dist.get_world_size(self.liars))]
-            dist.all_gather(every, update, group=self.liars)
+            with faults.waiting_for("the other liars' updates"):
+                dist.all_gather(every, update, group=self.liars)
             return byzfl.ALittleIsEnough(float(self.scale))(torch.stack(every)) if any(lies) else update
         if self.attack == "labelflip" or not any(lies):
             return update

@@ -10,15 +10,18 @@ from torch.nn.utils import parameters_to_vector
 
 from recipes.common import bookkeeping, pushpull, schedule
 from recipes.ps import attacks, rules, validators
+from recipes.ps.layout import BYZFL_RULES
 
 
 def new_tally(args, layout, sizes, server_chunks):
     """What a server counts as it trains: its version, the stale pushes dropped and the oldest applied, the
     clients that left, the update counts (attacks.counts) summed and as last logged; and what its rules keep."""
+    if args.aggregate in BYZFL_RULES:
+        import byzfl  # noqa: F401 (seconds to import: before the first round, so that no client waits on it)
     return {"version": 0, "stale": 0, "oldest": 0, "left": set(), "workers": layout.workers, "sizes": sizes,
             "counts": torch.zeros(attacks.COUNTS, dtype=torch.float64),
             "logged": torch.zeros(attacks.COUNTS, dtype=torch.float64),
-            "tests": args.aggregate == "zenops",  # (its counts name the test a rejected parameter failed)
+            "tests": args.aggregate == "zenops" and args.mode == "sync",  # (which test a rejected parameter failed)
             "clipping": rules.clipping(args.aggregate),  # (centered clipping's centre, kept from step to step)
             "tensor_of": validators.tensor_of(sizes, server_chunks) if args.validators else None}
 

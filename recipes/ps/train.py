@@ -99,7 +99,7 @@ def sync_step(args, run, shard, optimizer, layout, tally):
         pushed = message[pushpull.KIND] == pushpull.PUSH
         received.append((message, pushpull.recv_payload(sender, shard.numel() + accepted_counts) if pushed else None))
     updates = [u for _, u in received if u is not None]
-    if updates:  # (none: every worker sat the round out)
+    if updates:  # (none: every worker sat the round out, and no validator; a validator forwards zeros)
         apply(args, shard, optimizer, combine(args, updates, shard.numel(), tally), tally)
     losses = [record(run, message, sender, layout.senders, tally) for (message, _), sender in
               zip(received, layout.senders)]

@@ -33,9 +33,7 @@ def prepare_push(args, attacker, index, round_, u, residual, pushes, lies):
     push (a round sat out, --local-steps above 1). Returns (the push, its counts, the residual)."""
     u = u + residual if args.mode == "async" else u
     residual = torch.zeros_like(u) if pushes or args.local_steps == 1 else u
-    if args.attack == "alie" and index < args.byzantine:  # (every liar every round: they share their updates)
-        u = attacker.poison(u, lies)
-    elif pushes:
+    if pushes or attacker.shares_updates:  # (alie: every liar every round, pushing or not, shares its update)
         u = attacker.poison(u, lies)
     if pushes and args.worker_delay:
         time.sleep(random.Random(f"{args.seed}/{index}/{round_}/delay").uniform(0, args.worker_delay))

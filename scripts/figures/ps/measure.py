@@ -39,7 +39,7 @@ def main():
     measuring.require_digits(args.data)
     replacing = table.run(args.data, args.runs, args.figures_data, args.seeds, args.epochs, args.quick, args.only)
     if args.only:  # (the part's time: less the replaced rows' training, their start-up unknown, plus the new runs')
-        measuring.record_part(args.figures_data, "ps", started, adding=True, replacing=replacing)
+        measuring.record_part(args.figures_data, "ps", started, replacing=replacing)
         return
     # the outside reference, in the same part (its time counts in the part's)
     byzfl_reference.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)

@@ -9,7 +9,7 @@ import statistics
 
 from scripts.figures.rendering import beyond_spread, spread, table, with_range
 from scripts.figures.ps.rows import (INBOUND, distinct_attacks, naive_in_validators, params_shares, ps_groups, ps_top1,
-                                     rejected, top1_or_chance)
+                                     rejected, sign_only, top1_or_chance)
 
 
 def ps_targets(rows):
@@ -56,13 +56,13 @@ def ps_targets(rows):
             check(f"{part}, {label}: `zenops` rejects a larger share of the poisoned parameters than of the honest",
                   or_diverged(runs, f"{poisoned:.1f} % against {honest:.1f} %" if both else None),
                   both and poisoned > honest)
-            if same[0] == INBOUND[0]:  # the flip inside the norm bound: the sign test must be what rejects it
-                sign, norm = (share(runs, "byzantine", f"failed_{test}") for test in ("sign", "norm"))
-                told = sign is not None and norm is not None
-                check(f"{part}, {label}: the sign test, not the norm test, rejects the poisoned parameters (at least "
-                      f"90 % of them fail it, fewer fail the norm test)",
-                      or_diverged(runs, f"{sign:.1f} % fail the sign test, {norm:.1f} % the norm test" if told
-                                  else None), told and sign >= 90 and norm < sign)
+            if same[0] == INBOUND[0]:  # the flip built to pass the norm test: the sign test must stop what it passes
+                norm, sign = share(runs, "byzantine", "failed_norm"), sign_only(runs)
+                told = norm is not None and sign
+                check(f"{part}, {label}: the sign test rejects at least 90 % of the poisoned parameters that the "
+                      f"norm test passes", or_diverged(runs, f"{statistics.mean(sign):.1f} % (the norm test failed "
+                                                            f"{norm:.1f} % of them)" if told else None),
+                      told and statistics.mean(sign) >= 90)
         honest_rejected(f"{part}, no attack", runs_of(part, "zenops", "none"))
     for part in ("async-1v", "async-2v"):
         groups = ps_groups(rows, part)
@@ -105,8 +105,10 @@ def ps_targets(rows):
         check(target, None, False)
     return (table(["target", "measured (mean over the seeds)", "holds"], body) +
             "\n\nThe targets this table was set against; a run that diverged counts as chance (10 %). Rows whose runs "
-            "are identical seed by seed (the same top-1 and counts: every poisoned tensor failed alike, so the same "
-            "pushes passed) are one measurement and one target. The rows "
+            "are identical seed by seed (the same top-1 and parameters rejected: every poisoned tensor was rejected, "
+            "so the same pushes passed) are one measurement and one target. The two attacks built to slip past zenops "
+            "(4 of 8 flipping x 1.2, ALIE) hold it within 3 points of its no-attack top-1, ZenoPS's own within 2. "
+            "The rows "
             "\"at a batch of 32\" hold the same rule to the same target at the authors' batch (ZenoPS's 32; "
             "Zeno's 100, Zeno++'s 128), as many steps at the same learning rate a step: where a target fails at 8, "
             "whether the batch is why.")

@@ -8,7 +8,7 @@ scripts/figures/ps/probe.py, on scripts/figures/ps/table.py's flags).
 import statistics
 
 from scripts.figures.rendering import beyond_spread, fisher, read_csv, spread, table, with_range
-from scripts.figures.ps.rows import ps_groups, top1_or_chance
+from scripts.figures.ps.rows import naive_in_validators, ps_groups, top1_or_chance
 
 
 def by_label(rows, study):
@@ -161,13 +161,15 @@ def async_rows(groups):
 
 
 def unbroken(ps_rows):
-    """ps.csv's attacks that leave the plain rule (sync: `mean`; async: `naive-async`) within the spread of its own
+    """ps.csv's attacks that leave the plain rule (sync: `mean`; async: `naive-async`, in the validators where measured,
+    as ZenoPS runs it) within the spread of its own
     top-1 without an attack, or above it: where a rule cannot beat the plain one by more than the seeds' spread
     for the attack's sake."""
     found = []
     for part, plain in (("sync-1v", "mean"), ("sync-2v", "mean"), ("async-1v", "naive-async"),
                         ("async-2v", "naive-async")):
         groups = ps_groups(ps_rows, part)
+        plain = naive_in_validators(groups) or plain if plain == "naive-async" else plain  # (ZenoPS's placement)
         clean = groups.get((plain, "none"))
         for (aggregate, attack), runs in groups.items():
             if aggregate == plain and attack != "none" and clean:

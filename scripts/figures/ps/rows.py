@@ -51,10 +51,12 @@ def naive_in_validators(groups):
 
 
 def measurement(runs):
-    """What identifies a row's runs: seed by seed, the top-1 and the update counts. Two rows with the same are one
-    measurement (under two attacks that every poisoned tensor fails alike, the accepted pushes are the same)."""
-    fields = ("seed", "top1", "diverged", "honest_params_rejected", "byzantine_params_rejected",
-              "byzantine_params_pushed")
+    """What identifies a row's runs: seed by seed, the top-1 and the parameters pushed and rejected. Two rows with
+    the same are one measurement (under two attacks whose every poisoned tensor is rejected, the accepted pushes
+    are the same); a row with a diverged run is its own."""
+    fields = ("seed", "top1", "honest_params_rejected", "byzantine_params_rejected", "byzantine_params_pushed")
+    if any(r.get("diverged", "0") == "1" for r in runs):
+        return ("diverged", id(runs))
     return tuple(sorted(tuple(r.get(field, "") for field in fields) for r in runs))
 
 
@@ -66,6 +68,15 @@ def distinct_attacks(groups, aggregate, attacks):
         key = measurement(runs) if runs else ("not measured", attack)
         by_measurement.setdefault(key, []).append(attack)
     return list(by_measurement.values())
+
+
+def sign_only(runs):
+    """Run by run, the share (%) of the poisoned parameters that passed zenops' norm test and that its sign test
+    rejected: what the sign test alone stops (rejected = failing either test)."""
+    return [100 * (float(r["byzantine_params_rejected"]) - float(r["byzantine_params_failed_norm"])) /
+            (float(r["byzantine_params_pushed"]) - float(r["byzantine_params_failed_norm"])) for r in finished(runs)
+            if r.get("byzantine_params_failed_norm") not in (None, "")
+            and float(r["byzantine_params_pushed"] or 0) > float(r["byzantine_params_failed_norm"])]
 
 
 def params_shares(runs, who, what="rejected"):

@@ -11,9 +11,10 @@ on the same shards as those with them; each validator holds all of it.
             worker sits a round out with probability 0.5 (--worker-subsample, __init__.py 381), 8 local
             steps a push; mean, trimmed-mean and phocas (b from each round's pushes at ZenoPS's ratio 0.2,
             validator.py 66-90) and zenops; attacks: none, sign flip x 6, N(0, 1), a random direction at
-            8 x each tensor's norm (ZenoPS's, each tensor poisoned with probability 0.2); and two inside the
-            norm bound, which the norm test passes: 4 of 8 workers flipping every push x 1.2 (1.44 < 1.6),
-            and 4 of 8 pushing ALIE (byzfl's ALittleIsEnough, tau 1.5, from the 4 liars' own updates).
+            8 x each tensor's norm (ZenoPS's, each tensor poisoned with probability 0.2); and two built to
+            slip past it: 4 of 8 workers flipping every push x 1.2 (1.44 < 1.6: the norm test passes it where
+            the update is no longer than v), and 4 of 8 pushing ALIE (byzfl's ALittleIsEnough, tau 1.5, from
+            the 4 liars' own updates: within their spread, coordinate by coordinate).
   sync-2v   ZenoPS's sync runs with two validators (experiments_sync_two_validators.sh): every worker
             every round; the same rules and attacks.
   eta       ZenoPS's eta sweep (experiments_sync_tune_rho.sh, its Figure 7): sync-2v's zenops under N(0, 1),
@@ -55,7 +56,8 @@ update's batch) and cosine schedule after a warm-up epoch, where ZenoPS steps 0.
 sync-2v runs 1 server where ZenoPS's two-validator runs have 2: in sync, 2 servers apply the same updates.
 The set-up is scripts/figures/measuring.py's ACCURACY (lenet, 28 px, cosine schedule) at a batch of 8 per worker, for
 5 epochs. Run processes are forked from a server that has imported torch once (measuring.run_forked). Each
-run keeps its final top-1, the update counts by pushes, tensors and parameters, and images/s in ps.csv, one row
+run keeps its final top-1, the update counts by pushes, tensors and parameters (and the parameters that failed
+each of zenops' tests), the learning rate and momentum it ran at, and images/s in ps.csv, one row
 per run; a run that diverges (a non-finite loss) is a row with diverged = 1 and no top-1. Run directories go to
 runs/figures/ps/<name>-seed<S>; a run whose summary.json is complete is not trained again.
 """
