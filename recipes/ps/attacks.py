@@ -30,7 +30,9 @@ import torch.distributed as dist
 
 from recipes.common import faults
 
-COUNTS = 16  # the numbers of counts(), in the push headers and summed by the servers
+COUNTS = 16  # the numbers of counts(), in the push headers and summed by the servers; in them:
+PUSHED_REJECTED, PARAMS, FAILED_TESTS = slice(0, 12), slice(8, 12), slice(12, 16)  # (by pushes, tensors,
+# parameters; by parameters alone; the parameters failing zenops' tests)
 
 
 class Attacker:
@@ -66,7 +68,7 @@ class Attacker:
     def poison(self, update, lies):
         """The pushed vector: each lying tensor in place of the honest one (labelflip: already computed on
         flipped labels). alie: every liar calls it every round, pushing or not (they share their updates)."""
-        if self.attack == "alie" and self.shares_updates:  # (an honest worker is not in the liars' group)
+        if self.shares_updates:  # alie's liars (an honest worker is not in their group)
             import byzfl
 
             every = [torch.empty_like(update) for _ in range(dist.get_world_size(self.liars))]

@@ -101,8 +101,7 @@ def gather(model, view, shard, optimizer, chunks, servers_control):
 def describe(args, layout, chunks, where):
     """The run's set-up in words, for its first line (where: the device and backend)."""
     return (f"{args.servers} server(s), {args.validators} validator(s), {layout.workers} worker(s) on {where}, "
-            f"{args.mode}, "
-            f"{args.local_steps} local step(s) a push, --aggregate {args.aggregate}"
+            f"{args.mode}, {args.local_steps} local step(s) a push, --aggregate {args.aggregate}"
             f"{' in the validators' if args.aggregate == 'naive-async' and args.validators else ''}, "
             f"{attacks.describe(args)}; chunks per server {[len(c) for c in chunks]}, "
             f"{[pushpull.shard_size(c) for c in chunks]} parameters")
@@ -114,7 +113,7 @@ def summary_of(args, layout, tally, run):
     GPUs)."""
     dist.all_reduce(tally["counts"], group=run.control)
     counts = {}  # by pushes (rejected: shares of pushes), by tensors, by parameters (attacks.counts)
-    for by, values in zip(("", "_tensors", "_params"), tally["counts"][:12].split(4)):
+    for by, values in zip(("", "_tensors", "_params"), tally["counts"][attacks.PUSHED_REJECTED].split(4)):
         honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = values.tolist()
         counts.update({f"honest{by}_pushed": round(honest_pushed), f"byzantine{by}_pushed": round(byzantine_pushed),
                        f"honest{by}_rejected": round(honest_rejected, 3),
@@ -122,8 +121,9 @@ def summary_of(args, layout, tally, run):
     most = torch.tensor([tally["stale"], tally["oldest"]])  # (every server drops and applies on its own)
     dist.all_reduce(most, op=dist.ReduceOp.MAX, group=run.control)
     stale, oldest = most.tolist()
+    failed = tally["counts"][attacks.FAILED_TESTS].tolist()
     tests = dict(zip(("honest_params_failed_norm", "honest_params_failed_sign", "byzantine_params_failed_norm",
-                      "byzantine_params_failed_sign"), (round(n) for n in tally["counts"][12:].tolist())))
+                      "byzantine_params_failed_sign"), (round(n) for n in failed)))
     return dict(mode=args.mode, aggregate=args.aggregate, attack=args.attack, byzantine=args.byzantine,
                 attack_prob=args.attack_prob, local_steps=args.local_steps, servers=args.servers,
                 validators=args.validators, workers=layout.workers, **counts, **tests, stale_dropped=stale,
@@ -138,12 +138,12 @@ def log_validators(run, tally, epoch):
     done = tally["counts"].clone()
     dist.all_reduce(done, group=run.control)
     epoch_counts, tally["logged"] = (done - tally["logged"]).tolist(), done
-    pushes, parameters = epoch_counts[:4], epoch_counts[8:12]  # (attacks.counts: pushed and rejected, by what)
+    pushes, parameters = epoch_counts[:4], epoch_counts[attacks.PARAMS]  # (attacks.counts: pushed and rejected)
     run.log.print(f"epoch {epoch} validators: pushes rejected {round(pushes[2], 3):g} of {pushes[0]:.0f} honest, "
                   f"{round(pushes[3], 3):g} of {pushes[1]:.0f} poisoned; parameters rejected {parameters[2]:,.0f} "
                   f"of {parameters[0]:,.0f} honest, {parameters[3]:,.0f} of {parameters[1]:,.0f} poisoned"
                   + ("; of the poisoned, {2:,.0f} failed the norm test, {3:,.0f} the sign test"
-                     .format(*epoch_counts[12:]) if tally["tests"] else ""))
+                     .format(*epoch_counts[attacks.FAILED_TESTS]) if tally["tests"] else ""))
 
 
 def server_state(model, view, shard, optimizer, server_chunks):
