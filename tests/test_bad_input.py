@@ -175,12 +175,6 @@ def test_step_batch_larger_than_the_shard(tiny_data, tmp_path, flags):
     assert_one_clear_line(result, "fewer than one step of --batch-size", "48 images per process")
 
 
-def test_evaluation_with_a_batch_larger_than_train_says_to_lower_it(tiny_data, tmp_path, good_checkpoint):
-    result = run_recipe("nd", [tiny_data, "-e", "--resume", good_checkpoint, "-j", "0", "--out", tmp_path / "e"],
-                        expect_ok=False)  # (-b 256, the default: more than the tiny train/)
-    assert_one_clear_line(result, "fewer than one step of --batch-size 256", "-e builds the training loader too")
-
-
 def test_truncated_checkpoint_is_refused_and_left_alone(tiny_data, tmp_path, good_checkpoint):
     broken = tmp_path / "checkpoint.pt"
     broken.write_bytes(good_checkpoint.read_bytes()[:2000])

@@ -63,9 +63,10 @@ class Run:
 
     def describe(self, train_set, val_set):
         """What this run does, for its first line."""
+        classes = f"{self.checkpoint.num_classes} classes"
         if self.args.evaluate:
-            return f"evaluating {self.args.arch} on {len(val_set)} val images"
-        return (f"{self.args.arch}, {len(train_set)} train / {len(val_set)} val images, global batch "
+            return f"evaluating {self.args.arch} on {len(val_set)} val images of {classes}"
+        return (f"{self.args.arch}, {len(train_set)} train / {len(val_set)} val images of {classes}, global batch "
                 f"{self.checkpoint.global_batch}, lr {self.optimizer.param_groups[0]['initial_lr']:g}, "
                 f"{schedule.describe(self.args)}")
 

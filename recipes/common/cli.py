@@ -61,7 +61,8 @@ def build_parser(recipe, description):
                         help="torchvision model name (resnet50, vit_b_16, ...), 'lenet' or 'vit_tiny' "
                              "(default: resnet18)")
     parser.add_argument("-b", "--batch-size", type=int, default=256,
-                        help="images per process and step (default: 256)")
+                        help="images per process and step (default: 256); -e evaluates in batches of it, "
+                             "a smaller val/ shard in one batch")
     parser.add_argument("--lr", type=float, default=0.1,
                         help="learning rate for a global batch of 256, scaled linearly "
                              "to the real global batch (default: 0.1)")
@@ -82,7 +83,7 @@ def build_parser(recipe, description):
     parser.add_argument("--save-every", type=int, default=0, metavar="STEPS",
                         help="also save checkpoint.pt every STEPS steps within an epoch (default: 0, at the "
                              "end of each epoch only)")
-    parser.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume's model on val/ and exit")
+    parser.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume's model on val/ and exit (train/ is not read)")
     parser.add_argument("--seed", type=int, help="make data order, augmentation and initialisation repeatable")
     parser.add_argument("-p", "--print-freq", type=int, default=10, help="steps between progress-bar updates")
     parser.add_argument("--desired-acc", type=float,

@@ -179,33 +179,43 @@ class SyntheticImages(Dataset):
 
 
 def check_folder(args):
-    """DIR exists and holds train/ and val/ (what can be told without reading an image): the folder, else one
-    clear error. runlog.RunLog checks it first, so that a wrong DIR is the error a user sees."""
+    """DIR exists and holds train/ and val/ (-e: val/ alone), what can be told without reading an image: the
+    folder, else one clear error. runlog.RunLog checks it first, so that a wrong DIR is the error a user sees."""
     root = Path(args.data)
     if not root.is_dir():
         raise RecipeError(f"data directory {root} does not exist")
-    for split in ("train", "val"):
+    for split in splits(args):
         if not (root / split).is_dir():
             raise RecipeError(f"{root} has no {split}/ folder (expected {root}/{split}/<class>/<image>)")
     return root
 
 
+def splits(args):
+    """The folders a run reads: -e evaluates on val/ and trains on nothing, so it needs no train/."""
+    return ("val",) if getattr(args, "evaluate", False) else ("train", "val")
+
+
 def build_datasets(args):
-    """Return (train_set, val_set, num_classes); bad folders are one clear error."""
+    """Return (train_set, val_set, num_classes); bad folders are one clear error. With -e the training set is
+    empty (train/ is not read, and may be missing) and the classes are val/'s."""
     if args.synthetic:
-        return (SyntheticImages(SYNTHETIC_TRAIN_IMAGES, args.image_size, SYNTHETIC_CLASSES),
+        train_images = SYNTHETIC_TRAIN_IMAGES if "train" in splits(args) else 0
+        return (SyntheticImages(train_images, args.image_size, SYNTHETIC_CLASSES),
                 SyntheticImages(SYNTHETIC_VAL_IMAGES, args.image_size, SYNTHETIC_CLASSES),
                 SYNTHETIC_CLASSES)
     root = check_folder(args)
-    train_transform, val_transform = build_transforms(args)
+    transforms = dict(zip(("train", "val"), build_transforms(args)))
     loader = {"pil": load_image, "gpu": read_jpeg_bytes}.get(getattr(args, "decoder", "tensor"), read_image)
-    splits = {}
-    for split, transform in (("train", train_transform), ("val", val_transform)):
+    folders = {}
+    for split in splits(args):
         try:
-            splits[split] = PackedImageFolder(root / split, transform, loader=loader)
+            folders[split] = PackedImageFolder(root / split, transforms[split], loader=loader)
         except FileNotFoundError:
             raise RecipeError(f"{root / split} has no images (expected <class>/<image> files)") from None
-    train_set, val_set = splits["train"], splits["val"]
+    val_set = folders["val"]
+    if "train" not in folders:  # -e
+        return Subset(val_set, []), val_set, len(val_set.classes)
+    train_set = folders["train"]
     if train_set.classes != val_set.classes:  # else val labels would silently mean other classes
         raise RecipeError(f"train/ and val/ in {root} have different class folders: "
                           f"{len(train_set.classes)} vs {len(val_set.classes)}")
@@ -215,6 +225,8 @@ def build_datasets(args):
 def hold_out(dataset, fraction, seed):
     """Split a training set in two at random (the same split for every rank and run with the same seed):
     (the rest, the held-out `fraction`). The parameter server's validators train-check on the held-out part."""
+    if len(dataset) == 0:  # (-e: nothing to train on, nothing to hold out)
+        return dataset, dataset
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed or 0)).tolist()
     held = max(1, round(fraction * len(dataset)))
     if held >= len(dataset):
@@ -238,10 +250,9 @@ def train_loader(dataset, args, sampler):
     # (data.set_seed), so that a run resumed at an epoch's end draws the same augmentations
     loader = _train_dataloader(dataset, step_batch, sampler, args.workers, collate(args),
                                persistent=args.seed is None)
-    if len(loader) == 0:
-        evaluating = " (-e builds the training loader too: lower -b)" if getattr(args, "evaluate", False) else ""
+    if len(loader) == 0 and not getattr(args, "evaluate", False):  # (-e trains on nothing: an empty loader)
         raise RecipeError(f"train/ gives {len(sampler)} images per process, fewer than one step of "
-                          f"--batch-size {args.batch_size} x --accum-steps {args.accum_steps}{evaluating}")
+                          f"--batch-size {args.batch_size} x --accum-steps {args.accum_steps}")
     return loader
 
 

@@ -146,7 +146,7 @@ class RunLog:
 
     def finish(self, args, val_stats, epochs, world_size, global_batch, device, best_top1, ema_stats=None, **extra):
         """Write summary.json and print it. world_size counts every process of the run, whatever its role;
-        global_batch is the images of one update. images_per_s is the training throughput of
+        global_batch is the images of one update (-e: none). images_per_s is the training throughput of
         all ranks together, the median over epochs after the first (which warms up);
         "ema" holds the EMA model's validation metrics (--ema-decay); a recipe's own
         results (extra) are added as they are."""
@@ -159,7 +159,7 @@ class RunLog:
             "top1": val_stats["top1"], "top5": val_stats["top5"], "loss": val_stats["loss"],
             "val_images": val_stats["images"], "top1_correct": val_stats["top1_correct"],
             "best_top1": best_top1, "images_per_s": statistics.median(rates) if rates else None,
-            "global_batch": global_batch, "wall_s": time.perf_counter() - self.start,
+            "global_batch": None if args.evaluate else global_batch, "wall_s": time.perf_counter() - self.start,
             "torch": torch.__version__,
             "ema": {key: ema_stats[key] for key in ("top1", "top5", "loss")} if ema_stats else None,
             **precision(args), **extra}

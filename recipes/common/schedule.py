@@ -10,6 +10,8 @@ import torch
 def lr_factor(step, steps_per_epoch, args):
     """The multiple of the base learning rate that optimizer step `step` (from 0, counted over the
     whole run) uses: linear warmup, then the step or the cosine schedule."""
+    if steps_per_epoch == 0:  # (-e: no training steps, no schedule)
+        return 1.0
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
     if step < warmup_steps:  # lr/W, 2 lr/W, ..., lr: large-batch training starts gently (Goyal et al.)
         return (step + 1) / warmup_steps

@@ -130,7 +130,7 @@ def check_args(args, world_size=None):
     if args.schedule == "1f1b" and args.microbatches < args.stages:
         raise RecipeError(f"--schedule 1f1b needs at least as many --microbatches as --stages: "
                           f"{args.microbatches} < {args.stages}")
-    if args.batch_size % args.microbatches:
+    if args.batch_size % args.microbatches and not args.evaluate:  # (-e evaluates whole batches)
         raise RecipeError(f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}")
     if args.save_every and args.sync in ("preduce", "hetpipe"):
         raise RecipeError(f"--save-every is not supported with --sync {args.sync} (its replicas meet at epoch "

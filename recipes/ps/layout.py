@@ -238,7 +238,9 @@ def check_world(args, world_size):
 
 
 def check_data(args, layout, per_worker, held_out):
-    """Enough images for a round of every worker, and a batch for the validators."""
+    """Enough images for a round of every worker, and a batch for the validators (-e: trains nothing)."""
+    if args.evaluate:
+        return
     if per_worker // args.batch_size < args.local_steps:
         raise RecipeError(f"train/ gives {per_worker} images per worker, fewer than one round of --batch-size "
                           f"{args.batch_size} x --local-steps {args.local_steps}")
