@@ -298,6 +298,10 @@ def test_bench_pipeline_plans_each_sync_layout_and_schedule_with_and_without_str
             if run[2]:
                 assert order.index(("sync", "allreduce", False, *run[3:])) < order.index(run)
     assert {run[6] for run in sync if run[5] == "1f1b"} == {2, 4}  # 1f1b: S microbatches
+    time = [run for run in runs if run[0] == "time"]  # (pipedream with stragglers, at the sync part's X: after it)
+    assert sorted(time) == sorted(("time", s, True, stages, replicas, "pipedream", 1, seed) for seed in (0, 1, 2)
+                                  for stages, replicas in ((1, 4), (1, 8), (2, 2), (2, 4)) for s in pipeline_measure.SYNCS)
+    assert runs.index(time[0]) > runs.index(sync[-1])
     bubble = [(schedule, m) for part, _, _, _, _, schedule, m, _ in runs if part == "bubble"]
     assert ("gpipe", 1) in bubble and ("1f1b", 1) not in bubble and len(bubble) == 5 + 4  # 1f1b needs M >= S
     args = pipeline_measure.argparse.Namespace(data=tiny_data, epochs=1, quick=False)
@@ -306,6 +310,8 @@ def test_bench_pipeline_plans_each_sync_layout_and_schedule_with_and_without_str
     assert flags[flags.index("-b") + 1] == "8" and flags[flags.index("--microbatches") + 1] == "2"
     processes, flags = pipeline_measure.flags_of("sync", "preduce", 0.0, 1, 8, "pipedream", 1, 1, args)
     assert processes == 8 and flags[flags.index("--stages") + 1] == "1" and flags[flags.index("--hetero") + 1] == "0"
+    processes, flags = pipeline_measure.flags_of("time", "hetpipe", 0.03, 2, 2, "pipedream", 1, 0, args)
+    assert flags[flags.index("--epochs") + 1] == str(pipeline_measure.TIME_EPOCHS) and processes == 2 * 3
     processes, flags = pipeline_measure.flags_of("bubble", "allreduce", 0.0, 2, 1, "gpipe", 16, 0, args)
     assert processes == 2 and flags[flags.index("-b") + 1] == "256" and flags[flags.index("--epochs") + 1] == "1"
     assert len(pipeline_measure.plan([0], quick=True)) == 2 * 2 + 2 * 2 * 2 + 3  # and the bubble's 3

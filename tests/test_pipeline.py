@@ -1,6 +1,7 @@
 """The pipeline recipe: stages against the unsplit model, each sync method, stragglers, bad input."""
 
 import json
+import re
 import threading
 import time
 import types
@@ -8,7 +9,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import TINY, child_env, free_port, read_summary, run_recipe
+from conftest import ROOT, TINY, child_env, free_port, read_summary, run_recipe
 import forkserver
 from test_bad_input import assert_one_clear_line
 from test_faults import injected
@@ -381,11 +382,11 @@ def test_pipedream_runs_s_minus_s_forwards_then_one_backward_one_forward_then_dr
     assert list(order) == [("backward", 2)]
 
 
-def pipedream_reference(args, replicas, pipelined=True):
+def pipedream_reference(args, replicas, pipelined=True, in_flight=None):
     """PipeDream's rule, written plainly in one process: at stage s, minibatch i's forward runs on the stage's
     weights after max(0, i - (S - s) + 1) updates, and its gradient there (averaged over the replicas' minibatches
-    i) updates the stage's newest weights (pipelined=False: after i updates, plain SGD). Returns the model's state
-    after the epoch."""
+    i) updates the stage's newest weights (pipelined=False: after i updates, plain SGD; in_flight=K: at most K
+    minibatches in flight at any stage, min(K, S - s)). Returns the model's state after the epoch."""
     train_set, _, num_classes = data.build_datasets(args)
     loaders = []
     for replica in range(replicas):  # replica r: ddp's rank r's shard
@@ -405,7 +406,8 @@ def pipedream_reference(args, replicas, pipelined=True):
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     count = len(modules)
     for i, batches in enumerate(zip(*loaders)):
-        used = [{n: w.clone().requires_grad_() for n, w in history[s][max(0, i - (count - s) + 1) if pipelined
+        depth = [min(in_flight or count, count - s) for s in range(count)]
+        used = [{n: w.clone().requires_grad_() for n, w in history[s][max(0, i - depth[s] + 1) if pipelined
                                                                         else i].items()} for s in range(count)]
         total = 0
         for images, target in batches:
@@ -444,6 +446,34 @@ def test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_plain_referen
     plain = pipedream_reference(args, 2, pipelined=False)  # (what the test tells apart: plain SGD's weights)
     gap = max((weights(out)[key] - plain[key]).abs().max().item() for key in plain)
     assert gap > (1e-4 if arch == "vit_tiny" else 1e-3), gap  # (vit_tiny's: 9e-4, 90 times the tolerance)
+
+
+def test_pipedream_at_three_stages_stashes_as_the_plain_reference_does(tiny_data, tmp_path):
+    """2 replicas x 3 stages: stage s holds 3 - s versions of its weights, minibatch i's forward at stage 0 runs on
+    the weights of two updates before, and the weights after an epoch are pipedream_reference's."""
+    out = tmp_path / "run"
+    flags = [tiny_data, *TINY, "-b", "4", "--epochs", "1", "--stages", "3", "--schedule", "pipedream", "--lr", "2"]
+    run_recipe("pipeline", [*flags, "--out", out], nproc=6)
+    summary = read_summary(out)
+    assert summary["updates_per_replica"] == [6, 6] and summary["disagreement"] == 0, summary
+    assert summary["weight_versions_per_stage"] == [3, 2, 1], summary
+    args = pipeline.parse_args([str(f) for f in flags])
+    assert_same_weights(weights(out), pipedream_reference(args, 2), 1e-5)
+    two_stages_deep = pipedream_reference(args, 2, in_flight=2)  # (what the test tells apart: a pipeline of 2)
+    gap = max((weights(out)[key] - two_stages_deep[key]).abs().max().item() for key in two_stages_deep)
+    assert gap > 1e-3, gap
+
+
+def test_the_schedule_stops_at_the_runs_end_for_a_replica_past_its_share(tiny_data, tmp_path):
+    """--sync preduce with replica 1 ten times slower, under the cosine: replica 0 takes more than its share of
+    the run's last epoch, and the learning rate its progress lines print (its stage's optimizer's) falls step by
+    step to the run's last step's and stays there, never climbing back up the cosine."""
+    result = run_recipe("pipeline", [tiny_data, *TINY, "-b", "4", "--epochs", "1", "--stages", "1", "--sync",
+                                     "preduce", "--lr-schedule", "cosine", "--slow-rank", "1", "--slow-factor", "10",
+                                     "--out", tmp_path / "run"], nproc=2)
+    lrs = [float(lr) for lr in re.findall(r"^epoch 1 step \d+/6 .* lr (\S+)$", result.stdout, re.M)]
+    assert len(lrs) > 6, result.stdout  # (a share is 6 of the epoch's 12 updates)
+    assert all(a > b for a, b in zip(lrs[:6], lrs[1:6])) and lrs[6:] == [lrs[5]] * (len(lrs) - 6), lrs
 
 
 def test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_updates_once_a_minibatch(tiny_data,
@@ -509,3 +539,25 @@ def test_bad_input(tiny_data, tmp_path, flags, phrase):
     """Launched: one clear line and exit 2 (test_bad_input.py checks the mechanism for every recipe)."""
     result = run_recipe("pipeline", [tiny_data, *TINY, "--out", tmp_path / "out", *flags], expect_ok=False)
     assert_one_clear_line(result, phrase)
+
+
+def test_the_deviations_from_sd_pipe_are_listed_once_each_with_a_line_it_cites():
+    """recipes/pipeline/deviations.py is the one list: every row names what both do, where in the authors' code and
+    why, and quotes a line among those it cites (scripts/checks/sdpipe_lines.py checks the quotes against a
+    clone); the modules point to it and list none of their own; the long form holds the table it renders."""
+    from recipes.pipeline.deviations import DEVIATIONS, FILES
+    from scripts.checks.sdpipe_lines import cited
+    from scripts.figures.pipeline.render import deviations
+
+    for row in DEVIATIONS:
+        assert all(row[key] for key in ("here", "theirs", "where", "why")), row
+        name, line, piece = row["shows"]
+        places = dict(cited(row["where"]))
+        lines = places[FILES.get(name, name)]  # (a file the row cites ...)
+        assert min(lines) <= line <= max(lines) and piece, row  # (... and a line there)
+    folder = ROOT / "recipes" / "pipeline"
+    for module in folder.glob("*.py"):
+        text = module.read_text()
+        assert module.name == "deviations.py" or not re.search(r"Deviations[ :(]", text), module
+    assert "deviations.py" in (folder / "train.py").read_text() and "deviations.py" in (folder / "sync.py").read_text()
+    assert deviations() in (ROOT / "docs" / "results" / "pipeline.md").read_text()

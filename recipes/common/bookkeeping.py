@@ -88,8 +88,13 @@ class Run:
             self.epoch, self.first_step = epoch, start_step if epoch == start_epoch else 0
             if not self.first_step:
                 data.set_seed(self.args.seed, epoch, self.seed_rank)
-            self.epoch_lr = self.optimizer.param_groups[0]["lr"]
+            self.epoch_lr = self.lr()
             yield epoch
+
+    def lr(self):
+        """The learning rate of the optimizer that steps, as its schedule set it: the pipeline's stage and the
+        parameter server's shard step an optimizer of their own, beside the checkpoint's (self.optimizer)."""
+        return self.scheduler.get_last_lr()[0]
 
     def batches(self, loader):
         """This epoch's batches of the loader (resumed mid-epoch: only those not yet trained on), behind a
@@ -118,7 +123,7 @@ class Run:
         self.meter.optimizer_step()
         if step % args.print_freq == 0:
             rate = self.meter.images_per_s()
-            self.log.step(self.epoch, step, self.steps_per_epoch, loss, self.optimizer.param_groups[0]["lr"],
+            self.log.step(self.epoch, step, self.steps_per_epoch, loss, self.lr(),
                           rate and rate * self.world_size)
         self.scheduler.step()  # every step: warmup and cosine move within an epoch
         if self.ema is not None:

@@ -12,6 +12,9 @@ def lr_factor(step, steps_per_epoch, args):
     whole run) uses: linear warmup, then the step or the cosine schedule."""
     if steps_per_epoch == 0:  # (-e: no training steps, no schedule)
         return 1.0
+    # past the run's last step the rate stays at that step's: a replica that takes more than its share of the
+    # last epoch (the pipeline's partial reduce) must not climb back up the cosine
+    step = min(step, args.epochs * steps_per_epoch - 1)
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
     if step < warmup_steps:  # lr/W, 2 lr/W, ..., lr: large-batch training starts gently (Goyal et al.)
         return (step + 1) / warmup_steps

@@ -2,7 +2,7 @@
 
 The stage's global weights live on the CPU, as BytePS's and SD-PIPE's servers hold them. Each push
 (a replica's update of one minibatch, divided by R) is added to them; a pull is answered at once
-(SD-PIPE's baseline has no bound), or with --staleness D once the puller is at most D waves of
+(SD-PIPE's ResNet baseline has no bound), or with --staleness D (their BERT's: 0) once the puller is at most D waves of
 --wave minibatches ahead of the slowest replica (HetPipe's wave-synchronous parallel); at an epoch's
 end, once every replica has pushed the whole epoch. Evaluates and saves with the others at each
 epoch's end.

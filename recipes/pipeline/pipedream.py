@@ -23,20 +23,18 @@ what its neighbours' backwards wait for, and received each activation sent to it
 
 Epochs counted in updates (--sync preduce): stage 0 takes each minibatch from the epoch's updates before its
 forward; once none is left, the replica's epoch ends there, and each stage tells the next with a flag (a CPU
-number over the replica's gloo group, beside each activation), then drains. SD-PIPE's scheduler decides at the
-last stage, when the count of updates crosses the epoch, and every stage of that replica stops after the same
-minibatch (preduce_handler.cc, setStopCondition), then drains the S - 1 minibatches in flight: the same count
-of updates per epoch, decided at the pipeline's other end.
+number over the replica's gloo group, beside each activation), then drains: the minibatches in flight were
+claimed, so an epoch is exactly its count of updates. SD-PIPE's scheduler decides at the last stage, after the
+count of updates crosses the epoch, and every stage of that replica stops after the same minibatch
+(preduce_handler.cc, setStopCondition); the S - 1 minibatches its drain then finishes are counted nowhere and
+averaged with no one (deviations.py).
 
 A stop agreed after a backward (SIGTERM) saves each stage after the same update; the minibatches in flight
 beyond it are trained again after the resume (their forwards had moved BatchNorm's running statistics once
 already), and the resumed epoch fills the pipeline anew, so it does not repeat the uninterrupted run exactly.
 
-Deviations: SD-PIPE allocates one buffer per in-flight minibatch and copies the newest weights into the oldest
-(copy_latest_weight, pipedream_subexecutor.py 275-292: the same count of versions, by reuse); its GroupStart/
-GroupEnd calls (416-447) pair the forward's send with the next
-backward's receive (Megatron-LM pairs them so too), where here a gradient's receive is a group of its own, which
-keeps a stop after any backward free of a receive that no stage will match.
+Where this departs from the authors' code (the weight versions, the grouping of the messages), with their
+files and lines: deviations.py.
 """
 
 import torch

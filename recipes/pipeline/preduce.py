@@ -25,19 +25,7 @@ does more of the epoch than a slow one (its shard again, reshuffled, if it runs 
 The ready queue is the c10d store: arrival n reads its part from the key member/n, which the
 leader of its group writes (its group, or "lead"); only a leader reads and writes the counts and
 the union-find, one leader at a time.
-Deviations (the authors' files and lines): the epoch ends with an average of all replicas (SD-PIPE
-evaluates each pipeline's own weights, train_resnet.py 14-26: here one model is evaluated and saved),
-and the count of updates, with the connectivity sync it makes due, starts again at each epoch (the
-authors' runs on, preduce_handler.cc 80-82: the epoch's average has just connected every replica);
-a counter of claimed steps ends the epoch, where SD-PIPE's last-stage scheduler does
-(preduce_handler.cc 29-35, setStopCondition); a replica that leaves the epoch ends a connectivity
-wait (SD-PIPE's scheduler stops every replica together, preduce_handler.cc 83-85); a replica is
-ready once its host has queued the step (SD-PIPE synchronises its compute stream first,
-pipedream_subexecutor.py 190: here no step waits for the device); the stage's weights are averaged
-as one vector once its backward and update are done, and its gradient goes on to the stage before
-after the average (SD-PIPE asks for the group at the stage's first gradient and averages each
-weight tensor on a stream of its own as its update is applied, pipedream_subexecutor.py 181-193,
-458-460, beside the sends).
+Where this departs from the authors' code, with their files and lines: deviations.py.
 """
 
 import itertools

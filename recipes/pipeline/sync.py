@@ -11,15 +11,14 @@ update_gradient_local 294-316 and the ParameterServerCommunicate branch 464-473)
 parameter server holds the stage's global weights on the CPU; a replica applies each update to its
 own weights, and pushes it, divided by R, to the server after every minibatch; every --wave W
 minibatches (their batch_id % 10, and the epoch's last) it pulls the global weights in place of its
-own. No bound on how far a replica runs ahead (their ssp_init and ssp_sync are commented out, 159
-and 400); HetPipe's own wave-synchronous bound is --staleness D: a pull waits until the puller is at
-most D waves ahead of the slowest replica. The push copies the stage's weights to the CPU after
-every minibatch (on a GPU the host waits for them: a parameter server's push does). Deviations: the
-epoch's last pull waits for every replica's whole epoch, so that the epoch ends with one model (the
-authors' is an ordinary pull, 466-471); the push is the local step's change / R, which with
---momentum is the momentum step (lr x v / R), where the authors push lr x g / R (294-316); and at a
-pulling minibatch the replica still updates (its gradient also enters its momentum) before the pull
-replaces its weights, where the authors' replica skips that update.
+own. The push is the local step's change / R: with --momentum the momentum step, as the authors push
+it (their optimizer writes the momentum step into the gradient it pushes: python/hetu/optimizer.py
+306-315, src/ops/Optimizers.cu 81-89; pipedream_subexecutor.py 299-316). No bound on how far a
+replica runs ahead, as in their ResNet script (train_resnet.py 84-85); HetPipe's own wave-synchronous
+bound is --staleness D: a pull waits until the puller is at most D waves ahead of the slowest replica
+(their BERT script's is 0: train_bert.py 76, bsp = 0). The push copies the stage's weights to the CPU
+after every minibatch (on a GPU the host waits for them: a parameter server's push does). Where the
+rules depart from the authors' code, with their files and lines: deviations.py.
 """
 
 import torch

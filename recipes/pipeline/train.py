@@ -13,7 +13,8 @@ replica's pipeline: a flush and one update per batch. --schedule pipedream runs 
 PipeDream as SD-PIPE does (pipedream.py): S - s minibatches in flight at stage s, an update per
 minibatch, each backward on its forward's weights (stashed). Replica
 r trains on ddp's rank r's shard and augmentations, -b images per step: a global batch of -b x R, and --lr
-scales to it as in every recipe (SD-PIPE keeps its lr whatever R: train_resnet.py 63-64, 76-81).
+scales to it as in every recipe (SD-PIPE keeps its lr whatever R: deviations.py lists each departure from
+the authors' code, with their files and lines).
 
 The replicas of a stage agree over a process group of their own (a DDP-wrapped stage does not
 work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2023):
@@ -26,7 +27,8 @@ work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2
              the replicas average in random pairs after each step.
   hetpipe    HetPipe (Park et al., USENIX ATC 2020) as SD-PIPE's baseline: each stage's server
              holds its global weights on the CPU; a replica steps locally, pushes each update / R,
-             and every --wave W minibatches pulls (no bound; --staleness D: HetPipe's own).
+             and every --wave W minibatches pulls (no bound, as SD-PIPE's ResNet runs; --staleness D:
+             HetPipe's own, 0 in SD-PIPE's BERT).
 Stragglers (SD-PIPE's model): --hetero X makes a process sleep X seconds with probability
 --hetero-prob before the forward and the backward of each minibatch, drawn from --seed;
 --slow-rank R --slow-factor F makes rank R about F times slower (not a hetpipe server).

@@ -5,6 +5,7 @@ bubble.
     python scripts/figures/pipeline/measure.py     # figures/data/pipeline.csv and pipeline_curves.csv
     python scripts/figures/pipeline/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
     python scripts/figures/pipeline/measure.py --parts vit   # one part; the CSV keeps the others' rows
+    python scripts/figures/pipeline/measure.py --parts time  # time to a target (after the sync part: its X)
 
 sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS epochs,
         one thread per process; allreduce, preduce, adpsgd and hetpipe, each without stragglers and with
@@ -21,6 +22,10 @@ sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per repli
 vit     as sync, with the small vision transformer (-a vit_tiny at 28 px: 8 equal blocks, the stages equal by
         construction) in lenet's place: pipedream at R x S = 2 x 2 and 2 x 4, allreduce and preduce, without
         stragglers and with them (X sized the same way, from the transformer's own c), for every seed.
+time    SD-PIPE's claim, time to a target accuracy: pipedream with stragglers (the sync part's X for the
+        layout) at R x S = 4 x 1, 8 x 1, 2 x 2 and 4 x 2, each sync method, TIME_EPOCHS epochs so that staleness
+        can show in the accuracy, for every seed: the val top-1 after each epoch and the seconds to it
+        (pipeline_time.csv). The renderer sets each layout's target near the best method's final top-1.
 bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which needs M >= S),
         one epoch of seed 0: images/s beside the model's bubble (S - 1) / (M + S - 1).
 
@@ -67,11 +72,13 @@ FIELDS = ["part", "sync", "hetero", "schedule", "microbatches", "batch", "stages
           "epochs", "top1", "images_per_s", "updates_per_s", "step_s", "train_s", "seconds_to_target", "target",
           "waits", "full_syncs", "partial_syncs", "connectivity_syncs", "mean_group_size",
           "longest_unconnected_updates", "disagreement", "max_applied_staleness", "cpu", "cores", "gpu", "torch"]
-BATCH = {"sync": 8, "vit": 8, "bubble": 256}  # per replica
-PARTS = ["sync", "vit", "bubble"]
+BATCH = {"sync": 8, "vit": 8, "time": 8, "bubble": 256}  # per replica
+PARTS = ["sync", "vit", "time", "bubble"]
+TIME_LAYOUTS, TIME_EPOCHS = [(1, 4), (1, 8), (2, 2), (2, 4)], 5  # (stages S, replicas R); epochs of the time part
 VIT_LAYOUTS, VIT_SYNCS = [(2, 2), (4, 2)], ["allreduce", "preduce"]  # (stages S, replicas R): R x S = 2 x 2, 2 x 4
 VIT = ["-a", "vit_tiny"]  # (in place of ACCURACY's lenet, at its 28 px)
 CURVE_FIELDS = ["sync", "hetero", "schedule", "stages", "replicas", "seed", "epoch", "seconds", "top1"]
+TIME_FIELDS = CURVE_FIELDS + ["cpu", "cores", "gpu", "torch"]
 
 
 def schedules_of(stages):
@@ -90,6 +97,8 @@ def plan(seeds, quick=False, parts=PARTS):
     runs += [("vit", sync, stragglers, stages, replicas, "pipedream", 1, seed) for seed in seeds
              for stages, replicas in ([] if quick else VIT_LAYOUTS) for stragglers in (False, True)
              for sync in VIT_SYNCS]
+    runs += [("time", sync, True, stages, replicas, "pipedream", 1, seed) for seed in seeds
+             for stages, replicas in ([] if quick else TIME_LAYOUTS) for sync in SYNCS]
     runs += [("bubble", "allreduce", False, 2, 1, schedule, m, seeds[0]) for m in microbatches
              for schedule in ("gpipe", "1f1b") if schedule == "gpipe" or m >= 2]  # (1f1b needs M >= S)
     return [run for run in runs if run[0] in parts]
@@ -98,7 +107,7 @@ def plan(seeds, quick=False, parts=PARTS):
 def flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args):
     """The processes and flags of one run (hetero: X in seconds, 0 without stragglers)."""
     model = [*(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY), *(VIT if part == "vit" else [])]
-    epochs = args.epochs if part in ("sync", "vit") else 1
+    epochs = {"sync": args.epochs, "vit": args.epochs, "time": TIME_EPOCHS}.get(part, 1)
     flags = [args.data, *model, "--epochs", str(epochs), "--seed", str(seed), "-p", "1000", "--dist-timeout", "120",
              "--stages", str(stages), "--microbatches", str(microbatches), "--schedule", schedule, "--sync", sync,
              "--hetero", f"{hetero:g}", "--hetero-prob", str(HETERO_PROB), "--wave", str(WAVE),
@@ -169,15 +178,24 @@ def straggler_sleep(step):
 
 def kept(args, name):
     """The rows of figures-data/name that --parts leaves as they were: the other parts' (pipeline_curves.csv: the
-    sync part's curves, kept unless sync is measured)."""
+    sync part's curves, kept unless sync is measured; pipeline_time.csv: the time part's)."""
     path = Path(args.figures_data) / name
     if not path.exists() or set(args.parts) == set(PARTS):
         return []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    if name == "pipeline_curves.csv":
-        return [] if "sync" in args.parts else rows
+    if name in CURVES_OF:
+        return [] if CURVES_OF[name] in args.parts else rows
     return [r for r in rows if r["part"] not in args.parts]
+
+
+CURVES_OF = {"pipeline_curves.csv": "sync", "pipeline_time.csv": "time"}  # (each file's part)
+
+
+def sync_part_sleeps(rows):
+    """X of each layout, as the sync part slept it: {(stages, replicas, schedule): X}."""
+    return {(int(r["stages"]), int(r["replicas"]), r["schedule"]): float(r["hetero"]) for r in rows
+            if r["part"] == "sync" and float(r["hetero"]) > 0}
 
 
 def main():
@@ -194,12 +212,17 @@ def main():
     args = parser.parse_args()
     measuring.require_digits(args.data)
     machine, rows, curves = measuring.hardware(), kept(args, "pipeline.csv"), kept(args, "pipeline_curves.csv")
+    times = kept(args, "pipeline_time.csv")
     sleep = {}  # (part, stages, replicas, schedule): X
     for part, sync, stragglers, stages, replicas, schedule, microbatches, seed in plan(args.seeds, args.quick,
                                                                                        args.parts):
         name = f"{part}-{sync}-{'stragglers' if stragglers else 'none'}-{stages}x{replicas}-{schedule}-m{microbatches}"
         out = Path(args.runs) / f"{name}-seed{seed}"
         layout = (part, stages, replicas, schedule)
+        if part == "time" and layout not in sleep:  # the sync part's X, measured before
+            sleep.update({("time", *key): x for key, x in sync_part_sleeps(rows).items()})
+        if stragglers and layout not in sleep:
+            sys.exit(f"error: no X for {name}: measure the sync part first (--parts sync)")
         hetero = sleep[layout] if stragglers else 0.0
         processes, flags = flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args)
         summary = measuring.train("pipeline", processes, flags, out, threads=1, forked=True)
@@ -216,6 +239,10 @@ def main():
                      "updates_per_s": round(updates / train_s, 2), "step_s": round(train_s * replicas / updates, 5),
                      "train_s": round(train_s, 2), "seconds_to_target": reached[0] if reached else "",
                      "target": TARGET, **{key: round(summary[key], 6) for key in FIELDS[18:26]}, **machine})
+        if part == "time":
+            times += [{"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages, "replicas": replicas,
+                       "seed": seed, "epoch": epoch, "seconds": seconds, "top1": top1, **machine}
+                      for epoch, seconds, top1 in points]
         if part == "sync":
             curves += [{"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages, "replicas": replicas,
                         "seed": seed, "epoch": epoch, "seconds": seconds, "top1": top1}
@@ -224,6 +251,7 @@ def main():
               f"waits {summary['waits']:g}" + (f", X {hetero:g} s" if stragglers else ""), flush=True)
         measuring.write_csv(Path(args.figures_data) / "pipeline.csv", FIELDS, rows)
         measuring.write_csv(Path(args.figures_data) / "pipeline_curves.csv", CURVE_FIELDS, curves)
+        measuring.write_csv(Path(args.figures_data) / "pipeline_time.csv", TIME_FIELDS, times)
     measuring.record_part(args.figures_data, "pipeline", started, adding=set(args.parts) != set(PARTS))
 
 

@@ -3,10 +3,13 @@ stragglers cost (scripts/figures/pipeline/render_targets.py), and the bubble (sc
 
     reads    figures/data/pipeline.csv, pipeline_curves.csv
     draws    figures/pipeline.png
-    writes   sections pipeline-sync, pipeline-model, pipeline-targets, pipeline-vit, pipeline-bubble
+    writes   sections pipeline-sync, pipeline-model, pipeline-targets, pipeline-vit, pipeline-bubble,
+             pipeline-time (render_time.py, from pipeline_time.csv), and pipeline-deviations (from
+             recipes/pipeline/deviations.py, no measurement)
 """
 
-from scripts.figures.pipeline import measure as pipeline_measure
+from recipes.pipeline.deviations import AUTHORS_COMMIT, DEVIATIONS, FILES
+from scripts.figures.pipeline import measure as pipeline_measure, render_time
 from scripts.figures.rendering import mean_of, plt, read_csv, save, spread, table, targets_held, with_range
 from scripts.figures.pipeline.render_targets import (LAYOUTS, of, pipeline_groups, pipeline_model_rows,
                                               pipeline_targets, ratios)
@@ -139,13 +142,21 @@ def plot_pipeline(rows, figures):
     save(fig, figures / "pipeline.png")
 
 
+def deviations():
+    """The recipe's deviations from SD-PIPE's code, as recipes/pipeline/deviations.py lists them."""
+    files = "; ".join(f"{short} is `{path}`" for short, path in FILES.items())
+    rows = [(row["here"], f"{row['theirs']} ({row['where']})", row["why"]) for row in DEVIATIONS]
+    return (f"In Hsword/VLDB2023_SDPipe at {AUTHORS_COMMIT[:7]}, {files}.\n\n"
+            + table(("here", "SD-PIPE (its files and lines)", "why"), rows))
+
+
 def render(data, figures, missing):
     rows = read_csv(data / "pipeline.csv") if (data / "pipeline.csv").exists() else []
     if not rows:
         missing.append("pipeline.csv (scripts/figures/pipeline/measure.py)")
-        return {}
+        return {"pipeline-deviations": deviations()}
     plot_pipeline(rows, figures)
-    return pipeline_tables(rows)
+    return {**pipeline_tables(rows), **render_time.render(data), "pipeline-deviations": deviations()}
 
 
 def headline(data):
@@ -164,4 +175,5 @@ def headline(data):
             f" allreduce's updates/s, on {cores} CPU cores shared by up to {max(s * r for s, r, _ in speeds)} "
             f"processes; {held} of its {total} targets hold" +
             ("; the transformer (vit_tiny): " + " and ".join(f"{speed['mean']:.2f}x ({r} x {s})"
-                                                               for s, r, speed in vit_speeds) if vit_speeds else ""))
+                                                               for s, r, speed in vit_speeds) if vit_speeds else "") +
+            (f"; {render_time.first_to_target(data)}" if render_time.first_to_target(data) else ""))

@@ -1,0 +1,103 @@
+"""The pipeline part's time to a target, SD-PIPE's own measure: per layout, the seconds each sync method takes to
+reach a top-1 near the best method's final one, and the final top-1, under PipeDream with stragglers.
+
+    reads    figures/data/pipeline_time.csv (scripts/figures/pipeline/measure.py --parts time)
+    writes   section pipeline-time; first_to_target() for the headline
+
+Each layout's target is the best method's mean final top-1 less BELOW_BEST points, rounded down to a half
+point: near where training ends, so that a method that gets there early but ends lower is seen to. The
+top-1 is measured after each epoch, so a time is that of the first epoch's end at or above the target
+(training and evaluation, summed).
+"""
+
+import math
+
+from scripts.figures.rendering import read_csv, spread, table, with_range
+
+BELOW_BEST = 1.0  # points under the best method's mean final top-1: the layout's target
+ORDER = ["allreduce", "preduce", "adpsgd", "hetpipe"]
+
+
+def read(data):
+    """{(replicas, stages): {sync: {seed: [(epoch, seconds, top1), ...]}}}, or {} when not measured."""
+    path = data / "pipeline_time.csv"
+    layouts = {}
+    for r in read_csv(path) if path.exists() else []:
+        runs = layouts.setdefault((int(r["replicas"]), int(r["stages"])), {}).setdefault(r["sync"], {})
+        runs.setdefault(r["seed"], []).append((int(r["epoch"]), float(r["seconds"]), float(r["top1"])))
+    return layouts
+
+
+def finals(runs):
+    return spread([points[-1][2] for points in runs.values()])
+
+
+def target_of(methods):
+    best = max(finals(runs)["mean"] for runs in methods.values())
+    return math.floor(2 * (best - BELOW_BEST)) / 2
+
+
+def seconds_to(runs, target):
+    """The seconds to the target of each seed that reached it, and the count of seeds."""
+    reached = [next((seconds for _, seconds, top1 in points if top1 >= target), None) for points in runs.values()]
+    return [s for s in reached if s is not None], len(reached)
+
+
+def first(methods, target):
+    """The method that reaches the target first: every seed there, the lowest mean time; None if none does."""
+    times = {sync: seconds_to(runs, target) for sync, runs in methods.items()}
+    whole = {sync: sum(t) / len(t) for sync, (t, n) in times.items() if t and len(t) == n}
+    return min(whole, key=whole.get) if whole else None
+
+
+def time_table(layouts):
+    body = []
+    for (replicas, stages), methods in sorted(layouts.items(), key=lambda item: (item[0][1], item[0][0])):
+        target = target_of(methods)
+        leader = first(methods, target)
+        for sync in [s for s in ORDER if s in methods]:
+            reached, seeds = seconds_to(methods[sync], target)
+            time = (with_range(spread(reached), 1) + " s" + ("" if len(reached) == seeds else
+                                                             f" ({len(reached)} of {seeds} seeds)")
+                    if reached else f"not reached (0 of {seeds} seeds)")
+            body.append([f"{replicas} x {stages}", f"{target:.1f}", f"`{sync}`" + (" (first)" if sync == leader
+                                                                                 else ""),
+                         time, with_range(finals(methods[sync]))])
+    epochs = max(points[-1][0] for methods in layouts.values() for runs in methods.values()
+                 for points in runs.values())
+    seeds = max(len(runs) for methods in layouts.values() for runs in methods.values())
+    return (table(["R x S", "target top-1 (%)", "sync", "seconds to the target", f"top-1 after {epochs} epochs (%)"],
+                  body) +
+            f"\n\nPipeDream with stragglers (each layout's X the sync part's), lenet on the digits, "
+            f"{epochs} epochs, {seeds} seeds: the mean, in brackets the lowest and highest. The target is the best "
+            f"method's mean final top-1 less {BELOW_BEST:g} point, rounded down to a half point; a time is the "
+            f"first epoch's end at or above it (training and evaluation). First: every seed reached it, in the "
+            f"least time on average.")
+
+
+def first_to_target(data):
+    """'time to a top-1 near the best final one ...: 4 x 1 preduce first (...)', for the headline; None."""
+    layouts = read(data)
+    if not layouts:
+        return None
+    parts = []
+    for (replicas, stages), methods in sorted(layouts.items(), key=lambda item: (item[0][1], item[0][0])):
+        target = target_of(methods)
+        leader = first(methods, target)
+        shown = [leader] + [s for s in ("allreduce", "hetpipe") if s != leader and s in methods]
+
+        def said(sync):
+            reached, seeds = seconds_to(methods[sync], target)
+            time = f"{sum(reached) / len(reached):.1f} s" if len(reached) == seeds else \
+                f"{len(reached)} of {seeds} seeds reach it"
+            return f"{sync} {time}, final {finals(methods[sync])['mean']:.1f} %"
+
+        parts.append(f"{replicas} x {stages} to {target:.1f} %: " + (f"{leader} first (" + said(leader) + "; " +
+                                                                     "; ".join(said(s) for s in shown[1:]) + ")"
+                                                                     if leader else "no method in every seed"))
+    return "time to a top-1 near the best final one: " + "; ".join(parts)
+
+
+def render(data):
+    layouts = read(data)
+    return {"pipeline-time": time_table(layouts)} if layouts else {}
