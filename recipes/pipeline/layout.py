@@ -5,14 +5,14 @@ Rank r is stage r mod S of replica r div S (--stages S). With --sync hetpipe the
 are the stages' parameter servers: one object says it, so that no part computes it again.
 """
 
-import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector
 
 from recipes.common import RecipeError, cli, models
-from recipes.pipeline import pipedream, stragglers
+from recipes.pipeline import stragglers
 from recipes.pipeline.preduce import PartialReduce
 from recipes.pipeline.stages import weighted_units
 
@@ -54,23 +54,60 @@ class Layout:
     def is_server(self, rank):
         return self.hetpipe and self.replica(rank) == self.replicas
 
-    def pipe(self, args, rank, module, params, schedule, criterion, tally, device, sample_shape, pipe_group,
-             stage_group, claim_groups, steps_per_epoch):
-        """What a training rank's loop works with: its stage and the schedule that runs it, its place among the
-        replicas and their groups, and each --sync method's state (preduce's queue; hetpipe's server, the
-        weights last pulled and their version)."""
+    def stage_of(self, args, rank, module, params, schedule, pipe_group):
+        """This rank's stage in its replica's pipeline (Stage)."""
         stage, replica = self.stage(rank), self.replica(rank)
-        fields = dict(schedule=schedule, params=params, layout=self, replica=replica, replicas=self.replicas,
-                      slots=stragglers.inject(module, args), is_first=stage == 0, is_last=stage == self.stages - 1,
-                      last_rank=self.rank(replica, self.stages - 1), pipe_group=pipe_group,
-                      stage_group=stage_group, steps_per_epoch=steps_per_epoch,
-                      preduce=PartialReduce(args, self, stage, replica, claim_groups[replica],
-                                            dist.distributed_c10d._get_default_store())
-                      if args.sync == "preduce" else None,
-                      server=self.server(stage), vector=parameters_to_vector(params).detach().cpu(), versions=[-1],
-                      **pipedream.fields(module, stage, self, replica, pipe_group, device, sample_shape, criterion,
-                                         tally, claim_groups[replica] if claim_groups else None, args.batch_size))
-        return types.SimpleNamespace(**fields)
+        return Stage(index=stage, module=module, params=params, schedule=schedule, is_first=stage == 0,
+                     is_last=stage == self.stages - 1, last_rank=self.rank(replica, self.stages - 1),
+                     pipe_group=pipe_group, slots=stragglers.inject(module, args))
+
+    def replicas_of(self, args, rank, params, stage_group, claim_groups, steps_per_epoch):
+        """This stage among its replicas, and the state of the --sync method that keeps them in agreement
+        (Replicas)."""
+        stage, replica = self.stage(rank), self.replica(rank)
+        preduce = PartialReduce(args, self, stage, replica, claim_groups[replica],
+                                dist.distributed_c10d._get_default_store()) if args.sync == "preduce" else None
+        server = HetPipeClient(self.server(stage), parameters_to_vector(params).detach().cpu()) \
+            if args.sync == "hetpipe" else None
+        return Replicas(layout=self, replica=replica, count=self.replicas, stage_group=stage_group,
+                        steps_per_epoch=steps_per_epoch, preduce=preduce, hetpipe=server)
+
+
+@dataclass
+class Stage:
+    """This rank's stage of its replica's pipeline: its layers and their weights, where it sits, and the
+    flushing schedule that runs it (gpipe, 1f1b; None under pipedream); slots: --hetero's sleeps (gpipe, 1f1b)."""
+    index: int
+    module: Any
+    params: list
+    schedule: Any
+    is_first: bool
+    is_last: bool
+    last_rank: int
+    pipe_group: Any
+    slots: Any
+
+
+@dataclass
+class HetPipeClient:
+    """hetpipe, a replica's side: its stage's server, the weights it last pushed or pulled (on the CPU) and
+    their version."""
+    server: int
+    vector: Any
+    versions: list = field(default_factory=lambda: [-1])
+
+
+@dataclass
+class Replicas:
+    """This stage among the replicas of it: which one is this rank's, their group, and how they agree (preduce's
+    queue, hetpipe's server: None under the other methods)."""
+    layout: Layout
+    replica: int
+    count: int
+    stage_group: Any
+    steps_per_epoch: int
+    preduce: Any = None
+    hetpipe: Any = None
 
 
 def add_args(parser):

@@ -37,6 +37,9 @@ Where this departs from the authors' code (the weight versions, the grouping of 
 files and lines: deviations.py.
 """
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch.func import functional_call
@@ -44,17 +47,24 @@ from torch.func import functional_call
 from recipes.common import faults
 
 
+@dataclass
+class EpochEnd:
+    """Where this stage's epoch ends: the minibatches before `step` are trained. operations() reads it as it
+    goes, and preduce moves it to where the epoch's updates ran out."""
+    step: int
+
+
 def operations(stage, stages, end, first=0):
     """Stage `stage`'s operations, in order, ("forward", i) and ("backward", i) for minibatches first, first + 1,
-    ..., end[0] - 1; end[0] is read as they go (preduce lowers it when the epoch's updates run out)."""
+    ..., end.step - 1 (an EpochEnd, read as they go)."""
     forward = backward = first
-    while forward < min(first + stages - stage, end[0]):
+    while forward < min(first + stages - stage, end.step):
         yield "forward", forward
         forward += 1
-    while backward < end[0]:
+    while backward < end.step:
         yield "backward", backward
         backward += 1
-        if forward < end[0]:
+        if forward < end.step:
             yield "forward", forward
             forward += 1
 
@@ -106,58 +116,77 @@ class Link:
         return gradient, loss
 
 
-def fields(module, stage, layout, replica, group, device, sample_shape, criterion, tally, control, batch_size):
-    """What the PipeDream loop keeps in its `pipe`, beside what every schedule does."""
-    last = layout.stages - 1
-    return dict(module=module, named=dict(module.named_parameters()), stage=stage, criterion=criterion, tally=tally,
-                batch_size=batch_size,
-                link=Link(layout.rank(replica, stage - 1) if stage else None,
-                          layout.rank(replica, stage + 1) if stage < last else None, group, device, control),
-                input_shape=sample_shape, in_flight={}, stash=None, stash_version=-1, end=[0])
+@dataclass
+class State:
+    """What PipeDream keeps at a stage between its operations: its messages (link), the weights by name, what it
+    receives (input_shape, batch_size), the minibatches in flight {i: (input, output, weights)}, the copy of the
+    weights the next forward runs on (stash, made after update stash_version), and where the epoch ends."""
+    link: Link
+    named: dict
+    input_shape: tuple
+    batch_size: int
+    criterion: Any
+    tally: dict
+    in_flight: dict = field(default_factory=dict)
+    stash: Any = None
+    stash_version: int = -1
+    end: EpochEnd = field(default_factory=lambda: EpochEnd(0))
 
 
-def next_input(pipe, order, batches, run):
+def state(stage, replicas, device, sample_shape, criterion, tally, batch_size):
+    """A stage's State: its neighbours in the replica's pipeline (ranks, or None at the ends), and with preduce
+    the replica's gloo group for the epoch's-end flags."""
+    layout, replica = replicas.layout, replicas.replica
+    link = Link(layout.rank(replica, stage.index - 1) if not stage.is_first else None,
+                layout.rank(replica, stage.index + 1) if not stage.is_last else None, stage.pipe_group, device,
+                replicas.preduce.replica_group if replicas.preduce else None)
+    return State(link, dict(stage.module.named_parameters()), sample_shape, batch_size, criterion, tally)
+
+
+def next_input(stage, dream, preduce, order, batches, run):
     """After an operation, its sends, and the next operation from `order`; when that is a forward, with its
     input: the batch's images (stage 0) or the activation the stage before sent, and the targets. Returns
     (input, targets, operation); (None, None, operation) before a backward or at the end (None). With preduce,
     stage 0 first takes the minibatch from the epoch's updates; once none is left, the epoch ends there for this
-    replica (pipe.end), and each stage tells the next in place of that activation."""
+    replica (dream.end), and each stage tells the next in place of that activation."""
+    link = dream.link
     operation = next(order, None)
     if operation is None or operation[0] == "backward":
-        pipe.link.exchange()
-        if operation is None and pipe.preduce and run.first_step < run.steps_per_epoch:
-            pipe.preduce.leave(run.epoch)  # (drained: the leaders of the stage's groups wait for one fewer)
+        link.exchange()
+        if operation is None and preduce and run.first_step < run.steps_per_epoch:
+            preduce.leave(run.epoch)  # (drained: the leaders of the stage's groups wait for one fewer)
         return None, None, operation
-    go = pipe.preduce.take(run.epoch, run.steps_per_epoch) if pipe.stage == 0 and pipe.preduce else \
-        pipe.link.receive_flag()
+    go = preduce.take(run.epoch, run.steps_per_epoch) if stage.is_first and preduce else link.receive_flag()
     if not go:
-        pipe.end[0] = operation[1]
-        pipe.link.send_flag(0)
-        return next_input(pipe, order, batches, run)  # (the drain's first backward, or the end)
-    if pipe.stage == 0:
-        pipe.link.exchange()  # (the sends first: the stage after waits for them, not for this batch's loading)
-        return *run.to_device(*next(batches)), operation
-    activation = torch.empty((pipe.batch_size, *pipe.input_shape), device=pipe.link.device)  # (the loader
-    pipe.link.exchange([(activation, pipe.link.previous)])  # drops a last, smaller batch)
+        dream.end.step = operation[1]
+        link.send_flag(0)
+        return next_input(stage, dream, preduce, order, batches, run)  # (the drain's first backward, or the end)
+    if stage.is_first:
+        link.exchange()  # (the sends first: the stage after waits for them, not for this batch's loading)
+        images, target = run.to_device(*next(batches))
+        return images, target, operation
+    activation = torch.empty((dream.batch_size, *dream.input_shape), device=link.device)  # (the loader drops
+    link.exchange([(activation, link.previous)])  # a last, smaller batch)
     target = next(batches)[1]  # (every stage loads the batch: the last one needs its targets)
-    return activation.requires_grad_(), target.to(pipe.link.device, non_blocking=True), operation
+    return activation.requires_grad_(), target.to(link.device, non_blocking=True), operation
 
 
-def forward(pipe, x):
+def forward(stage, dream, x):
     """The stage's forward of a minibatch on the weights that its backward will use (stashed_weights)."""
-    weights = stashed_weights(pipe)
-    return functional_call(pipe.module, weights, (x,)), weights
+    weights = stashed_weights(stage, dream)
+    return functional_call(stage.module, weights, (x,)), weights
 
 
-def stashed_weights(pipe):
+def stashed_weights(stage, dream):
     """The weights the next forward runs on: the newest, copied once per update (see above); the last stage's
-    own. Counts in pipe.tally["versions"] the most versions that in-flight minibatches hold at once."""
-    if pipe.is_last:
-        pipe.tally["versions"] = 1
-        return pipe.named
-    if pipe.stash is None or pipe.stash_version != pipe.tally["updates"]:
-        pipe.stash = {name: p.detach().clone().requires_grad_() for name, p in pipe.named.items()}
-        pipe.stash_version = pipe.tally["updates"]
-    held = {id(weights) for _, _, weights in pipe.in_flight.values()} | {id(pipe.stash)}
-    pipe.tally["versions"] = max(pipe.tally["versions"], len(held))
-    return pipe.stash
+    own. Counts in tally["versions"] the most versions that in-flight minibatches hold at once."""
+    tally = dream.tally
+    if stage.is_last:
+        tally["versions"] = 1
+        return dream.named
+    if dream.stash is None or dream.stash_version != tally["updates"]:
+        dream.stash = {name: p.detach().clone().requires_grad_() for name, p in dream.named.items()}
+        dream.stash_version = tally["updates"]
+    held = {id(weights) for _, _, weights in dream.in_flight.values()} | {id(dream.stash)}
+    tally["versions"] = max(tally["versions"], len(held))
+    return dream.stash

@@ -86,30 +86,31 @@ def wave_ends(args, step, steps_per_epoch):
     return (step + 1) % args.wave == 0 or step + 1 == steps_per_epoch
 
 
-def push_and_pull(pipe, pull):
+def push_and_pull(params, replicas, pull):
     """hetpipe, after each local update: push it (its change over the weights after the last push or pull, on
     the CPU), divided by R, to the stage's server; with `pull`, then take the global weights into this replica's
-    copy of them (pipe.vector) and into the stage's weights on the device."""
-    current = parameters_to_vector(pipe.params).detach().cpu()
-    pushpull.send(pushpull.header(pushpull.PUSH, pipe.versions[0]), pipe.server,
-                  (current - pipe.vector) / pipe.replicas)
-    pipe.vector.copy_(current)
+    copy of them (client.vector) and into the stage's weights on the device."""
+    client = replicas.hetpipe
+    current = parameters_to_vector(params).detach().cpu()
+    pushpull.send(pushpull.header(pushpull.PUSH, client.versions[0]), client.server,
+                  (current - client.vector) / replicas.count)
+    client.vector.copy_(current)
     if pull:
-        pushpull.pull(pipe.vector, [[(0, pipe.vector.numel())]], pipe.versions, ranks=[pipe.server])
-        pushpull.copy_into(pipe.params, pipe.vector)
+        pushpull.pull(client.vector, [[(0, client.vector.numel())]], client.versions, ranks=[client.server])
+        pushpull.copy_into(params, client.vector)
 
 
-def disagreement(params, pipe):
+def disagreement(params, replicas, pipe_group):
     """The replicas' mean distance (L2, over the whole model) from their average weights."""
     mine = parameters_to_vector(params).detach()
     mean = mine.clone()
     with faults.waiting_for("the other replicas at the epoch's end"):
-        dist.all_reduce(mean, group=pipe.stage_group)
-        squared = (mine - mean / pipe.replicas).square().sum().reshape(1)
-        dist.all_reduce(squared, group=pipe.pipe_group)  # this replica's stages together
+        dist.all_reduce(mean, group=replicas.stage_group)
+        squared = (mine - mean / replicas.count).square().sum().reshape(1)
+        dist.all_reduce(squared, group=pipe_group)  # this replica's stages together
         distance = squared.sqrt()
-        dist.all_reduce(distance, group=pipe.stage_group)
-    return distance.item() / pipe.replicas
+        dist.all_reduce(distance, group=replicas.stage_group)
+    return distance.item() / replicas.count
 
 
 def new_tally():

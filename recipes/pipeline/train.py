@@ -11,10 +11,9 @@ model is cut into S stages of about equal forward FLOPs (printed). Each is a Pip
 ScheduleGPipe or Schedule1F1B runs the --microbatches M pieces of each batch through the
 replica's pipeline: a flush and one update per batch. --schedule pipedream runs asynchronous
 PipeDream as SD-PIPE does (pipedream.py): S - s minibatches in flight at stage s, an update per
-minibatch, each backward on its forward's weights (stashed). Replica
-r trains on ddp's rank r's shard and augmentations, -b images per step: a global batch of -b x R, and --lr
-scales to it as in every recipe (SD-PIPE keeps its lr whatever R: deviations.py lists each departure from
-the authors' code, with their files and lines).
+minibatch, each backward on its forward's weights (stashed). Replica r trains on ddp's rank r's shard
+and augmentations, -b images per step: a global batch of -b x R, and --lr scales to it as in every
+recipe (SD-PIPE keeps its lr whatever R; deviations.py lists each departure from the authors' code).
 
 The replicas of a stage agree over a process group of their own (a DDP-wrapped stage does not
 work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2023):
@@ -27,8 +26,7 @@ work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2
              the replicas average in random pairs after each step.
   hetpipe    HetPipe (Park et al., USENIX ATC 2020) as SD-PIPE's baseline: each stage's server
              holds its global weights on the CPU; a replica steps locally, pushes each update / R,
-             and every --wave W minibatches pulls (no bound, as SD-PIPE's ResNet runs; --staleness D:
-             HetPipe's own, 0 in SD-PIPE's BERT).
+             and every --wave W minibatches pulls (unbounded; --staleness D: HetPipe's bound).
 Stragglers (SD-PIPE's model): --hetero X makes a process sleep X seconds with probability
 --hetero-prob before the forward and the backward of each minibatch, drawn from --seed;
 --slow-rank R --slow-factor F makes rank R about F times slower (not a hetpipe server).
@@ -64,117 +62,112 @@ def parse_args(argv=None):
     return args
 
 
-def agree(args, pipe, tally, epoch, step, straggled):
-    """After the local step: the stage's weights and the other replicas' (allreduce agreed on gradients)."""
+def update(args, stage, replicas, optimizer, tally, epoch, step, straggled):
+    """The stage's update and the replicas' agreement, the same under every schedule: allreduce averages the
+    gradients before the step (as DDP); the others agree on the weights after it. Counts whether a straggling
+    replica held this one up where it waited (a tensor on the device, read once at the end)."""
+    waited = False
+    if args.sync == "allreduce":
+        waited = sync.average_gradients(stage.params, replicas.stage_group, replicas.count, straggled)
+        sync.connected(tally)
+    optimizer.step()
+    tally["updates"] += 1  # (a new version of the weights: PipeDream's next forward copies them)
+    tally["gap"] += 1
     if args.sync == "preduce":
-        waited, size, connecting = pipe.preduce.reduce(pipe.params, epoch, straggled)
-        tally["waits"] += waited
+        waited, size, _ = replicas.preduce.reduce(stage.params, epoch, straggled)
         tally["groups"] += 1 / size  # (each group counted once over its members)
         tally["partial_syncs"] += (size > 1) / size
     elif args.sync == "adpsgd":
-        waited, paired = sync.pairwise_average(pipe.params, pipe.layout, args, epoch, step, straggled)
-        tally["waits"] += waited
+        waited, paired = sync.pairwise_average(stage.params, replicas.layout, args, epoch, step, straggled)
         tally["partial_syncs"] += paired / 2  # (each pair counted by both)
     elif args.sync == "hetpipe":  # (the epoch's last pull waits until every replica has pushed it all)
-        sync.push_and_pull(pipe, pull=sync.wave_ends(args, step, pipe.steps_per_epoch))
+        sync.push_and_pull(stage.params, replicas, pull=sync.wave_ends(args, step, replicas.steps_per_epoch))
+    tally["waits"] += waited
 
 
-def train_one_epoch(args, pipe, optimizer, loader, run, tally):
-    """One epoch of this replica's pipeline; after each step its stage agrees with the other replicas'."""
-    rank, params = dist.get_rank(), pipe.params
+def train_one_epoch(args, stage, replicas, optimizer, loader, run, tally):
+    """One epoch of this replica's pipeline (gpipe, 1f1b): a flush and one update per batch."""
+    rank = dist.get_rank()
     batches = shard_again(loader, run.epoch) if args.sync == "preduce" and not run.first_step else loader
     for images, target in run.batches(batches):  # (every stage loads the batch: the first stage needs the
         epoch, step = run.epoch, run.step        # images, the last one the targets)
-        if args.sync == "preduce" and not pipe.preduce.claim(epoch, run.steps_per_epoch):
+        if args.sync == "preduce" and not replicas.preduce.claim(epoch, run.steps_per_epoch):
             break  # the epoch's updates are all taken
-        straggled = stragglers.replica_straggles(args, pipe.layout, pipe.replica, epoch, step)
-        stragglers.plan(pipe.slots, args, rank, epoch, step)  # --hetero: where this process sleeps
+        straggled = stragglers.replica_straggles(args, replicas.layout, replicas.replica, epoch, step)
+        stragglers.plan(stage.slots, args, rank, epoch, step)  # --hetero: where this process sleeps
         started = stragglers.slow_rank_clock(args, rank, run.device)
         optimizer.zero_grad(set_to_none=False)
         images, target = run.to_device(images, target)
+        inputs = (images,) if stage.is_first else ()  # (the first stage's input is the images)
         losses = []
-        if pipe.is_last:  # (with --stages 1 also the first)
-            output = pipe.schedule.step(*[images][:pipe.is_first], target=target, losses=losses)
-        elif pipe.is_first:
-            pipe.schedule.step(images)
-        else:
-            pipe.schedule.step()
-        stragglers.slow_down(args, rank, run.device, started)  # --slow-rank: F - 1 times the step's time
-        loss = torch.stack(losses).mean().detach() if pipe.is_last else torch.zeros((), device=run.device)
-        if pipe.is_last:
+        if stage.is_last:
+            output = stage.schedule.step(*inputs, target=target, losses=losses)
+            loss = torch.stack(losses).mean().detach()
             run.meter.update(loss, output, target)
-        dist.broadcast(loss, pipe.last_rank, group=pipe.pipe_group)  # for the progress line and the checks
-        if args.sync == "allreduce":
-            tally["waits"] += sync.average_gradients(params, pipe.stage_group, pipe.replicas, straggled)
-            sync.connected(tally)
-        optimizer.step()
-        tally["gap"] += 1
-        tally["updates"] += 1
-        agree(args, pipe, tally, epoch, step, straggled)
+        else:
+            stage.schedule.step(*inputs)
+            loss = torch.zeros((), device=run.device)
+        stragglers.slow_down(args, rank, run.device, started)  # --slow-rank: F - 1 times the step's time
+        dist.broadcast(loss, stage.last_rank, group=stage.pipe_group)  # for the progress line and the checks
+        update(args, stage, replicas, optimizer, tally, epoch, step, straggled)
         # the stop checks (SIGTERM, a non-finite loss) are a collective of all ranks: at every step where the
         # replicas move in lockstep; preduce and hetpipe: at the epoch's end, where they meet
         run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd"))
+    return end_of_epoch(args, stage, replicas, run, tally)
 
-    return end_of_epoch(args, pipe, run, tally)
 
-
-def end_of_epoch(args, pipe, run, tally):
+def end_of_epoch(args, stage, replicas, run, tally):
     """Where the replicas meet: how far apart they drifted, and (preduce) one model to evaluate and save, the
     average of all replicas (adpsgd's stay apart: evaluation and checkpoints take replica 0's weights)."""
-    tally["disagreement"] = sync.disagreement(pipe.params, pipe)
+    tally["disagreement"] = sync.disagreement(stage.params, replicas, stage.pipe_group)
     if args.sync == "preduce":
-        tally["waits"] += sync.average_weights(pipe.params, pipe.stage_group, pipe.replicas)
-        pipe.preduce.end_epoch(run)
+        tally["waits"] += sync.average_weights(stage.params, replicas.stage_group, replicas.count)
+        replicas.preduce.end_epoch(run)
     if args.sync in ("preduce", "hetpipe"):
         sync.connected(tally)
     return run.meter.summary()
 
 
-def train_one_epoch_pipedream(args, pipe, optimizer, loader, run, tally):
+def train_one_epoch_pipedream(args, stage, replicas, dream, optimizer, loader, run, tally):
     """Asynchronous PipeDream (SD-PIPE's): S - s minibatches in flight at stage s, each backward on the weights
     its forward used (stashed), an update per minibatch at each stage, the pipeline filled once and drained at
     the epoch's end; the replicas agree inside each backward, before its gradient goes on to the stage before."""
-    rank, link, preduce = dist.get_rank(), pipe.link, args.sync == "preduce"
-    pipe.end[0] = sys.maxsize if preduce and run.first_step < run.steps_per_epoch else run.steps_per_epoch
+    rank, link, preduce = dist.get_rank(), dream.link, replicas.preduce
+    dream.end.step = sys.maxsize if preduce and run.first_step < run.steps_per_epoch else run.steps_per_epoch
     batches = run.batches(shard_again(loader, run.epoch) if preduce and not run.first_step else loader)
-    order = pipedream.operations(pipe.stage, args.stages, pipe.end, run.first_step)
-    x, target, operation = pipedream.next_input(pipe, order, batches, run)
+    order = pipedream.operations(stage.index, args.stages, dream.end, run.first_step)  # (preduce: reads the end
+    x, target, operation = pipedream.next_input(stage, dream, preduce, order, batches, run)  # as it moves)
     while operation is not None:
         kind, i = operation
         started = stragglers.before_slot(args, rank, run.epoch, i, kind, run.device)  # --hetero, --slow-rank
         if kind == "forward":
-            output, weights = pipedream.forward(pipe, x)
-            if pipe.is_last:
-                run.meter.update(loss := pipe.criterion(output, target), output.detach(), target)
+            output, weights = pipedream.forward(stage, dream, x)
+            if stage.is_last:
+                loss = dream.criterion(output, target)
+                run.meter.update(loss, output.detach(), target)
                 output = loss  # (its backward starts from the loss)
             else:
                 link.send_forward(output.detach().contiguous())  # (NCCL sends the memory as it lies)
-            pipe.in_flight[i] = (x, output, weights)
+            dream.in_flight[i] = (x, output, weights)
         else:
-            x, output, weights = pipe.in_flight.pop(i)
-            gradient, loss = (None, output.detach()) if pipe.is_last else link.receive_gradient(output.shape)
-            inputs = [] if pipe.is_first else [x]
+            x, output, weights = dream.in_flight.pop(i)
+            gradient, loss = (None, output.detach()) if stage.is_last else link.receive_gradient(output.shape)
+            inputs = [] if stage.is_first else [x]
             grads = torch.autograd.grad(output, [*inputs, *weights.values()], gradient)
-            if not pipe.is_first:
+            if not stage.is_first:
                 link.send_backward(grads[0].contiguous(), loss)  # (sent after the update and the agreement)
-            for p, grad in zip(pipe.params, grads[len(inputs):]):
+            for p, grad in zip(stage.params, grads[len(inputs):]):
                 p.grad = grad  # the gradient at the stashed weights updates the newest ones
-            straggled = stragglers.replica_straggles(args, pipe.layout, pipe.replica, run.epoch, i)
-            if args.sync == "allreduce":  # (the others agree in agree())
-                tally["waits"] += sync.average_gradients(pipe.params, pipe.stage_group, pipe.replicas, straggled)
-                sync.connected(tally)
-            optimizer.step()
-            tally["updates"] += 1  # (a new version of the weights: the next forward copies them)
-            tally["gap"] += 1
-            agree(args, pipe, tally, run.epoch, i, straggled)  # preduce, adpsgd, hetpipe: after the update
+            straggled = stragglers.replica_straggles(args, replicas.layout, replicas.replica, run.epoch, i)
+            update(args, stage, replicas, optimizer, tally, run.epoch, i, straggled)
         stragglers.slow_down(args, rank, run.device, started)
-        x, target, following = pipedream.next_input(pipe, order, batches, run)
+        x, target, following = pipedream.next_input(stage, dream, preduce, order, batches, run)
         if kind == "backward":
             run.step = i  # (the batches are loaded S - s ahead of the updates)
             run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd"))  # (as in train_one_epoch)
         operation = following
     batches.close()  # (the epoch's progress bar ends)
-    return end_of_epoch(args, pipe, run, tally)
+    return end_of_epoch(args, stage, replicas, run, tally)
 
 
 def main(args):
@@ -229,16 +222,22 @@ def main(args):
         synchronous = args.schedule in SCHEDULES  # (pipedream: train_one_epoch_pipedream, without one)
         flushing = SCHEDULES[args.schedule](PipelineStage(module, stage, args.stages, device, group=pipe_groups[
             replica]), args.microbatches, loss_fn=criterion) if synchronous else None
-        pipe = layout.pipe(args, ctx.rank, module, params, flushing, criterion, tally, device, shapes[stage],
-                           pipe_groups[replica], stage_groups[stage], claim_groups, len(train_loader))
+        this_stage = layout.stage_of(args, ctx.rank, module, params, flushing, pipe_groups[replica])
+        its_replicas = layout.replicas_of(args, ctx.rank, params, stage_groups[stage], claim_groups,
+                                          len(train_loader))
+        dream = None if synchronous else pipedream.state(this_stage, its_replicas, device, shapes[stage], criterion,
+                                                         tally, args.batch_size)
         for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
             train_sampler.set_epoch(epoch)
-            train_stats = (train_one_epoch if synchronous else train_one_epoch_pipedream)(args, pipe, optimizer,
-                                                                                          train_loader, run, tally)
+            if synchronous:
+                train_stats = train_one_epoch(args, this_stage, its_replicas, optimizer, train_loader, run, tally)
+            else:
+                train_stats = train_one_epoch_pipedream(args, this_stage, its_replicas, dream, optimizer,
+                                                        train_loader, run, tally)
             if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True at --desired-acc
                 break
-        if pipe.preduce:
-            tally["unconnected"], tally["connections"] = pipe.preduce.finish()
+        if its_replicas.preduce:
+            tally["unconnected"], tally["connections"] = its_replicas.preduce.finish()
 
     run.finish(val_loader, stages=args.stages, replicas=replicas, microbatches=args.microbatches,
                schedule=args.schedule, sync=args.sync, hetero=args.hetero, hetero_prob=args.hetero_prob,

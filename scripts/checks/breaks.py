@@ -200,12 +200,13 @@ BREAKS = [
          old='if info["native_bf16"] else', new='if True else', tests=[PRECISION_TEST]),
     # PipeDream: each backward on its forward's weights, an update per minibatch
     dict(name="pipedream-weights-not-stashed", file="recipes/pipeline/pipedream.py",
-         old="    weights = stashed_weights(pipe)\n", new="    weights = stashed_weights(pipe) and pipe.named\n",
+         old="    weights = stashed_weights(stage, dream)\n",
+         new="    weights = stashed_weights(stage, dream) and dream.named\n",
          tests=[PIPEDREAM_TEST, "tests/test_pipeline.py::test_pipedream_at_three_stages_stashes_as_the_plain_reference_"
                                 "does"]),
     dict(name="pipedream-two-in-flight-at-most", file="recipes/pipeline/pipedream.py",
-         old="    while forward < min(first + stages - stage, end[0]):",
-         new="    while forward < min(first + min(2, stages - stage), end[0]):",
+         old="    while forward < min(first + stages - stage, end.step):",
+         new="    while forward < min(first + min(2, stages - stage), end.step):",
          tests=["tests/test_pipeline.py::test_pipedream_at_three_stages_stashes_as_the_plain_reference_does"]),
     dict(name="schedule-past-the-runs-end", file="recipes/common/schedule.py",
          old="    step = min(step, args.epochs * steps_per_epoch - 1)\n", new="",
@@ -215,8 +216,8 @@ BREAKS = [
          old="        return self.scheduler.get_last_lr()[0]", new="        return self.optimizer.param_groups[0][\"lr\"]",
          tests=["tests/test_pipeline.py::test_the_schedule_stops_at_the_runs_end_for_a_replica_past_its_share"]),
     dict(name="pipedream-an-update-every-other-minibatch", file="recipes/pipeline/train.py",
-         old="            optimizer.step()\n            tally[\"updates\"] += 1  #",
-         new="            if i % 2:\n                optimizer.step()\n            tally[\"updates\"] += 1  #", tests=[PIPEDREAM_TEST]),
+         old="    optimizer.step()\n    tally[\"updates\"] += 1  #",
+         new="    if step % 2:\n        optimizer.step()\n    tally[\"updates\"] += 1  #", tests=[PIPEDREAM_TEST]),
     # SD-PIPE's partial reduce inside each backward (without it, only the epoch's average after the drain is left);
     # and its pairs beyond 8 replicas, which connect no one for the staleness bound
     dict(name="preduce-pairs-join-the-union", file="recipes/pipeline/preduce.py",
@@ -224,8 +225,8 @@ BREAKS = [
          tests=["tests/test_pipeline.py::test_once_the_updates_cross_a_multiple_of_ten_r_the_next_group_connects_every_"
                 "replica"]),
     dict(name="preduce-not-inside-the-backward", file="recipes/pipeline/train.py",
-         old="            agree(args, pipe, tally, run.epoch, i, straggled)  #",
-         new="            None if preduce else agree(args, pipe, tally, run.epoch, i, straggled)  #",
+         old='    if args.sync == "preduce":\n        waited, size, _',
+         new='    if args.sync == "preduce" and stage.schedule is not None:\n        waited, size, _',
          tests=["tests/test_pipeline.py::test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_"
                 "updates_once_a_minibatch"]),
     # HetPipe as SD-PIPE runs it: no bound on the pulls unless --staleness asks for one
