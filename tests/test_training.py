@@ -124,7 +124,7 @@ def test_warmup_then_cosine():
     assert used[49] == pytest.approx(0.2 * (1 + math.cos(math.pi * 39 / 40)))
     assert all(a > b for a, b in zip(used[10:], used[11:]))
     args = schedule_args(*"--epochs 5 --lr-schedule cosine --warmup-epochs 1".split())
-    past_the_end = [schedule.lr_factor(step, 10, args) for step in (49, 50, 58, 90)]  # (90: 1.8 x the last epoch)
+    past_the_end = [schedule.lr_factor(step, 10, args) for step in (49, 50, 58, 90)]  # (90: 1.8 x the run's 50 steps)
     assert past_the_end == pytest.approx([used[49] / 0.4] * 4)  # the last step's rate, never back up the cosine
 
 

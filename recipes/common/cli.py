@@ -56,7 +56,8 @@ def build_parser(recipe, description):
                     usage="%(prog)s [DIR] [flags]  (the flags are listed after the description)")  # (the lesson first)
     parser.set_defaults(recipe=recipe)
     parser.add_argument("data", metavar="DIR", nargs="?",
-                        help="ImageNet-style folder with train/ and val/ (one sub-folder per class)")
+                        help="ImageNet-style folder with train/ and val/ (one sub-folder per class; -e reads "
+                             "val/ alone)")
     parser.add_argument("-a", "--arch", default="resnet18",
                         help="torchvision model name (resnet50, vit_b_16, ...), 'lenet' or 'vit_tiny' "
                              "(default: resnet18)")
@@ -83,7 +84,8 @@ def build_parser(recipe, description):
     parser.add_argument("--save-every", type=int, default=0, metavar="STEPS",
                         help="also save checkpoint.pt every STEPS steps within an epoch (default: 0, at the "
                              "end of each epoch only)")
-    parser.add_argument("-e", "--evaluate", action="store_true", help="evaluate --resume's model on val/ and exit (train/ is not read)")
+    parser.add_argument("-e", "--evaluate", action="store_true",
+                        help="evaluate --resume's model on val/ and exit (train/ is not read)")
     parser.add_argument("--seed", type=int, help="make data order, augmentation and initialisation repeatable")
     parser.add_argument("-p", "--print-freq", type=int, default=10, help="steps between progress-bar updates")
     parser.add_argument("--desired-acc", type=float,

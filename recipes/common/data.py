@@ -156,7 +156,8 @@ class SyntheticImages(Dataset):
     """Random uint8 images with labels, served from a small in-memory pool."""
 
     def __init__(self, length, image_size, num_classes, pool_size=256):
-        self.length, self.image_size, self.num_classes, self.pool_size = length, image_size, num_classes, pool_size
+        self.length, self.image_size, self.num_classes = length, image_size, num_classes
+        self.pool_size = pool_size if length else 0  # (-e's empty training set: no images to serve)
         self.pool = self._make_pool()
 
     def _make_pool(self):

@@ -102,12 +102,12 @@ def train_one_epoch(args, stage, replicas, optimizer, loader, run, tally):
         losses = []
         if stage.is_last:
             output = stage.schedule.step(*inputs, target=target, losses=losses)
-            loss = torch.stack(losses).mean().detach()
-            run.meter.update(loss, output, target)
         else:
             stage.schedule.step(*inputs)
-            loss = torch.zeros((), device=run.device)
         stragglers.slow_down(args, rank, run.device, started)  # --slow-rank: F - 1 times the step's time
+        loss = torch.stack(losses).mean().detach() if stage.is_last else torch.zeros((), device=run.device)
+        if stage.is_last:
+            run.meter.update(loss, output, target)
         dist.broadcast(loss, stage.last_rank, group=stage.pipe_group)  # for the progress line and the checks
         update(args, stage, replicas, optimizer, tally, epoch, step, straggled)
         # the stop checks (SIGTERM, a non-finite loss) are a collective of all ranks: at every step where the

@@ -2,7 +2,7 @@
 SD-PIPE's PipeDream and under 1f1b, with and without stragglers, beside a model of what stragglers cost; and the
 bubble.
 
-    python scripts/figures/pipeline/measure.py     # figures/data/pipeline.csv and pipeline_curves.csv
+    python scripts/figures/pipeline/measure.py     # figures/data/pipeline.csv, pipeline_curves.csv, pipeline_time.csv
     python scripts/figures/pipeline/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
     python scripts/figures/pipeline/measure.py --parts vit   # one part; the CSV keeps the others' rows
     python scripts/figures/pipeline/measure.py --parts time  # time to a target (after the sync part: its X)

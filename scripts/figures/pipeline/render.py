@@ -170,10 +170,11 @@ def headline(data):
     held, total = targets_held(pipeline_targets(groups, pipeline_model_rows(groups)))
     cores = rows[0]["cores"]
     vit_speeds = preduce_over_allreduce(pipeline_groups(rows, "vit"), pipeline_measure.VIT_LAYOUTS)
+    first = render_time.first_to_target(data)  # (time to a target: who gets there first, per layout)
     return ("PipeDream with stragglers (X sized to SD-PIPE's c / X): partial reduce at " +
             " and ".join(f"{speed['mean']:.2f}x ({r} x {s})" for s, r, speed in speeds) +
             f" allreduce's updates/s, on {cores} CPU cores shared by up to {max(s * r for s, r, _ in speeds)} "
             f"processes; {held} of its {total} targets hold" +
             ("; the transformer (vit_tiny): " + " and ".join(f"{speed['mean']:.2f}x ({r} x {s})"
                                                                for s, r, speed in vit_speeds) if vit_speeds else "") +
-            (f"; {render_time.first_to_target(data)}" if render_time.first_to_target(data) else ""))
+            (f"; {first}" if first else ""))
