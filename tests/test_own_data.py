@@ -76,22 +76,20 @@ def test_docs_data_commands_run_as_written_on_a_folder_of_ones_own(own_data, tmp
     assert evaluated["top1"] == trained["best_top1"] and evaluated["val_images"] == 3 * IMAGES
 
 
-# recipe: (its training processes, its evaluating processes, its flags)
-EVERY_RECIPE = {"nd": (None, None, []), "dp": (None, None, []), "ddp": (2, 3, []), "apex": (2, 3, []),
-                "compression": (2, 3, ["--compress", "powersgd"]), "fsdp": (2, 3, []),
-                "ps": (3, 5, ["--servers", "2", "--validators", "1", "--aggregate", "zenops"]),
-                "pipeline": (2, 4, ["--stages", "2"])}
+# recipe: (its training processes, its evaluating processes, training's flags, evaluation's flags); ps trains with
+# 1 server, no validator and 2 workers, and evaluates with 2 servers, 1 validator and 2 workers
+EVERY_RECIPE = {"nd": (None, None, [], []), "dp": (None, None, [], []), "ddp": (2, 3, [], []),
+                "apex": (2, 3, [], []), "compression": (2, 3, ["--compress", "powersgd"], ["--compress", "powersgd"]),
+                "fsdp": (2, 3, [], []),
+                "ps": (3, 5, [], ["--servers", "2", "--validators", "1", "--aggregate", "zenops"]),
+                "pipeline": (2, 4, ["--stages", "2"], ["--stages", "2"])}
 
 
 @pytest.mark.parametrize("recipe", EVERY_RECIPE)
 def test_best_checkpoint_evaluates_on_val_alone_without_a_batch_size(recipe, own_data, val_only, tmp_path):
     """-e needs neither train/ nor -b (default 256 > the 60 images, which training refuses): best.pt of a run
     scores the run's best top-1, on another number of processes."""
-    train_nproc, eval_nproc, flags = EVERY_RECIPE[recipe]
-    if recipe == "ps":  # (training: 1 server, no validator, 2 workers; evaluating: 2 servers, 1 validator, 2)
-        train_flags, eval_flags = [], flags
-    else:
-        train_flags, eval_flags = flags, flags
+    train_nproc, eval_nproc, train_flags, eval_flags = EVERY_RECIPE[recipe]
     run = tmp_path / "run"
     run_recipe(recipe, [own_data, "-a", "lenet", "--image-size", "32", "-b", "8", "--epochs", "3", "-j", "0",
                         "--seed", "0", "--lr", "0.5", *train_flags, "--out", run], nproc=train_nproc)

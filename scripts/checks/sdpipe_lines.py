@@ -38,17 +38,18 @@ def cited(where):
 
 
 def problems(clone, row):
-    found = []
-    for path, lines in cited(row["where"]) + [(FILES.get(row["shows"][0], row["shows"][0]), [row["shows"][1]])]:
-        text = read(clone, path)
+    name, number, piece = row["shows"]
+    shown = FILES.get(name, name)
+    texts, found = {}, []
+    for path, lines in cited(row["where"]) + [(shown, [number])]:
+        text = texts[path] = texts[path] if path in texts else read(clone, path)
         if text is None:
             found.append(f"no {path}")
         elif max(lines) > len(text):
             found.append(f"{path} has {len(text)} lines, not {max(lines)}")
-    name, number, piece = row["shows"]
-    text = read(clone, FILES.get(name, name))
+    text = texts[shown]
     if text is not None and number <= len(text) and piece not in text[number - 1]:
-        found.append(f"{FILES.get(name, name)} {number} reads {text[number - 1].strip()!r}, not {piece!r}")
+        found.append(f"{shown} {number} reads {text[number - 1].strip()!r}, not {piece!r}")
     return found
 
 

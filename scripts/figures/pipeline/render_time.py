@@ -50,21 +50,29 @@ def first(methods, target):
     return min(whole, key=whole.get) if whole else None
 
 
+def by_layout(layouts):
+    """Each layout, S then R ascending: ("R x S", its methods, its target, the method first to it or None)."""
+    for (replicas, stages), methods in sorted(layouts.items(), key=lambda item: (item[0][1], item[0][0])):
+        target = target_of(methods)
+        yield f"{replicas} x {stages}", methods, target, first(methods, target)
+
+
 def time_table(layouts):
     """One row a layout: its target, then each method's seconds to it and its final top-1, the first marked."""
     body, syncs = [], [s for s in ORDER if any(s in methods for methods in layouts.values())]
-    for (replicas, stages), methods in sorted(layouts.items(), key=lambda item: (item[0][1], item[0][0])):
-        target = target_of(methods)
-        leader = first(methods, target)
+    for layout, methods, target, leader in by_layout(layouts):
         cells = []
         for sync in syncs:
-            reached, seeds = seconds_to(methods.get(sync, {}), target)
+            if sync not in methods:
+                cells.append("")
+                continue
+            reached, seeds = seconds_to(methods[sync], target)
             time = (with_range(spread(reached), 1) + " s" + ("" if len(reached) == seeds else
                                                              f" ({len(reached)} of {seeds} seeds)")
                     if reached else f"not reached (0 of {seeds} seeds)")
             cells.append(("**first**: " if sync == leader else "") + f"{time}; ends at "
-                         f"{with_range(finals(methods[sync]))}" if sync in methods else "")
-        body.append([f"{replicas} x {stages}", f"{target:.1f}", *cells])
+                         f"{with_range(finals(methods[sync]))}")
+        body.append([layout, f"{target:.1f}", *cells])
     epochs = max(points[-1][0] for methods in layouts.values() for runs in methods.values()
                  for points in runs.values())
     seeds = max(len(runs) for methods in layouts.values() for runs in methods.values())
@@ -85,10 +93,10 @@ def first_to_target(data):
     if not layouts:
         return None
     parts = []
-    for (replicas, stages), methods in sorted(layouts.items(), key=lambda item: (item[0][1], item[0][0])):
-        target = target_of(methods)
-        leader = first(methods, target)
-        shown = [leader] + [s for s in ("preduce", "allreduce", "hetpipe") if s != leader and s in methods]
+    for layout, methods, target, leader in by_layout(layouts):
+        if leader is None:
+            parts.append(f"{layout} to {target:.1f} %: no method in every seed")
+            continue
 
         def said(sync):
             reached, seeds = seconds_to(methods[sync], target)
@@ -96,9 +104,8 @@ def first_to_target(data):
                 f"{len(reached)} of {seeds} seeds reach it"
             return f"{sync} {time}, final {finals(methods[sync])['mean']:.1f} %"
 
-        parts.append(f"{replicas} x {stages} to {target:.1f} %: " + (f"{leader} first (" + said(leader) + "; " +
-                                                                     "; ".join(said(s) for s in shown[1:]) + ")"
-                                                                     if leader else "no method in every seed"))
+        shown = [leader] + [s for s in ("preduce", "allreduce", "hetpipe") if s != leader and s in methods]
+        parts.append(f"{layout} to {target:.1f} %: {leader} first ({'; '.join(said(s) for s in shown)})")
     return "time to a top-1 near the best final one: " + "; ".join(parts)
 
 
