@@ -475,6 +475,8 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     # the best final top-1 is preduce's 96.4: the target 95.0, which preduce reaches first, in 20 s every seed
     assert ("| 4 x 1 | 95.0 | 26.7 (20.0–30.0) s; ends at 95.50 (95.00–96.00) | **first**: 20.0 (20.0–20.0) s; "
             "ends at 96.40 (96.20–96.60) | 10.0 (10.0–10.0) s (2 of 3 seeds); ends at 94.10 (94.00–94.20) |") in text
+    assert ("Beyond the seeds' spread (the ranges do not overlap) or within it: 4 x 1: preduce first within the "
+            "spread of allreduce's time, allreduce and hetpipe ending below preduce beyond it.") in text
     assert ("time to a top-1 near the best final one: 4 x 1 to 95.0 %: preduce first (preduce 20.0 s, final 96.4 %; "
             "allreduce 26.7 s, final 95.5 %; hetpipe 2 of 3 seeds reach it, final 94.1 %)") in text
     assert (tmp_path / "pipeline.png").exists()

@@ -12,7 +12,7 @@ top-1 is measured after each epoch, so a time is that of the first epoch's end a
 
 import math
 
-from scripts.figures.rendering import read_csv, spread, table, with_range
+from scripts.figures.rendering import beyond_spread, read_csv, spread, table, with_range
 
 BELOW_BEST = 1.0  # points under the best method's mean final top-1: the layout's target
 ORDER = ["allreduce", "preduce", "adpsgd", "hetpipe"]
@@ -57,6 +57,28 @@ def by_layout(layouts):
         yield f"{replicas} x {stages}", methods, target, first(methods, target)
 
 
+def spread_line(layouts):
+    """Per layout, which differences exceed the seeds' spread: the first method's time against the next one's
+    (every seed there), and each final top-1 below the best final one's."""
+    said = []
+    for layout, methods, target, leader in by_layout(layouts):
+        if leader is None:
+            continue
+        times = {sync: seconds_to(runs, target) for sync, runs in methods.items()}
+        whole = sorted((sum(t) / n, sync) for sync, (t, n) in times.items() if t and len(t) == n)
+        line = f"{layout}: {leader} first"
+        if len(whole) > 1:
+            second = whole[1][1]
+            line += (" beyond" if beyond_spread(spread(times[leader][0]), spread(times[second][0])) else
+                     " within") + f" the spread of {second}'s time"
+        ends = {sync: finals(runs) for sync, runs in methods.items()}
+        best = max(ends, key=lambda sync: ends[sync]["mean"])
+        lower = [sync for sync in ORDER if sync in ends and sync != best and beyond_spread(ends[sync], ends[best])]
+        said.append(line + (f", {' and '.join(lower)} ending below {best} beyond it" if lower else
+                            ", every final top-1 within it of the best"))
+    return "Beyond the seeds' spread (the ranges do not overlap) or within it: " + "; ".join(said) + "."
+
+
 def time_table(layouts):
     """One row a layout: its target, then each method's seconds to it and its final top-1, the first marked."""
     body, syncs = [], [s for s in ORDER if any(s in methods for methods in layouts.values())]
@@ -83,7 +105,7 @@ def time_table(layouts):
             f"{epochs} epochs, {seeds} seeds: the mean, in brackets the lowest and highest. The target is the best "
             f"method's mean final top-1 less {BELOW_BEST:g} point, rounded down to a half point; a time is the "
             f"first epoch's end at or above it (training and evaluation). First: every seed reached it, in the "
-            f"least time on average.")
+            f"least time on average. {spread_line(layouts)}")
 
 
 def first_to_target(data):
