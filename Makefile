@@ -1,4 +1,7 @@
 # make demo   generate the digits if missing, then train the ddp recipe on them (2 CPU processes, or every GPU)
+# make cluster   a recipe on a virtual cluster: NODES network namespaces on this machine, each linked at RATE, torchrun
+#                on each (root and iproute2; docs/cluster.md). Defaults: RECIPE=ddp NODES=4 RATE=1gbit, and ARGS the
+#                demo's flags for one epoch into runs/cluster (emptied first); NPROC_PER_NODE=1 DELAY=0
 # make test   the test suite (CPU, gloo; docs/tests.md says how long it takes on 2 cores, file by file)
 # make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/checks/mutations.py)
 # make figures                measure every part (io, scaling, curves, recovery, compile, precision, compression, ps,
@@ -63,7 +66,7 @@ $(error ONLY=$(filter-out $(GPU_PARTS),$(GPU_ONLY)) is not a part of make figure
 endif
 endif
 
-.PHONY: help setup demo test test-compat test-mutations figures figures-gpu gpu-smoke gpu-check gpu-wheels \
+.PHONY: help setup demo cluster test test-compat test-mutations figures figures-gpu gpu-smoke gpu-check gpu-wheels \
 	gpu-check-figures-gpu gpu-check-gpu-smoke clean
 
 # the default goal: the targets, as the first lines of this file say them (it installs nothing)
@@ -87,6 +90,19 @@ demo: $(SETUP) $(DEMO_DATA)/.complete
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) recipes/ddp/train.py $(DEMO_DATA) \
 		-a resnet18 --image-size 28 --scale 0.6 1 --hflip 0 -b 32 --lr 0.05 --epochs 8 -j 1 --seed 0 \
 		--desired-acc 0.97 --out runs/demo
+
+RECIPE ?= ddp
+NODES ?= 4
+NPROC_PER_NODE ?= 1
+RATE ?= 1gbit
+DELAY ?= 0
+ARGS ?= $(DEMO_DATA) -a resnet18 --image-size 28 --scale 0.6 1 --hflip 0 -b 32 --lr 0.05 --epochs 1 -j 1 --seed 0 \
+	--out runs/cluster
+
+cluster: $(SETUP) $(DEMO_DATA)/.complete
+	rm -rf runs/cluster
+	$(PY) scripts/cluster/run.py --nodes $(NODES) --nproc-per-node $(NPROC_PER_NODE) --rate $(RATE) --delay $(DELAY) \
+		recipes/$(RECIPE)/train.py $(ARGS)
 
 $(JPEG_DATA)/.complete: | $(SETUP)
 	$(PY) scripts/make_demo_data.py --imagenet-like $(JPEG_DATA) --classes 10 --images 120

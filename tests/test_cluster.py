@@ -1,0 +1,166 @@
+"""The virtual cluster (scripts/cluster/): a recipe on emulated nodes, the links at their rate, and nothing left
+behind however a run ends. The tests that build namespaces need root and iproute2 and skip, saying so, without."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TINY, child_env
+
+sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+
+import network  # noqa: E402
+
+PROBLEM = network.require()
+needs_namespaces = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+RUN = [sys.executable, str(ROOT / "scripts" / "cluster" / "run.py")]
+
+# every rank all-reduces 8 MB three times and prints the bus bandwidth; with --hang, writes its pid and waits
+ALLREDUCE = """
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+if "--hang" in sys.argv:
+    open(os.path.join(sys.argv[-1], f"rank{rank}.pid"), "w").write(str(os.getpid()))
+    dist.barrier()
+    time.sleep(600)
+tensor = torch.ones(2 * 2**20)
+dist.all_reduce(tensor)
+started = time.perf_counter()
+for _ in range(3):
+    dist.all_reduce(tensor)
+seconds = (time.perf_counter() - started) / 3
+assert tensor[0].item() == world ** 4
+if rank == 0:
+    print(f"busbw {2 * (world - 1) / world * tensor.numel() * 4 * 8 / seconds / 1e6:.0f} Mbit/s", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def ours():
+    """This machine's namespaces and /etc/netns folders of virtual clusters, and processes running in any."""
+    namespaces = [name for name in network.ip("netns", "list").stdout.split() if name.startswith(network.PREFIX)]
+    folders = sorted(p.name for p in network.ETC_NETNS.glob(f"{network.PREFIX}-*")) \
+        if network.ETC_NETNS.exists() else []
+    return namespaces, folders
+
+
+def assert_nothing_left(before):
+    deadline = time.monotonic() + 20
+    while ours() != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ours() == before
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "allreduce.py"
+    path.write_text(ALLREDUCE)
+    return path
+
+
+def start(nodes, rate, script, *args, **popen):
+    return subprocess.Popen([*RUN, "--nodes", str(nodes), "--rate", rate, str(script), *args], cwd=ROOT,
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def test_links_and_names():
+    link = network.Link("200mbit", "50us")
+    assert link.bits_per_s() == 200e6 and link.delay_s() == pytest.approx(50e-6) and link.problem() is None
+    assert "not a rate" in network.Link("fast").problem()
+    assert "not a delay" in network.Link("1gbit", "soon").problem()
+    cluster = network.Cluster("123", 3)
+    assert cluster.namespaces() == ["vcluster-123-switch", "vcluster-123-node0", "vcluster-123-node1",
+                                    "vcluster-123-node2"]
+    assert [cluster.address(i) for i in range(3)] == ["10.77.0.1", "10.77.0.2", "10.77.0.3"]
+
+
+@needs_namespaces
+def test_two_nodes_at_the_rate_and_nothing_left(script):
+    before = ours()
+    result = start(2, "200mbit", script)
+    output, _ = result.communicate(timeout=120)
+    assert result.returncode == 0, output
+    busbw = float(output.split("busbw ")[1].split()[0])
+    assert 0.8 * 200 < busbw < 1.1 * 200, output  # a shaped link, whatever the machine (the benchmark: 10 %)
+    assert "cluster: 2 nodes x 1 process(es)" in output and "removed 3 namespaces" in output
+    assert_nothing_left(before)
+
+
+@needs_namespaces
+def test_two_clusters_at_once_do_not_collide(script):
+    before = ours()
+    runs = [start(2, "1gbit", script) for _ in range(2)]
+    for run in runs:
+        output, _ = run.communicate(timeout=120)
+        assert run.returncode == 0 and "busbw" in output, output
+    assert_nothing_left(before)
+
+
+def hung_ranks(tmp_path, run, count):
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("rank*.pid"))) < count:
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read() if run.poll() else "timeout"
+        time.sleep(0.2)
+    return [int((tmp_path / f"rank{rank}.pid").read_text()) for rank in range(count)]
+
+
+@needs_namespaces
+@pytest.mark.parametrize("how", ["sigkill-a-trainer", "sigterm", "sigint", "sigkill-the-launcher"])
+def test_nothing_left_however_it_ends(script, tmp_path, how):
+    """A trainer killed (its node fails, the others are stopped), the launcher stopped (Ctrl-C, SIGTERM) or the
+    launcher killed (its janitor cleans up): no namespace, /etc/netns folder or process is left."""
+    before = ours()
+    run = start(3, "1gbit", script, "--hang", str(tmp_path))
+    pids = hung_ranks(tmp_path, run, 3)
+    target, sig = {"sigkill-a-trainer": (pids[1], signal.SIGKILL), "sigterm": (run.pid, signal.SIGTERM),
+                   "sigint": (run.pid, signal.SIGINT), "sigkill-the-launcher": (run.pid, signal.SIGKILL)}[how]
+    os.kill(target, sig)
+    output, _ = run.communicate(timeout=60)
+    assert run.returncode != 0
+    if how != "sigkill-the-launcher":
+        assert "removed 4 namespaces" in output, output
+    assert_nothing_left(before)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+@needs_namespaces
+def test_ddp_on_four_nodes(tiny_data, tmp_path):
+    """The recipe as `make cluster` runs it: ddp on 4 emulated nodes, one process each, to its summary."""
+    before = ours()
+    out = tmp_path / "run"
+    result = subprocess.run([*RUN, "--nodes", "4", "--rate", "1gbit", "recipes/ddp/train.py", str(tiny_data), *TINY,
+                             "--epochs", "1", "--out", str(out)], cwd=ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = (out / "summary.json").read_text()
+    assert '"world_size": 4' in summary
+    assert_nothing_left(before)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops root to check the line a user without root gets: needs root and setpriv")
+def test_without_root_one_line(script):
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *RUN, "--nodes", "2",
+                             str(script)], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "error: the virtual cluster needs root (ip netns and tc); run it as root, e.g. with sudo"]
+
+
+@needs_namespaces
+@pytest.mark.parametrize("flags, line", [
+    (["--rate", "fast"], "error: rate 'fast' is not a rate such as 200mbit or 1gbit (or none)"),
+    (["--nodes", "0"], "error: --nodes and --nproc-per-node must be 1 or more, got 0 and 1"),
+])
+def test_bad_flags_one_line(script, flags, line):
+    result = subprocess.run([*RUN, *flags, str(script)], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode != 0 and result.stderr.strip().splitlines() == [line]
