@@ -4,8 +4,8 @@
 #                demo's flags for one epoch into runs/cluster (emptied first); NPROC_PER_NODE=1 DELAY=0
 # make test   the test suite (CPU, gloo; docs/tests.md says how long it takes on 2 cores, file by file)
 # make test-mutations   break each lesson in a copy of the tree and check that its tests fail (scripts/checks/mutations.py)
-# make figures                measure every part (io, scaling, curves, recovery, compile, precision, compression, ps,
-#                             pipeline, sharding), then
+# make figures                measure every part (cluster, io, scaling, curves, recovery, compile, precision,
+#                             compression, ps, pipeline, sharding), then
 #                             redraw figures/, RESULTS.md and docs/results/ from figures/data/
 # make figures ONLY="curves compression"   measure only these parts, then redraw everything
 # make figures QUICK=1        the same in small (lenet, few steps), written under runs/figures-quick/ instead
@@ -43,7 +43,7 @@ NPROC = $(shell $(PY) -c "import torch; print(torch.cuda.device_count() or 2)")
 DEMO_DATA := data/mnist5k
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
-PARTS := io scaling curves recovery compile precision compression ps pipeline sharding
+PARTS := cluster io scaling curves recovery compile precision compression ps pipeline sharding
 GPU_PARTS := table scaling compression
 GPU_ONLY := $(if $(filter command line,$(origin ONLY)),$(ONLY),$(GPU_PARTS))
 ONLY ?= $(PARTS)
@@ -109,6 +109,8 @@ $(JPEG_DATA)/.complete: | $(SETUP)
 	touch $@
 
 # the parts of make figures, each one command
+figure-part-cluster = $(PY) scripts/figures/cluster/measure.py --figures-data $(FIG_DATA) --runs $(RUNS)/cluster \
+	$(if $(quick),--nodes 2 --rates 1gbit none --sizes-mb 1 4 --repeats 2)
 figure-part-io = $(PY) scripts/figures/io/measure.py $(JPEG_DATA) --csv $(FIG_DATA)/io.csv \
 	$(if $(quick),--workers 0 2 --repeats 1)
 figure-part-scaling = $(PY) scripts/figures/scaling/measure.py --jpeg $(JPEG_DATA) --csv $(FIG_DATA)/scaling.csv \

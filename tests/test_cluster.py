@@ -10,12 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TINY, child_env
 
-sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
-
-import network  # noqa: E402
+from scripts.cluster import network
 
 PROBLEM = network.require()
 needs_namespaces = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
@@ -164,3 +161,35 @@ def test_bad_flags_one_line(script, flags, line):
     result = subprocess.run([*RUN, *flags, str(script)], cwd=ROOT, env=child_env(), capture_output=True, text=True,
                             timeout=60)
     assert result.returncode != 0 and result.stderr.strip().splitlines() == [line]
+
+
+@needs_namespaces
+def test_the_bandwidth_benchmark_writes_a_row_a_size_and_resumes(tmp_path):
+    command = [sys.executable, "scripts/figures/cluster/measure.py", "--nodes", "2", "--rates", "200mbit", "none",
+               "--sizes-mb", "1", "--repeats", "2", "--runs", str(tmp_path / "runs"), "--figures-data", str(tmp_path)]
+    first = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    rows = (tmp_path / "cluster_bandwidth.csv").read_text().splitlines()
+    assert rows[0].startswith("nodes,rate,rate_bits,size_bytes,seconds,algbw_bits,busbw_bits,repeats,cpu")
+    assert [row.split(",")[:4] for row in rows[1:]] == [["2", "200mbit", "200000000.0", "8"],
+                                                         ["2", "200mbit", "200000000.0", "1048576"],
+                                                         ["2", "none", "", "8"], ["2", "none", "", "1048576"]]
+    assert 0.8 * 200e6 < float(rows[2].split(",")[6]) < 1.1 * 200e6  # 1 MB at 200 Mbit/s: 42 ms a ring
+    again = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert "(0 run(s) trained now, 2 kept from an earlier start)" in again.stdout
+    assert (tmp_path / "cluster_bandwidth.csv").read_text().splitlines() == rows
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops root to check the line a user without root gets: needs root and setpriv")
+def test_the_bandwidth_benchmark_without_root_keeps_its_data(tmp_path):
+    (tmp_path / "cluster_bandwidth.csv").write_text("kept\n")
+    tmp_path.chmod(0o777)
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                             "scripts/figures/cluster/measure.py", "--figures-data", str(tmp_path), "--runs",
+                             str(tmp_path / "runs")], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stderr.strip().splitlines() == [
+        f"cluster: not measured (the virtual cluster needs root (ip netns and tc); run it as root, e.g. with sudo); "
+        f"{tmp_path}/cluster_bandwidth.csv kept as it is"]
+    assert (tmp_path / "cluster_bandwidth.csv").read_text() == "kept\n"

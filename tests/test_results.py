@@ -196,7 +196,7 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert ("Beyond the spread: fp8-e4m3 at 2 (-1.25). Within it (not told apart from noise): fp8-e4m3 + error "
             "feedback at 2 (-0.17).") in text
     assert "| `make figures ONLY=compression` | 50.0 | 57 | 0 | 2026-11-24 |" in text
-    assert "| `make figures` (the parts summed), without scaling, recovery, compile, precision, ps, pipeline, sharding | 61.0 |" in text
+    assert "| `make figures` (the parts summed), without cluster, scaling, recovery, compile, precision, ps, pipeline, sharding | 61.0 |" in text
     assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
     assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
     # the headline: each question answered by its table's numbers, with the machine the part's data records
@@ -536,3 +536,29 @@ def test_the_hardware_section_names_each_parts_machine_from_its_data(tmp_path):
     assert text.startswith("The parts ran on 2 machines")
     assert "| scaling | AMD EPYC (2 cores) |" in text and "| curves | AMD EPYC (2 cores) |" in text
     assert "| recovery | Xeon (2 cores) |" in text
+
+
+def test_the_cluster_verdict_counts_the_links_below_the_ceiling_and_names_each(tmp_path):
+    """cluster_bandwidth.csv as measure.py writes it: a link counts where its rate is at most half the unshaped
+    bandwidth at its node count, and holds within 10 % of its rate; every shaped link is named with its share."""
+    from scripts.figures.cluster import measure as cluster_measure
+    from scripts.figures.cluster import render as cluster_render
+
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    rows = []
+    for nodes, rate, bits, busbw in ((2, "100mbit", 1e8, 95e6), (2, "1gbit", 1e9, 850e6), (2, "3gbit", 3e9, 2.9e9),
+                                     (2, "none", "", 4e9)):
+        for size, seconds in ((8, 0.0002), (2**20, 0.01), (2**26, 0.5)):
+            rows.append({"nodes": nodes, "rate": rate, "rate_bits": bits, "size_bytes": size, "seconds": seconds,
+                         "algbw_bits": busbw, "busbw_bits": busbw, "repeats": 5, **machine})
+    measuring.write_csv(tmp_path / "cluster_bandwidth.csv", cluster_measure.FIELDS, rows)
+    sections = cluster_render.render(tmp_path, tmp_path, [])
+    assert (tmp_path / "cluster_bandwidth.png").exists()
+    text = sections["cluster-bandwidth"]
+    assert "| 2 | 1gbit | 850 | 850 | 85% | 0.20 |" in text and "| 2 | unshaped | 4,000 | 4,000 | (ceiling) | 0.20 |" in text
+    # 3gbit is 75 % of the 4 Gbit/s ceiling: named, not counted; 1gbit at 85 % misses the 10 %
+    assert "within 10% of the rate in 1 of 2 links (the farthest: 1gbit at 2 nodes, 85% of it)" in text
+    assert "100mbit at 2 nodes 2% (95%); 1gbit at 2 nodes 25% (85%); 3gbit at 2 nodes 75% (97%)." in text
+    assert "1,448 bytes of payload in a 1,514-byte frame (95.6%), 93.6% when the ring's ACKs share the link" in text
+    assert sections["cluster"].startswith("gloo all-reduce bus bandwidth within 10% of the link's rate for 1 of 2 "
+                                          "links below the CPU's ceiling (4,000 Mbit/s at 2 nodes)")

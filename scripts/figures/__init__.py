@@ -14,7 +14,7 @@ make figures' order: examples (the nd recipe against pytorch/examples, run by ha
 
 import importlib
 
-PARTS = ["io", "scaling", "curves", "recovery", "compile", "precision", "compression", "ps", "pipeline",
+PARTS = ["cluster", "io", "scaling", "curves", "recovery", "compile", "precision", "compression", "ps", "pipeline",
          "sharding"]  # make figures' order: the Makefile's PARTS is this list (tests/test_results.py checks it)
 OTHERS = ["examples", "timings", "gpu", "gpu_context", "headline"]  # rendered after the parts (headline: a line of each)
 MODULES = {**{part: f"scripts.figures.{part}.render" for part in PARTS + ["examples"]},

@@ -21,6 +21,7 @@ QUESTIONS = [("gpu", "What does mixed precision buy on a GPU?", "gpus"),
              ("sharding", "What does ZeRO save?", "sharded-data-parallel-bytes-per-rank-zero-1-to-zero-3"),
              ("curves", "Do the recipes learn alike?", "learning-curves"),
              ("compression", "What does gradient compression cost in accuracy?", "gradient-compression"),
+             ("cluster", "Does the virtual cluster's wire run at the rate it is set to?", "a-cluster-on-one-machine"),
              ("recovery", "How soon does a killed run train again?", "recovery"),
              ("io", "How fast can the loader feed a trainer?", "input-pipeline"),
              ("compile", "What does torch.compile buy?", "torchcompile")]

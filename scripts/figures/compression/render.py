@@ -86,13 +86,37 @@ def compression_table(rows):
     return text
 
 
+def compression_summary(rows):
+    """RESULTS.md's form: a method a row, its bytes and its top-1 at each process count against uncompressed
+    DDP's (the long form's table has every column)."""
+    groups = compression_groups(rows)
+    top1 = {key: spread([float(r["top1"]) for r in runs]) for key, runs in groups.items()}
+    counts = sorted({count for label, count in groups if label != "serial"})
+    body = []
+    for label in dict.fromkeys(label for label, _ in groups if label != "serial"):
+        r = next(runs[0] for (name, _), runs in groups.items() if name == label)
+        cells = []
+        for count in counts:
+            result, none = top1.get((label, count)), top1.get(("none", count))
+            mark = "" if label == "none" or not result or not none else \
+                f", {result['mean'] - none['mean']:+.2f}{', beyond the spread' if beyond_spread(result, none) else ''}"
+            cells.append(with_range(result) + mark if result else "")
+        body.append([label, f"{float(r['bytes_per_step']):,.0f}", f"{float(r['compression_ratio']):.2f}", *cells])
+    r = rows[0]
+    return (table(["method", "bytes per step", "compression ratio",
+                   *(f"val top-1 (%), {count} processes" for count in counts)], body) +
+            f"\n\n{r['arch']}, {r['epochs']} epochs, global batch {r['global_batch']}, {top1['none', counts[0]]['n']} "
+            f"seeds: the mean, in brackets the lowest and highest, then the difference from uncompressed DDP's mean "
+            f"(points), \"beyond the spread\" where their ranges do not overlap.")
+
+
 def render(data, figures, missing):
     if not (data / "compression.csv").exists():
         missing.append("compression.csv (scripts/figures/compression/measure.py)")
         return {}
     compression = read_csv(data / "compression.csv")
     plot_compression(compression, figures)
-    return {"compression": compression_table(compression)}
+    return {"compression": compression_table(compression), "compression-summary": compression_summary(compression)}
 
 
 def headline(data):
