@@ -124,7 +124,8 @@ figure-part-compile = $(PY) scripts/figures/compile/measure.py $(if $(quick),--q
 figure-part-precision = $(PY) scripts/figures/precision/measure.py --csv $(FIG_DATA)/precision.csv --runs $(RUNS)/precision \
 	$(if $(quick),--quick)
 figure-part-compression = $(PY) scripts/figures/compression/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
-	--runs $(RUNS)/compression $(if $(quick),--quick --epochs 2 --processes 2 --methods none fp8-e4m3)
+	--runs $(RUNS)/compression $(if $(quick),--quick --epochs 2 --processes 2 --methods none fp8-e4m3 --seeds 0 \
+	--cluster-nodes 2 --cluster-epochs 2)
 figure-part-ps = $(PY) scripts/figures/ps/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \
 	$(if $(quick),--quick --epochs 1 --seeds 0)
 figure-part-pipeline = $(PY) scripts/figures/pipeline/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \

@@ -146,7 +146,7 @@ def test_bench_compression_trains_serial_and_ddp_and_a_restart_trains_only_what_
     runs, data = tmp_path / "runs", tmp_path / "data"
     command = [sys.executable, "scripts/figures/compression/measure.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
                "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--seeds", "0", "--runs", runs,
-               "--figures-data", data]
+               "--figures-data", data, "--parts", "accuracy"]  # (the cluster's rows: tests/test_cluster.py)
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "(3 run(s) trained now, 0 kept from an earlier start)" in result.stdout
@@ -159,6 +159,7 @@ def test_bench_compression_trains_serial_and_ddp_and_a_restart_trains_only_what_
 
     # a stop cut the serial run short: its summary.json is gone; a new start trains it alone again
     (runs / "serial-seed0" / "summary.json").unlink()
+    (data / "timings.csv").unlink()  # (--parts accuracy is a piece of the part: its row would add to this one)
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "(1 run(s) trained now, 2 kept from an earlier start)" in result.stdout

@@ -193,3 +193,60 @@ def test_the_bandwidth_benchmark_without_root_keeps_its_data(tmp_path):
         f"cluster: not measured (the virtual cluster needs root (ip netns and tc); run it as root, e.g. with sudo); "
         f"{tmp_path}/cluster_bandwidth.csv kept as it is"]
     assert (tmp_path / "cluster_bandwidth.csv").read_text() == "kept\n"
+
+
+@needs_namespaces
+def test_compression_on_the_cluster_sizes_each_link_by_the_principle(tiny_data, tmp_path):
+    """compression/measure.py --parts cluster: a node's step alone measured, each real link's rate here from it,
+    a link beyond half the ceiling named and not run, the rows and curves written, then drawn."""
+    from scripts.figures.cluster import links
+
+    data = tmp_path / "data"
+    data.mkdir()
+    command = [sys.executable, "scripts/figures/compression/measure.py", "--data", str(tiny_data), "--quick",
+               "--seeds", "0", "--methods", "none", "--parts", "cluster", "--cluster-nodes", "2", "--cluster-epochs",
+               "2", "--global-batch", "16", "--runs", str(tmp_path / "runs"), "--figures-data", str(data)]
+
+    def measure(ceiling_bits):
+        (data / "cluster_bandwidth.csv").write_text("nodes,rate,rate_bits,size_bytes,seconds,busbw_bits\n"
+                                                    f"2,none,,67108864,0.1,{ceiling_bits}\n")
+        result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    measure(1)  # a ceiling of 1 bit/s: a node's step alone is measured, and every link is beyond the emulation
+    rates = {line.split(",")[0]: float(line.split(",")[4])
+             for line in (data / "compression_cluster_skipped.csv").read_text().splitlines()[1:]}
+    assert rates["EDR InfiniBand (HAL)"] == pytest.approx(10 * rates["10 Gbit/s Ethernet"], rel=1e-3)
+    measure(round(rates["EDR InfiniBand (HAL)"] / 1.5))  # half of it: above 10 Gbit/s Ethernet's rate, below EDR's
+    rows = [dict(zip(*[line.split(",") for line in (data / "compression_cluster.csv").read_text().splitlines()[:1]],
+                     line.split(","))) for line in (data / "compression_cluster.csv").read_text().splitlines()[1:]]
+    assert [(r["method"], r["link"], r["nodes"]) for r in rows] == [("none", "10 Gbit/s Ethernet", "2"),
+                                                                    ("none", "1 Gbit/s Ethernet", "2")]
+    gradient_bytes, node_step = links.seed_gradient_bytes(), links.seed_node_step()
+    for r, bits in zip(rows, (10e9, 1e9)):
+        ratio = links.real_ratio(bits, 2, gradient_bytes, node_step)
+        assert float(r["ratio"]) == pytest.approx(ratio, abs=1e-4)
+        rate = float(r["bytes_per_step"]) * 8 / (ratio * float(r["alone_step_s"]))  # (the ring's share at 2: 1)
+        assert float(r["rate_bits"]) == pytest.approx(rate, rel=1e-3)
+    assert float(rows[1]["step_s"]) > float(rows[0]["step_s"])  # the slower link, the longer step
+    skipped = (data / "compression_cluster_skipped.csv").read_text().splitlines()
+    assert len(skipped) == 2 and skipped[1].startswith("EDR InfiniBand (HAL),100000000000.0,2,0.0259,")
+    curves = (data / "compression_cluster_curves.csv").read_text().splitlines()
+    assert len(curves) == 1 + 2 * 2  # an epoch a row: 2 links x 2 epochs
+    from scripts.figures.compression import render_cluster
+
+    text = render_cluster.render(data)["compression-cluster"]
+    assert "**10 Gbit/s Ethernet, 2 nodes.** There, ResNet-50's all-reduce takes 25.9% of a node's step" in text
+    assert "Not emulated: EDR InfiniBand (HAL) at 2 nodes. There the wire takes 2.6% of a step" in text
+
+
+def test_the_model_knows_which_hooks_gather():
+    """The fp8 hooks gather every rank's bytes (no backend sums fp8): n - 1 times a rank's bytes through a link,
+    where a ring all-reduce passes 2 (n - 1) / n; the model's list is the recipe's."""
+    from recipes.compression import hooks
+    from scripts.figures.cluster import links
+
+    assert links.GATHERED == tuple(hooks.FP8)
+    share = links.payload_shares()[1]
+    assert links.wire_seconds(4, 1e6, 8e6) == pytest.approx(1.5 / share)
+    assert links.wire_seconds(4, 1e6, 8e6, gathered=True) == pytest.approx(3 / share)

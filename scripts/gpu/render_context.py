@@ -1,7 +1,8 @@
 """The GPU table's context: what it is read beside (scripts/gpu/render.py renders the table itself).
 
     reads    figures/data/gpu/table.csv and compression.csv (scripts/gpu/measure.py on a node with 2 GPUs or more);
-             scaling.csv (the CPU's); anchors.csv (published figures, each with its source: not measured here);
+             scaling.csv (the CPU's); anchors.csv and cluster/seed_throughput.csv (published figures, each with
+             its source: not measured here);
              gpu/earlier/ (the sweep the table replaced)
     draws    none
     writes   sections gpu-beyond-one, gpu-earlier, gpu-anchors
@@ -29,10 +30,16 @@ def beyond_one_section(gpu_data, data, rows, compression):
     here = (f"the CPU's: ddp on {max(rate)} processes at {rate[max(rate)] / rate[1]:.2f}x its 1-process images/s "
             f"([Scaling](../../RESULTS.md#scaling))" if len(rate) > 1 and 1 in rate else
             "the CPU's ([Scaling](../../RESULTS.md#scaling))")
-    tutorial = (f", beside the seed tutorial's 4 x V100 figure (tczhangzhi/pytorch-distributed: torch.distributed "
-                f"in {theirs['torch.distributed']:.0f} s against nn.DataParallel's {theirs['nn.DataParallel']:.0f} s, "
-                f"{theirs['nn.DataParallel'] / theirs['torch.distributed']:.2f}x, a published figure)"
-                if {"torch.distributed", "nn.DataParallel"} <= set(theirs) else "")
+    seed = data / "cluster" / "seed_throughput.csv"
+    runs = {int(r["gpus"]): float(r["images_per_s"]) / int(r["gpus"]) for r in read_csv(seed)
+            if r["batch_per_gpu"] == "208"} if seed.exists() else {}
+    tutorial = (f", beside the seed tutorial's own V100 cluster (richardkxu/distributed-pytorch, ResNet-50 at apex "
+                f"O2: {runs[min(runs)]:.0f} images/s a GPU on {min(runs)} GPUs, {runs[max(runs)]:.0f} on "
+                f"{max(runs)}, [modelled](scaling.md#the-seed-tutorials-cluster))" if runs else "")
+    tutorial += (f" and another tutorial's 4 x V100 figure (tczhangzhi/pytorch-distributed: torch.distributed "
+                 f"in {theirs['torch.distributed']:.0f} s against nn.DataParallel's {theirs['nn.DataParallel']:.0f} s, "
+                 f"{theirs['nn.DataParallel'] / theirs['torch.distributed']:.2f}x, a published figure)"
+                 if {"torch.distributed", "nn.DataParallel"} <= set(theirs) else "")
     return (f"The table is measured on one GPU: scaling over GPUs and the compression hooks over NCCL need 2 GPUs "
             f"or more, so neither is measured on GPUs here, nor extrapolated; the scaling measured is "
             f"{here}{tutorial}.")

@@ -6,6 +6,8 @@
     writes   sections cluster (RESULTS.md), cluster-bandwidth (docs/results/cluster.md)
 """
 
+from scripts.figures.cluster import links
+from scripts.figures.cluster.links import ETHERNET, IP_TCP, MTU, payload_shares
 from scripts.figures.rendering import plt, read_csv, save, table
 
 TOLERANCE = 0.10  # the issue's bound: bus bandwidth within 10 % of the rate, where the CPU is not the limit
@@ -14,21 +16,22 @@ BELOW_CEILING = 0.5  # a rate counts as below the CPU's ceiling at most at this 
 
 def by_link(rows):
     """{(nodes, rate): {size_bytes: row}}, in the order measured."""
-    links = {}
+    measured = {}
     for r in rows:
-        links.setdefault((int(r["nodes"]), r["rate"]), {})[int(r["size_bytes"])] = r
-    return links
+        measured.setdefault((int(r["nodes"]), r["rate"]), {})[int(r["size_bytes"])] = r
+    return measured
 
 
-def ceilings(links):
+def ceilings(measured):
     """{nodes: unshaped bus bandwidth (bits/s) at the largest size}: the emulation's own limit, the CPU's."""
-    return {nodes: float(sizes[max(sizes)]["busbw_bits"]) for (nodes, rate), sizes in links.items() if rate == "none"}
+    return {nodes: float(sizes[max(sizes)]["busbw_bits"]) for (nodes, rate), sizes in measured.items()
+            if rate == "none"}
 
 
-def shaped(links, ceiling):
+def shaped(measured, ceiling):
     """[(nodes, rate, rate bits/s, share of the ceiling, measured / rate at the largest size)] of shaped links."""
     found = []
-    for (nodes, rate), sizes in links.items():
+    for (nodes, rate), sizes in measured.items():
         largest = sizes[max(sizes)]
         if rate != "none" and nodes in ceiling:
             bits = float(largest["rate_bits"])
@@ -36,27 +39,15 @@ def shaped(links, ceiling):
     return found
 
 
-# what TCP over Ethernet carries of a link (the veth's MTU, 1,500 bytes): a frame is the MTU and Ethernet's 14-byte
-# header; its payload, the MTU less IP's 20 bytes and TCP's 32 (20, and 12 of timestamps); the receiver's ACK, a
-# header-only frame of 66 bytes, goes out on its own link for every two frames it receives (delayed ACKs)
-MTU, ETHERNET, IP_TCP = 1500, 14, 20 + 32
-
-
-def payload_shares():
-    """(share of a link's rate that carries payload with data alone, with the ACKs a ring node also sends)."""
-    frame, payload, ack = MTU + ETHERNET, MTU - IP_TCP, ETHERNET + IP_TCP
-    return payload / frame, 2 * payload / (2 * frame + ack)
-
-
 def mbit(bits):
     return f"{float(bits) / 1e6:,.0f}"
 
 
-def plot_bandwidth(links, figures):
-    counts = sorted({nodes for nodes, _ in links})
+def plot_bandwidth(measured, figures):
+    counts = sorted({nodes for nodes, _ in measured})
     fig, axes = plt.subplots(1, len(counts), figsize=(4 * len(counts), 3.8), sharey=True, squeeze=False)
     for ax, nodes in zip(axes[0], counts):
-        for (n, rate), sizes in links.items():
+        for (n, rate), sizes in measured.items():
             if n != nodes:
                 continue
             points = sorted((size / 2**20, float(r["busbw_bits"]) / 1e6) for size, r in sizes.items() if size > 8)
@@ -72,11 +63,11 @@ def plot_bandwidth(links, figures):
     save(fig, figures / "cluster_bandwidth.png")
 
 
-def verdict(links):
+def verdict(measured):
     """The sentence on the rates below the ceiling, and every shaped link's share, so that it does not hang on
     where the ceiling is drawn."""
-    ceiling = ceilings(links)
-    found = shaped(links, ceiling)
+    ceiling = ceilings(measured)
+    found = shaped(measured, ceiling)
     below = [f for f in found if f[3] <= BELOW_CEILING]
     held = [f for f in below if abs(f[4] - 1) <= TOLERANCE]
     worst = min(below, key=lambda f: -abs(f[4] - 1)) if below else None
@@ -98,10 +89,10 @@ def verdict(links):
     return text, held, below
 
 
-def bandwidth_table(rows, links):
+def bandwidth_table(rows, measured):
     sizes = sorted({int(r["size_bytes"]) for r in rows if int(r["size_bytes"]) > 8})
     body = []
-    for (nodes, rate), by_size in sorted(links.items(), key=lambda item: (item[0][0], item[0][1] == "none")):
+    for (nodes, rate), by_size in sorted(measured.items(), key=lambda item: (item[0][0], item[0][1] == "none")):
         largest = by_size[max(by_size)]
         share = (f"{float(largest['busbw_bits']) / float(largest['rate_bits']):.0%}" if largest["rate_bits"]
                  else "(ceiling)")
@@ -114,7 +105,27 @@ def bandwidth_table(rows, links):
             f"\n\nBus bandwidth in Mbit/s (bytes x 2 (n - 1) / n / time, nccl-tests' definition: what each link "
             f"carries in a ring), the median of {r['repeats']} gloo all-reduces of fp32 tensors, one process a "
             f"node; the last column, the median time of an 8-byte all-reduce: the latency with nothing to carry. "
-            f"On {r['cpu']} ({r['cores']} cores), torch {r['torch']}.\n\n" + verdict(links)[0])
+            f"On {r['cpu']} ({r['cores']} cores), torch {r['torch']}.\n\n" + verdict(measured)[0])
+
+
+def links_table():
+    """The real clusters' share of a step on the wire, from the seed's published step and ResNet-50's bytes."""
+    gradient_bytes, node_step = links.seed_gradient_bytes(), links.seed_node_step()
+    body = []
+    for name, bits in links.REAL_LINKS:
+        for nodes in (2, 4, 8, 16):
+            gpus = links.GPUS_PER_NODE * nodes
+            wire = links.ring_share(gpus) * gradient_bytes * 8 / bits
+            body.append([name, f"{nodes} ({gpus} GPUs)", f"{wire * 1e3:.1f}",
+                         f"{links.real_ratio(bits, nodes, gradient_bytes, node_step):.1%}"])
+    return (f"ResNet-50 under apex O2 all-reduces {gradient_bytes / 1e6:.1f} MB a step (fp16 weights' gradients, "
+            f"BatchNorm's in fp32); one HAL node of {links.GPUS_PER_NODE} V100s steps in {node_step:.3f} s (the "
+            f"seed's {links.GPUS_PER_NODE}-GPU run, batch 208 a GPU: the median of its epochs' BatchTime_train). "
+            f"A ring through N GPUs passes 2 (N - 1) / N of the bytes through each node's port.\n\n" +
+            table(["link a node", "nodes", "all-reduce on the wire (ms)", "wire / node's step"], body) +
+            "\n\nThe emulated link for a recipe on n nodes then runs at 2 (n - 1) / n x the recipe's bytes a step / "
+            "(wire / node's step x the recipe's step on one node alone), so that its wire takes the same share "
+            "of its step; each part that measures on the cluster writes the rate it used beside its rows.")
 
 
 def render(data, figures, missing):
@@ -122,9 +133,10 @@ def render(data, figures, missing):
         missing.append("cluster_bandwidth.csv (scripts/figures/cluster/measure.py)")
         return {}
     rows = read_csv(data / "cluster_bandwidth.csv")
-    links = by_link(rows)
-    plot_bandwidth(links, figures)
-    return {"cluster-bandwidth": bandwidth_table(rows, links), "cluster": headline(data) + "."}
+    by = by_link(rows)
+    plot_bandwidth(by, figures)
+    return {"cluster-bandwidth": bandwidth_table(rows, by), "cluster-links": links_table(),
+            "cluster": headline(data) + "."}
 
 
 def headline(data):

@@ -13,6 +13,9 @@ row per run. The set-up is scripts/figures/measuring.py's ACCURACY. Each process
 cores / processes threads (at least 1). Run directories go to
 runs/figures/compression/<method>[-ef]-<processes>-seed<S>; a run whose
 summary.json is complete is not trained again.
+
+--parts cluster (make figures runs both: accuracy cluster) trains the same methods on the virtual cluster, at 2 and 4
+nodes over links sized after real clusters': scripts/figures/compression/cluster.py (it needs root).
 """
 
 import argparse
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from scripts.figures import measuring  # noqa: E402
+from scripts.figures.compression import cluster  # noqa: E402
 
 METHODS = [("none", False), ("fp16", False), ("bf16", False), ("fp8-e4m3", False), ("fp8-e4m3", True),
            ("fp8-e5m2", False), ("fp8-e5m2", True), ("powersgd", False), ("powersgd", True)]
@@ -44,6 +48,10 @@ def main():
     parser.add_argument("--quick", action="store_true", help="lenet at 16 px, for tests and QUICK=1")
     parser.add_argument("--runs", default="runs/figures/compression", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where compression.csv goes")
+    parser.add_argument("--parts", nargs="+", choices=["accuracy", "cluster"], default=["accuracy", "cluster"],
+                        help="accuracy: the table above, on this machine; cluster: the rows on the virtual cluster")
+    parser.add_argument("--cluster-nodes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--cluster-epochs", type=int, default=8)
     args = parser.parse_args()
     measuring.require_digits(args.data)
     bad = [p for p in args.processes if p < 2 or args.global_batch % p]
@@ -73,15 +81,19 @@ def main():
         print(f"{method:>9}{' +EF' if error_feedback else '    '} {processes} process(es) seed {seed}: "
               f"top-1 {summary['top1']:6.2f} %, training {train_s:6.1f} s", flush=True)
 
-    for seed in args.seeds:  # seed by seed: a stopped run leaves whole seeds of every row behind it
-        train("serial", False, 1, seed)
-        for processes in args.processes:
-            for method, error_feedback in methods:
-                train(method, error_feedback, processes, seed)
-    out = Path(args.figures_data) / "compression.csv"
-    measuring.write_csv(out, FIELDS, rows)
-    print(f"wrote {out}")
-    measuring.record_part(args.figures_data, "compression", started)
+    if "accuracy" in args.parts:
+        for seed in args.seeds:  # seed by seed: a stopped run leaves whole seeds of every row behind it
+            train("serial", False, 1, seed)
+            for processes in args.processes:
+                for method, error_feedback in methods:
+                    train(method, error_feedback, processes, seed)
+        out = Path(args.figures_data) / "compression.csv"
+        measuring.write_csv(out, FIELDS, rows)
+        print(f"wrote {out}")
+    if "cluster" in args.parts:
+        cluster.measure(args, model, [(m, ef) for m, ef in cluster.METHODS
+                                      if args.methods is None or m in args.methods])
+    measuring.record_part(args.figures_data, "compression", started, adding=args.parts != ["accuracy", "cluster"])
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """compression: time, accuracy and bytes of each gradient compression, over seeds (scripts/figures/compression/measure.py).
 
-    reads    figures/data/compression.csv
+    reads    figures/data/compression.csv, and the virtual cluster's rows (render_cluster.py)
     draws    figures/compression.png
-    writes   sections compression
+    writes   sections compression, compression-summary (RESULTS.md), compression-cluster (render_cluster.py)
 """
 
 import statistics
 
+from scripts.figures.compression import render_cluster
 from scripts.figures.rendering import beyond_spread, plt, read_csv, spread, table, with_range
 
 
@@ -86,9 +87,10 @@ def compression_table(rows):
     return text
 
 
-def compression_summary(rows):
-    """RESULTS.md's form: a method a row, its bytes and its top-1 at each process count against uncompressed
-    DDP's (the long form's table has every column)."""
+def compression_summary(rows, cluster_rows=()):
+    """RESULTS.md's form: a method a row, its bytes, its top-1 at each process count against uncompressed DDP's
+    (the long form's table has every column), and on the virtual cluster its step against uncompressed DDP's."""
+    speedups = render_cluster.speedups(cluster_rows)
     groups = compression_groups(rows)
     top1 = {key: spread([float(r["top1"]) for r in runs]) for key, runs in groups.items()}
     counts = sorted({count for label, count in groups if label != "serial"})
@@ -101,13 +103,23 @@ def compression_summary(rows):
             mark = "" if label == "none" or not result or not none else \
                 f", {result['mean'] - none['mean']:+.2f}{', beyond the spread' if beyond_spread(result, none) else ''}"
             cells.append(with_range(result) + mark if result else "")
-        body.append([label, f"{float(r['bytes_per_step']):,.0f}", f"{float(r['compression_ratio']):.2f}", *cells])
+        faster = [f"{speedups[setting][label][0]:.2f}x{'*' if speedups[setting][label][1] else ''}"
+                  if label in speedups[setting] else "" for setting in speedups]
+        body.append([label, f"{float(r['bytes_per_step']):,.0f}", f"{float(r['compression_ratio']):.2f}", *cells,
+                     *faster])
     r = rows[0]
-    return (table(["method", "bytes per step", "compression ratio",
-                   *(f"val top-1 (%), {count} processes" for count in counts)], body) +
-            f"\n\n{r['arch']}, {r['epochs']} epochs, global batch {r['global_batch']}, {top1['none', counts[0]]['n']} "
-            f"seeds: the mean, in brackets the lowest and highest, then the difference from uncompressed DDP's mean "
-            f"(points), \"beyond the spread\" where their ranges do not overlap.")
+    text = (table(["method", "bytes per step", "compression ratio",
+                   *(f"val top-1 (%), {count} processes" for count in counts),
+                   *(f"step vs none: {link.split(' (')[0]}, {nodes} nodes" for link, nodes in speedups)], body) +
+            f"\n\nTop-1: {r['arch']}, {r['epochs']} epochs, global batch {r['global_batch']}, "
+            f"{max(v['n'] for v in top1.values())} seed(s) on this machine: the mean, in brackets the lowest and highest, then "
+            f"the difference from uncompressed DDP's mean (points), \"beyond the spread\" where their ranges do not "
+            f"overlap.")
+    if speedups:
+        text += (" Step vs none: uncompressed DDP's mean step over the method's on the virtual cluster, each link "
+                 "sized so that uncompressed DDP spends the share of its step on the wire that ResNet-50 spends on "
+                 "that real link (* beyond the seeds' spread).")
+    return text
 
 
 def render(data, figures, missing):
@@ -116,7 +128,10 @@ def render(data, figures, missing):
         return {}
     compression = read_csv(data / "compression.csv")
     plot_compression(compression, figures)
-    return {"compression": compression_table(compression), "compression-summary": compression_summary(compression)}
+    cluster = data / "compression_cluster.csv"
+    summary = compression_summary(compression, read_csv(cluster) if cluster.exists() else [])
+    return {"compression": compression_table(compression), "compression-summary": summary,
+            **render_cluster.render(data)}
 
 
 def headline(data):
@@ -133,7 +148,8 @@ def headline(data):
     key = (most["method"], most["error_feedback"], most["processes"])
     if ("none", "0", most["processes"]) not in top1:
         return None
-    return (f"{most['method']}{' with error feedback' if most['error_feedback'] == '1' else ''} sends "
-            f"{float(most['compression_ratio']):.0f}x fewer bytes: top-1 {statistics.mean(top1[key]):.2f} against "
-            f"{statistics.mean(top1['none', '0', most['processes']]):.2f} uncompressed, on {most['processes']} "
-            f"processes")
+    accuracy = (f"{most['method']}{' with error feedback' if most['error_feedback'] == '1' else ''} sends "
+                f"{float(most['compression_ratio']):.0f}x fewer bytes: top-1 {statistics.mean(top1[key]):.2f} "
+                f"against {statistics.mean(top1['none', '0', most['processes']]):.2f} uncompressed, on "
+                f"{most['processes']} processes")
+    return "; ".join([*render_cluster.headline(data), accuracy])

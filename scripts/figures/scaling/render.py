@@ -1,11 +1,12 @@
 """scaling: images/s and epoch time against processes, and the bare loop (scripts/figures/scaling/measure.py).
 
-    reads    figures/data/scaling.csv
-    draws    figures/scaling_throughput.png, figures/scaling_time.png
-    writes   sections scaling, scaling-overhead, hardware
+    reads    figures/data/scaling.csv; the seed tutorial's published runs (render_seed.py)
+    draws    figures/scaling_throughput.png, figures/scaling_time.png, figures/scaling_seed.png
+    writes   sections scaling, scaling-overhead, hardware, scaling-seed
 """
 
 from scripts.figures.rendering import hardware_line, plt, read_csv, save, table
+from scripts.figures.scaling import render_seed
 
 
 def scaling_points(scaling, recipe, data):
@@ -102,7 +103,7 @@ def render(data, figures, missing):
     plot_scaling(scaling, figures)
     sections = dict(zip(("scaling", "scaling-overhead"), scaling_tables(scaling)))
     sections["hardware"] = hardware_line(data)
-    return sections
+    return {**sections, **render_seed.render(data, figures)}
 
 
 def headline(data):
