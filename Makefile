@@ -100,6 +100,7 @@ ARGS ?= $(DEMO_DATA) -a resnet18 --image-size 28 --scale 0.6 1 --hflip 0 -b 32 -
 	--out runs/cluster
 
 cluster: $(SETUP) $(DEMO_DATA)/.complete
+	$(PY) scripts/cluster/network.py --require
 	rm -rf runs/cluster
 	$(PY) scripts/cluster/run.py --nodes $(NODES) --nproc-per-node $(NPROC_PER_NODE) --rate $(RATE) --delay $(DELAY) \
 		recipes/$(RECIPE)/train.py $(ARGS)
@@ -110,11 +111,12 @@ $(JPEG_DATA)/.complete: | $(SETUP)
 
 # the parts of make figures, each one command
 figure-part-cluster = $(PY) scripts/figures/cluster/measure.py --figures-data $(FIG_DATA) --runs $(RUNS)/cluster \
-	$(if $(quick),--nodes 2 --rates 1gbit none --sizes-mb 1 4 --repeats 2)
+	$(if $(quick),--nodes 2 --rates 1gbit none --sizes-mib 1 4 --repeats 2)
 figure-part-io = $(PY) scripts/figures/io/measure.py $(JPEG_DATA) --csv $(FIG_DATA)/io.csv \
 	$(if $(quick),--workers 0 2 --repeats 1)
 figure-part-scaling = $(PY) scripts/figures/scaling/measure.py --jpeg $(JPEG_DATA) --csv $(FIG_DATA)/scaling.csv \
-	--runs $(RUNS)/scaling $(if $(quick),-a lenet --image-size 16 --steps 20)
+	--runs $(RUNS)/scaling $(if $(quick),-a lenet --image-size 16 --steps 20 --cluster-nodes 1 2 --seeds 0 \
+	--cluster-epochs 1 --cluster-steps 10)
 figure-part-curves = $(PY) scripts/figures/curves/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
 	--runs $(RUNS)/curves $(if $(quick),--quick --epochs 2)
 figure-part-recovery = $(PY) scripts/figures/recovery/measure.py --json $(FIG_DATA)/recovery.json --runs $(RUNS)/recovery \

@@ -129,7 +129,8 @@ def test_bench_io_measures_both_decoders(tmp_path):
 def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path):
     out = tmp_path / "scaling.csv"
     command = [sys.executable, "scripts/figures/scaling/measure.py", "-a", "lenet", "--image-size", "16", "-b", "128",
-               "--processes", "1", "--steps", "5", "--warmup", "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
+               "--processes", "1", "--steps", "5", "--warmup", "1", "--csv", str(out), "--runs", str(tmp_path / "runs"),
+               "--parts", "machine"]  # (the cluster's rows: tests/test_cluster.py)
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))

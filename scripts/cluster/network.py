@@ -112,18 +112,30 @@ def tc(namespace, *args, check=True):
     return result
 
 
-def make(nodes, link, tag=None):
+made = []  # the clusters this process made: each gets a tag of its own (<pid>-<count>)
+
+
+def make(nodes, link):
     """The cluster's namespaces, bridge, cables, addresses and shaping; the janitor watching over them.
-    Returns the Cluster and the janitor's pipe: keep it open while the cluster is in use."""
-    cluster = Cluster(tag or str(os.getpid()), nodes)
+    Returns the Cluster and its janitor: janitor.stdin open while the cluster is in use (release() ends both)."""
+    made.append(nodes)
+    cluster = Cluster(f"{os.getpid()}-{len(made)}", nodes)
     janitor = watch(cluster)  # first: if this process dies half-way, nothing is left either
     try:
         build(cluster, link)
     except BaseException:
-        remove(cluster)
-        janitor.close()
+        release(cluster, janitor)
         raise
     return cluster, janitor
+
+
+def release(cluster, janitor):
+    """Remove the cluster, then close the janitor's pipe and wait for it (it finds nothing left to remove).
+    Returns how many namespaces were removed."""
+    removed = remove(cluster)
+    janitor.stdin.close()
+    janitor.wait()
+    return removed
 
 
 def build(cluster, link):
@@ -171,17 +183,6 @@ def shape(namespace, device, link, delay):
        "burst", str(burst), "limit", str(limit))
 
 
-def netem_available():
-    """Whether this kernel has netem, tried on a namespace of its own (which is then removed)."""
-    namespace = f"{PREFIX}-{os.getpid()}-probe"
-    ip("netns", "add", namespace)
-    try:
-        return tc(namespace, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms",
-                  check=False).returncode == 0
-    finally:
-        ip("netns", "del", namespace, check=False)
-
-
 def processes_in(namespace):
     result = ip("netns", "pids", namespace, check=False)
     return [int(pid) for pid in result.stdout.split()] if result.returncode == 0 else []
@@ -211,21 +212,19 @@ def remove(cluster_or_names):
 
 
 def leftovers():
-    """Namespaces of clusters whose launching process is gone (a janitor killed too, say): removable."""
-    found = []
-    for name in ip("netns", "list").stdout.split():
-        match = re.match(rf"^{PREFIX}-(\d+)-", name)
-        if match and not os.path.exists(f"/proc/{match.group(1)}"):
-            found.append(name)
-    return found
+    """Namespaces (and their /etc/netns folders) of clusters whose launching process is gone (a janitor killed
+    too, say): removable."""
+    names = set(ip("netns", "list").stdout.split())
+    names |= {folder.name for folder in ETC_NETNS.glob(f"{PREFIX}-*")} if ETC_NETNS.exists() else set()
+    return sorted(name for name in names if (match := re.match(rf"^{PREFIX}-(\d+)-", name))
+                  and not os.path.exists(f"/proc/{match.group(1)}"))
 
 
 def watch(cluster):
     """A janitor: a process of its own session that waits on a pipe from this one and, when the pipe closes
-    (this process ended, however), removes the cluster. Returns the pipe's open end."""
-    janitor = subprocess.Popen([sys.executable, __file__, "--janitor", *cluster.namespaces()],
-                               stdin=subprocess.PIPE, start_new_session=True)
-    return janitor.stdin
+    (this process ended, however), removes the cluster. Returns the janitor (Popen; its stdin is the pipe)."""
+    return subprocess.Popen([sys.executable, __file__, "--janitor", *cluster.namespaces()], stdin=subprocess.PIPE,
+                            start_new_session=True)
 
 
 def janitor(names):
@@ -238,10 +237,16 @@ def janitor(names):
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--janitor"]:
         janitor(sys.argv[2:])
+    elif sys.argv[1:2] == ["--require"]:  # make cluster asks before it empties runs/cluster
+        problem = require()
+        sys.exit(f"error: {problem}" if problem else 0)
     elif sys.argv[1:2] == ["--clean"]:  # what an earlier run left, its janitor killed too
         problem = require()
         if problem:
             sys.exit(f"error: {problem}")
-        print(f"removed {remove(leftovers())} namespace(s) of clusters whose launcher is gone")
+        found = leftovers()
+        remove(found)
+        print(f"removed {len(found)} namespace(s) and /etc/netns folder(s) of clusters whose launcher is gone")
     else:
-        sys.exit("usage: python scripts/cluster/network.py --clean   (scripts/cluster/run.py makes clusters)")
+        sys.exit("usage: python scripts/cluster/network.py --clean | --require   (scripts/cluster/run.py makes "
+                 "clusters)")

@@ -33,11 +33,16 @@ STOP_GRACE_S = 15  # how long stopped nodes get to end before their processes ar
 
 
 def node_cores(nodes, cores):
-    """The cores each node is pinned to: a share of its own where they suffice, else None (all shared)."""
+    """The cores each node is pinned to: a share of its own where they suffice, else all of them, shared."""
     if nodes > len(cores):
-        return [None] * nodes
+        return [list(cores)] * nodes
     share = len(cores) // nodes
     return [cores[i * share:(i + 1) * share] for i in range(nodes)]
+
+
+def node_threads(nodes, cores, nproc_per_node):
+    """OMP_NUM_THREADS for each process of a node: its cores over its processes; 1 where nodes share the cores."""
+    return 1 if nodes > len(cores) else max(1, len(cores) // nodes // nproc_per_node)
 
 
 def node_commands(cluster, script_and_args, nproc_per_node, port=MASTER_PORT):
@@ -51,38 +56,44 @@ def node_commands(cluster, script_and_args, nproc_per_node, port=MASTER_PORT):
 def layout_line(cluster, link, nproc_per_node, cores):
     rate = f"{link.rate} each way" if link.rate else "unshaped (the veth's own speed)"
     delay = f", {link.delay} one-way delay" if link.delay != "0" else ""
-    if cores[0] is None:
-        placement = f"all sharing the machine's {len(os.sched_getaffinity(0))} cores"
+    if cluster.nodes > len(cores):
+        placement = f"all sharing {len(cores)} core(s)"
     else:
-        placement = f"{len(cores[0])} core(s) each"
+        placement = f"{len(cores) // cluster.nodes} core(s) each"
     return (f"cluster: {cluster.nodes} nodes x {nproc_per_node} process(es) ({cluster.node(0)} ...), node 0 at "
             f"{cluster.address(0)}, links {rate}{delay}, {placement}")
 
 
-def run(nodes, link, script_and_args, nproc_per_node=1, env=None, output=None, quiet=False):
+def run(nodes, link, script_and_args, nproc_per_node=1, env=None, output=None, quiet=False, cores=None):
     """script_and_args under torchrun on `nodes` nodes, each linked by `link`; returns the exit status (the first
     failing node's, 128 + the signal's number if interrupted). output: a file object for every node's stdout and
-    stderr (default: this process's). The cluster is gone when this returns."""
-    cluster, janitor_pipe = network.make(nodes, link)
-    cores = node_cores(nodes, sorted(os.sched_getaffinity(0)))
+    stderr (default: this process's); cores: how many of this process's cores the cluster uses (default: all).
+    The cluster is gone when this returns."""
+    cluster, janitor = network.make(nodes, link)
+    usable = sorted(os.sched_getaffinity(0))[:cores]
+    threads = node_threads(nodes, usable, nproc_per_node)
     if not quiet:
-        print(layout_line(cluster, link, nproc_per_node, cores), flush=True)
+        print(layout_line(cluster, link, nproc_per_node, usable), flush=True)
     stopping = []
 
     def stop(signum, frame):
+        if stopping:  # a second Ctrl-C or SIGTERM: no more grace, every process in the cluster is killed now
+            network.remove(cluster)
         stopping.append(signum)
 
     handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     agents = []
     try:
-        for command, pinned in zip(node_commands(cluster, script_and_args, nproc_per_node), cores):
-            threads = max(1, len(pinned) // nproc_per_node) if pinned else 1
+        for command, pinned in zip(node_commands(cluster, script_and_args, nproc_per_node),
+                                   node_cores(nodes, usable)):
+            if stopping:  # (interrupted while the nodes start: start no more)
+                break
             node_env = dict(os.environ, **(env or {}), GLOO_SOCKET_IFNAME=network.DEVICE,
                             NCCL_SOCKET_IFNAME=network.DEVICE, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
             agents.append(subprocess.Popen(
                 command, env=node_env, stdout=output, stderr=subprocess.STDOUT if output else None,
                 start_new_session=True,  # a Ctrl-C reaches this launcher, which stops the nodes in order
-                preexec_fn=(lambda cores=pinned: os.sched_setaffinity(0, cores)) if pinned else None))
+                preexec_fn=lambda cores=pinned: os.sched_setaffinity(0, cores)))
         status = wait(agents, stopping)
     finally:
         for agent in agents:
@@ -91,10 +102,9 @@ def run(nodes, link, script_and_args, nproc_per_node=1, env=None, output=None, q
         deadline = time.monotonic() + STOP_GRACE_S
         while any(agent.poll() is None for agent in agents) and time.monotonic() < deadline:
             time.sleep(0.1)
-        removed = network.remove(cluster)  # what is still running in the namespaces is killed here
+        removed = network.release(cluster, janitor)  # what still runs in the namespaces is killed here
         for agent in agents:
             agent.wait()
-        janitor_pipe.close()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     if not quiet:
@@ -124,6 +134,8 @@ def main():
                                                         "10gbit), or none for the veth's own speed (default 1gbit)")
     parser.add_argument("--delay", default="0", help="one-way delay on each node's way out (50us, 1ms): needs "
                                                      "netem in the kernel (default 0)")
+    parser.add_argument("--cores", type=int, help="how many of the machine's cores the cluster uses (default: all "
+                                                  "this process may use)")
     parser.add_argument("script", help="the training script, e.g. recipes/ddp/train.py")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its flags")
     args = parser.parse_args()
@@ -131,12 +143,15 @@ def main():
     problem = network.require() or link.problem()
     if not problem and (args.nodes < 1 or args.nproc_per_node < 1):
         problem = f"--nodes and --nproc-per-node must be 1 or more, got {args.nodes} and {args.nproc_per_node}"
+    if not problem and args.cores is not None and not 1 <= args.cores <= len(os.sched_getaffinity(0)):
+        problem = f"--cores must be 1 to {len(os.sched_getaffinity(0))} (the cores this process may use), got " \
+                  f"{args.cores}"
     if not problem and not Path(args.script).is_file():
         problem = f"{args.script} is not a file"
     if problem:
         sys.exit(f"error: {problem}")
     try:
-        sys.exit(run(args.nodes, link, [args.script, *args.args], args.nproc_per_node))
+        sys.exit(run(args.nodes, link, [args.script, *args.args], args.nproc_per_node, cores=args.cores))
     except RuntimeError as error:  # a step of the network's set-up failed (made namespaces are removed)
         sys.exit(f"error: {error}")
 

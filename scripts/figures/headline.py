@@ -13,7 +13,7 @@ from scripts.gpu import render as gpu
 # the questions a user comes with, first those the page is for; each answered by one part (its section's anchor)
 QUESTIONS = [("gpu", "What does mixed precision buy on a GPU?", "gpus"),
              ("precision", "And on a CPU?", "mixed-precision"),
-             ("scaling", "How does DDP scale?", "scaling"),
+             ("scaling", "How does DDP scale on a cluster?", "scaling"),
              ("ps", "Does the parameter server with Zeno validators hold against attacks, and at what cost?",
               "parameter-server-against-byzantine-workers"),
              ("pipeline", "What does partial reduce buy over allreduce?",

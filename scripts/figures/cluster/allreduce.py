@@ -4,7 +4,7 @@ rank 0 appends one JSON line a size to OUT: the median seconds, the algorithm an
 define them (algbw = bytes / time; busbw = algbw x 2 (n - 1) / n, what each rank's link carries in a ring),
 and the median of 8-byte all-reduces (the latency the link adds, with nothing to carry).
 
-    python allreduce.py OUT --sizes-mb 1 16 64 --repeats 5     (under torchrun, on each node)
+    python allreduce.py OUT --sizes-mib 1 16 64 --repeats 5     (under torchrun, on each node)
 """
 
 import argparse
@@ -29,7 +29,7 @@ def timed(tensor, repeats):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -37,8 +37,8 @@ def main():
     small = torch.zeros(2)
     timed(small, 3)  # connections made
     rows = [{"size_bytes": 8, "seconds": timed(small, 20)}]
-    for size_mb in args.sizes_mb:
-        tensor = torch.ones(int(size_mb * 2**20) // 4)
+    for size_mib in args.sizes_mib:
+        tensor = torch.ones(int(size_mib * 2**20) // 4)
         dist.all_reduce(tensor)  # warm-up: buffers allocated, TCP windows grown
         rows.append({"size_bytes": tensor.numel() * 4, "seconds": timed(tensor, args.repeats)})
     if dist.get_rank() == 0:

@@ -30,9 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from scripts.cluster import run as cluster_run  # noqa: E402  (the renderers import this module: no torch here)
+from scripts.cluster import run as cluster_run  # noqa: E402  (torch only inside the functions that need it)
 
 SEED_DATA = ROOT / "figures" / "data" / "cluster"  # the seed's published numbers (seed.py), whatever --data says
+TRUSTED = 0.5  # the most of the virtual cluster's ceiling (its unshaped bus bandwidth) a link is trusted with
 GPUS_PER_NODE = 4  # HAL: 4 V100s a node (NCSA's user guide; the seed's ddp_apex.sb, --gres=gpu:v100:4)
 # the real links a node's port may have, each way; the first is the seed tutorial's
 REAL_LINKS = [("EDR InfiniBand (HAL)", 100e9), ("10 Gbit/s Ethernet", 10e9), ("1 Gbit/s Ethernet", 1e9)]
@@ -102,40 +103,42 @@ def real_ratio(link_bits, nodes, gradient_bytes, node_step):
 
 
 def emulated_rate(ratio, nodes, bytes_per_step, alone_step):
-    """The link rate (bits/s) at which n emulated nodes spend `ratio` of their step alone on the wire."""
-    return ring_share(nodes) * bytes_per_step * 8 / (ratio * alone_step)
+    """The link rate (bits/s) at which n emulated nodes spend `ratio` of their step alone on the wire (at TCP's
+    payload share of it, as wire_seconds() counts it)."""
+    return ring_share(nodes) * bytes_per_step * 8 / (ratio * alone_step * payload_shares()[1])
 
 
 def alone_step(recipe, flags, nodes, per_node_batch, runs, threads=None):
     """Seconds a step of the recipe on one node with no one to talk to: `nodes` copies at once, each one process
-    (world size 1) at the per-node batch, placed on the cores as scripts/cluster/run.py places nodes, one epoch;
-    the median over the copies of batch / training images/s. Run directories: runs/alone-<i>."""
+    (world size 1) at the per-node batch, placed on the cores as scripts/cluster/run.py places nodes, two epochs;
+    the median over the copies of batch / the second epoch's training images/s (the first one's holds the start).
+    Run directories: runs/alone-<i>; copies that finished before are run again, so that all run at once."""
     from scripts.figures import measuring
 
-    cores = cluster_run.node_cores(nodes, sorted(os.sched_getaffinity(0)))
-    processes, outs = [], []
-    for i, pinned in enumerate(cores):
-        out = Path(runs) / f"alone-{i}"
-        launch = measuring.launch_of(recipe, 1, [*flags, "-b", str(per_node_batch)], None, threads)
-        outs.append(out)
-        if measuring.finished_summary(out, launch) is not None:
-            continue
-        subprocess.run(["rm", "-rf", str(out)], check=True)
-        out.mkdir(parents=True)
-        (out / "launch.json").write_text(json.dumps(launch, indent=2) + "\n")
-        env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env.update(OMP_NUM_THREADS=str(len(pinned) if pinned else 1), PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-        processes.append(subprocess.Popen(
-            [sys.executable, str(ROOT / "recipes" / recipe / "train.py"), *launch["flags"], "--out", str(out)],
-            env=env, stdout=subprocess.DEVNULL, stderr=open(out / "stderr.log", "w"),
-            preexec_fn=(lambda cores=pinned: os.sched_setaffinity(0, cores)) if pinned else None))
-    for process, out in zip(processes, outs):
-        if process.wait() != 0:
-            sys.exit(f"error: a node alone failed: see {out / 'stderr.log'}")
+    usable = sorted(os.sched_getaffinity(0))
+    cores, threads_each = cluster_run.node_cores(nodes, usable), cluster_run.node_threads(nodes, usable, 1)
+    launch = measuring.launch_of(recipe, 1, [*flags, "--epochs", "2", "-b", str(per_node_batch)], None, threads)
+    outs = [Path(runs) / f"alone-{i}" for i in range(nodes)]
+    if not all(measuring.finished_summary(out, launch) is not None for out in outs):
+        copies = []
+        for out, pinned in zip(outs, cores):
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+            out.mkdir(parents=True)
+            (out / "launch.json").write_text(json.dumps(launch, indent=2) + "\n")
+            env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+            env.update(OMP_NUM_THREADS=str(threads_each), PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+            with open(out / "stderr.log", "w") as log:
+                copies.append(subprocess.Popen(
+                    [sys.executable, str(ROOT / "recipes" / recipe / "train.py"), *launch["flags"], "--out", str(out)],
+                    env=env, stdout=subprocess.DEVNULL, stderr=log,
+                    preexec_fn=lambda cores=pinned: os.sched_setaffinity(0, cores)))
+        failed = [out for copy, out in zip(copies, outs) if copy.wait() != 0]
+        if failed:
+            sys.exit(f"error: a node alone failed: see {failed[0] / 'stderr.log'}")
     steps = []
     for out in outs:
-        rows = [r for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train"]
-        steps.append(int(per_node_batch) / float(rows[-1]["images_per_s"]))
+        train = [r for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train"]
+        steps.append(int(per_node_batch) / float(train[-1]["images_per_s"]))
     return statistics.median(steps)
 
 

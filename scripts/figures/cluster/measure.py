@@ -4,7 +4,7 @@
 
 For each number of nodes (2, 4 and 8; one process a node) and each link rate (100mbit to 3gbit, and none:
 the veth at the CPU's speed) it makes a virtual cluster (scripts/cluster/) and runs allreduce.py on it: fp32
-all-reduces of 1, 4, 16 and 64 MB, 5 timed each (the median kept), and 8-byte ones (the latency). Bus
+all-reduces of 1, 4, 16 and 64 MiB, 5 timed each (the median kept), and 8-byte ones (the latency). Bus
 bandwidth as nccl-tests defines it (bytes x 2 (n - 1) / n / time: what each link carries in a ring) is set
 beside the configured rate; the unshaped rows are the emulation's own ceiling on this machine, the rate above
 which it measures the CPU, not the link. A (nodes, rate) whose lines are in runs/figures/cluster/ already is
@@ -31,7 +31,7 @@ def main():
     parser = measuring.Parser(description=__doc__, formatter_class=measuring.argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--rates", nargs="+", default=["100mbit", "300mbit", "1gbit", "3gbit", "none"])
-    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--runs", default="runs/figures/cluster", help="where each cluster's lines go")
     parser.add_argument("--figures-data", default="figures/data", help="where cluster_bandwidth.csv goes")
@@ -51,7 +51,7 @@ def main():
     for nodes in args.nodes:
         for rate, link in zip(args.rates, links):
             out = runs / f"bandwidth-{nodes}-{rate}.jsonl"
-            flags = ["--sizes-mb", *map(str, args.sizes_mb), "--repeats", str(args.repeats)]
+            flags = ["--sizes-mib", *map(str, args.sizes_mib), "--repeats", str(args.repeats)]
             lines = read_lines(out, flags)
             if lines is None:
                 out.unlink(missing_ok=True)
@@ -72,7 +72,7 @@ def main():
                              "repeats": args.repeats, **machine})
             largest = lines[-1]
             print(f"{nodes} nodes at {rate:>7}: {largest['busbw_bits'] / 1e6:7.0f} Mbit/s bus bandwidth at "
-                  f"{largest['size_bytes'] / 2**20:.0f} MB, {lines[0]['seconds'] * 1e3:.2f} ms for 8 bytes",
+                  f"{largest['size_bytes'] / 2**20:.0f} MiB, {lines[0]['seconds'] * 1e3:.2f} ms for 8 bytes",
                   flush=True)
     path = Path(args.figures_data) / "cluster_bandwidth.csv"
     measuring.write_csv(path, FIELDS, rows)

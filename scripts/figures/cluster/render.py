@@ -11,7 +11,6 @@ from scripts.figures.cluster.links import ETHERNET, IP_TCP, MTU, payload_shares
 from scripts.figures.rendering import plt, read_csv, save, table
 
 TOLERANCE = 0.10  # the issue's bound: bus bandwidth within 10 % of the rate, where the CPU is not the limit
-BELOW_CEILING = 0.5  # a rate counts as below the CPU's ceiling at most at this share of the unshaped bandwidth
 
 
 def by_link(rows):
@@ -55,7 +54,7 @@ def plot_bandwidth(measured, figures):
             if rate != "none":
                 ax.axhline(float(next(iter(sizes.values()))["rate_bits"]) / 1e6, color=line.get_color(),
                            linestyle=":", linewidth=1)
-        ax.set(xscale="log", yscale="log", xlabel="all-reduce size (MB)", title=f"{nodes} nodes")
+        ax.set(xscale="log", yscale="log", xlabel="all-reduce size (MiB)", title=f"{nodes} nodes")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("bus bandwidth (Mbit/s); dotted: the set rate")
     axes[0][-1].legend(fontsize=8)
@@ -68,13 +67,13 @@ def verdict(measured):
     where the ceiling is drawn."""
     ceiling = ceilings(measured)
     found = shaped(measured, ceiling)
-    below = [f for f in found if f[3] <= BELOW_CEILING]
+    below = [f for f in found if f[3] <= links.TRUSTED]
     held = [f for f in below if abs(f[4] - 1) <= TOLERANCE]
-    worst = min(below, key=lambda f: -abs(f[4] - 1)) if below else None
+    worst = max(below, key=lambda f: abs(f[4] - 1)) if below else None
     text = ("The CPU's ceiling, the unshaped links' bus bandwidth: " +
             ", ".join(f"{mbit(bits)} Mbit/s at {nodes} nodes" for nodes, bits in sorted(ceiling.items())) + ". ")
     if below:
-        text += (f"Below it (rates at most {BELOW_CEILING:.0%} of the ceiling at that node count), the bus "
+        text += (f"Below it (rates at most {links.TRUSTED:.0%} of the ceiling at that node count), the bus "
                  f"bandwidth at the largest size is within {TOLERANCE:.0%} of the rate in {len(held)} of "
                  f"{len(below)} links (the farthest: {worst[1]} at {worst[0]} nodes, {worst[4]:.0%} of it). ")
     alone, with_acks = payload_shares()
@@ -100,7 +99,7 @@ def bandwidth_table(rows, measured):
                      else "" for s in sizes), share, f"{float(by_size[8]['seconds']) * 1e3:.2f}" if 8 in by_size
                      else ""])
     r = rows[0]
-    return (table(["nodes", "link (each way)", *(f"{s / 2**20:g} MB" for s in sizes), "largest / rate",
+    return (table(["nodes", "link (each way)", *(f"{s / 2**20:g} MiB" for s in sizes), "largest / rate",
                    "8 bytes (ms)"], body) +
             f"\n\nBus bandwidth in Mbit/s (bytes x 2 (n - 1) / n / time, nccl-tests' definition: what each link "
             f"carries in a ring), the median of {r['repeats']} gloo all-reduces of fp32 tensors, one process a "

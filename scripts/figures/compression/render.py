@@ -112,13 +112,16 @@ def compression_summary(rows, cluster_rows=()):
                    *(f"val top-1 (%), {count} processes" for count in counts),
                    *(f"step vs none: {link.split(' (')[0]}, {nodes} nodes" for link, nodes in speedups)], body) +
             f"\n\nTop-1: {r['arch']}, {r['epochs']} epochs, global batch {r['global_batch']}, "
-            f"{max(v['n'] for v in top1.values())} seed(s) on this machine: the mean, in brackets the lowest and highest, then "
-            f"the difference from uncompressed DDP's mean (points), \"beyond the spread\" where their ranges do not "
-            f"overlap.")
+            f"{max(v['n'] for v in top1.values())} seed(s) on this machine: the mean, in brackets the lowest and "
+            f"highest, then the difference from uncompressed DDP's mean (points), \"beyond the spread\" where their "
+            f"ranges do not overlap.")
     if speedups:
+        unrun = [label for label in dict.fromkeys(label for label, _ in groups if label != "serial")
+                 if not any(label in methods for methods in speedups.values())]
         text += (" Step vs none: uncompressed DDP's mean step over the method's on the virtual cluster, each link "
-                 "sized so that uncompressed DDP spends the share of its step on the wire that ResNet-50 spends on "
-                 "that real link (* beyond the seeds' spread).")
+                 "sized so that uncompressed DDP's wire takes the share of its step that ResNet-50's takes on that "
+                 "real link (* beyond the seeds' spread)" +
+                 (f"; {' and '.join(unrun)} not run there (the same bytes as fp8-e4m3's)" if unrun else "") + ".")
     return text
 
 

@@ -55,6 +55,13 @@ def speedups(rows):
     return found
 
 
+def cpu_paced(none):
+    """Whether uncompressed DDP's step with the wire unpriced is over its step alone by more than links.TRUSTED
+    of the wire's share: the emulation's floor, not the link, then sets much of the step."""
+    alone = statistics.mean(float(r["alone_step_s"]) for r in none)
+    return float(none[0]["unpriced_step_s"]) / alone - 1 > links.TRUSTED * float(none[0]["ratio"])
+
+
 def time_cell(reached, key, seeds):
     times = [reached.get((*key, seed)) for seed in seeds]
     if any(t is None for t in times):
@@ -64,23 +71,32 @@ def time_cell(reached, key, seeds):
 
 def cluster_table(rows, curves, skipped):
     reached = {target: times_to(curves, target) for target in TARGETS}
-    text = []
+    text, faster = [], speedups(rows)
     for (link, nodes), methods in by_setting(rows).items():
         first = next(iter(methods.values()))[0]
         ratio, rate = float(first["ratio"]), float(first["rate_bits"])
-        body = []
+        body, none = [], methods.get("none")
         for name, runs in methods.items():
             seeds = [r["seed"] for r in runs]
             model = statistics.mean(float(r["alone_step_s"]) + links.wire_seconds(
                 nodes, float(r["bytes_per_step"]), rate, gathered=r["method"] in links.GATHERED) for r in runs) * 1e3
-            ratio_to_none, beyond = speedups(rows)[link, nodes].get(name, (None, False))
+            ratio_to_none, beyond = faster[link, nodes].get(name, (None, False))
             body.append([name, f"{float(runs[0]['bytes_per_step']):,.0f}", with_range(step_spread(runs), 1),
                          f"{model:.1f}", f"{ratio_to_none:.2f}x{' (beyond the spread)' if beyond else ''}"
                          if ratio_to_none and name != "none" else "",
                          *(time_cell(reached[target], (link, nodes, name), seeds) for target in TARGETS),
                          with_range(spread([float(r["top1"]) for r in runs]))])
-        text.append(f"**{link}, {nodes} nodes.** There, ResNet-50's all-reduce takes {ratio:.1%} of a node's step; "
-                    f"here the link runs at {rate / 1e6:.1f} Mbit/s, where uncompressed DDP's does the same.\n\n" +
+        alone = statistics.mean(float(r["alone_step_s"]) for r in none) if none else None
+        reached_here = ""
+        if none:
+            floor = float(none[0]["unpriced_step_s"]) / alone - 1
+            reached_here = (f" (measured: its step is {step_spread(none)['mean'] / 1e3 / alone - 1:+.0%} over its "
+                            f"step alone; with the wire unpriced, {floor:+.0%}"
+                            + (f", more than {links.TRUSTED:.0%} of the wire's share: this machine's CPU, not the "
+                               f"link, sets much of these steps" if cpu_paced(none) else "") + ")")
+        text.append(f"**{link}, {nodes} nodes.** There, ResNet-50's all-reduce takes {ratio:.1%} of a node's "
+                    f"computing time; here the link runs at {rate / 1e6:.1f} Mbit/s, at which uncompressed DDP's wire "
+                    f"takes the same share of its step alone{reached_here}.\n\n" +
                     table(["method", "bytes a step", "step (ms)", "model (ms)", "step: none's / its",
                            *(f"seconds to {target:g} %" for target in TARGETS), "final top-1 (%)"], body))
     r = rows[0]
@@ -93,11 +109,11 @@ def cluster_table(rows, curves, skipped):
                 f"uncompressed DDP's. The seconds to a target: training time to the first epoch's end at or above it.")
     for s in skipped:
         ratio = float(s["ratio"])
-        text.append(f"Not emulated: {s['link']} at {s['nodes']} nodes. There the wire takes {ratio:.1%} of a step, so "
-                    f"its link here would run at {float(s['rate_bits']) / 1e6:,.0f} Mbit/s, above half the virtual "
-                    f"cluster's ceiling of {float(s['ceiling_bits']) / 1e6:,.0f} Mbit/s at {s['nodes']} nodes, the "
-                    f"most it is trusted with (docs/results/cluster.md). Compression can save at most the wire's share "
-                    f"of a step there: {ratio / (1 + ratio):.1%}.")
+        text.append(f"Not emulated: {s['link']} at {s['nodes']} nodes. There the wire takes {ratio:.1%} of a node's "
+                    f"computing time, so its link here would run at {float(s['rate_bits']) / 1e6:,.0f} Mbit/s, above "
+                    f"{links.TRUSTED:.0%} of the virtual cluster's ceiling of {float(s['ceiling_bits']) / 1e6:,.0f} "
+                    f"Mbit/s at {s['nodes']} nodes, the most it is trusted with (docs/results/cluster.md). Compression "
+                    f"can save at most the wire's share of a step there: {ratio / (1 + ratio):.1%}.")
     return "\n\n".join(text)
 
 
@@ -111,26 +127,33 @@ def render(data):
 
 
 def headline(data):
-    """Per real link: the fastest method's step against uncompressed DDP's at each node count (or that none is
-    beyond the seeds' spread), or, where the link is beyond the emulation, what the wire's share leaves to gain."""
+    """Per real link and node count: the method that reaches the middle target soonest in every seed, against
+    uncompressed DDP's time (beyond the seeds' spread, or not), or, where the link is beyond the emulation, what
+    the wire's share leaves to gain."""
     path, skipped = data / "compression_cluster.csv", data / "compression_cluster_skipped.csv"
     if not path.exists():
         return []
+    target = TARGETS[len(TARGETS) // 2]
+    reached = times_to(read_csv(data / "compression_cluster_curves.csv"), target)
     by_link = {}
-    for (link, nodes), methods in speedups(read_csv(path)).items():
-        faster = {name: ratio for name, (ratio, beyond) in methods.items() if beyond and ratio > 1}
-        name, ratio = max(((n, v[0]) for n, v in methods.items() if n != "none"), key=lambda item: item[1])
-        slower = {name: ratio for name, (ratio, beyond) in methods.items() if beyond and ratio < 1}
-        said = (f"{max(faster, key=faster.get)} {max(faster.values()):.2f}x at {nodes} nodes" if faster
-                else f"no method beyond the seeds' spread at {nodes} nodes (at best {name} {ratio:.2f}x")
-        if slower:
-            said += f"{', ' if faster else '; '}{min(slower, key=slower.get)} slower, {min(slower.values()):.2f}x"
-        by_link.setdefault(link.split(" (")[0], []).append(said + ("" if faster else ")"))
-    lines = [f"on links sized as {link} is to ResNet-50 on V100 nodes, the fastest step against uncompressed "
-             f"DDP's: {', '.join(said)}" for link, said in by_link.items()]
+    for (link, nodes), methods in by_setting(read_csv(path)).items():
+        times = {name: spread([reached[link, nodes, name, r["seed"]] for r in runs]) for name, runs in methods.items()
+                 if all(reached.get((link, nodes, name, r["seed"])) is not None for r in runs)}
+        if "none" not in times or len(times) < 2:
+            continue
+        name = min((n for n in times if n != "none"), key=lambda n: times[n]["mean"])
+        ratio, beyond = times["none"]["mean"] / times[name]["mean"], beyond_spread(times[name], times["none"])
+        by_link.setdefault(link.split(" (")[0], []).append(
+            f"{name} {ratio:.2f}x sooner at {nodes} nodes" + ("" if beyond else " (within the seeds' spread)")
+            + (" (this machine's CPU, not the link, sets much of the step there)" if cpu_paced(methods["none"])
+               else ""))
+    lines = [f"to {target:g} % top-1 on links sized as {link} is to ResNet-50 on V100 nodes, the soonest against "
+             f"uncompressed DDP: {', '.join(said)}" for link, said in by_link.items()]
     beyond = read_csv(skipped) if skipped.exists() else []
     for link in dict.fromkeys(s["link"] for s in beyond):
         ratios = [float(s["ratio"]) for s in beyond if s["link"] == link]
-        lines.append(f"on {link} the wire is {min(ratios):.1%} to {max(ratios):.1%} of a step: at most "
-                     f"{max(r / (1 + r) for r in ratios):.1%} to gain (not emulated: beyond this machine's ceiling)")
+        shares = f"{min(ratios):.1%}" + (f" to {max(ratios):.1%}" if max(ratios) > min(ratios) else "")
+        lines.append(f"on {link} the wire is {shares} of a node's computing time: at most "
+                     f"{max(r / (1 + r) for r in ratios):.1%} of a step to gain (not emulated: beyond this machine's "
+                     f"ceiling)")
     return lines

@@ -28,6 +28,9 @@ time    SD-PIPE's claim, time to a target accuracy: pipedream with stragglers (t
         (pipeline_time.csv). The renderer sets each layout's target near the best method's final top-1.
 bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which needs M >= S),
         one epoch of seed 0: images/s beside the model's bubble (S - 1) / (M + S - 1).
+cluster the time part's race at R x S = 4 x 1 and 8 x 1 on the virtual cluster, a node a replica and one for
+        HetPipe's servers, over links sized after a real cluster's (scripts/figures/pipeline/cluster.py; it
+        needs root; --quick: 2 x 1).
 
 The model of what stragglers cost (expected_step): a replica's minibatch takes c without stragglers (measured:
 the same method's run without them), and sleeps X for each of its 2 S slots (a forward and a backward at each
@@ -58,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from scripts.figures import measuring  # noqa: E402
+from scripts.figures.pipeline import cluster  # noqa: E402
 
 LAYOUTS = [(1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2)]  # (stages S, replicas R)
 SYNCS = ["allreduce", "preduce", "adpsgd", "hetpipe"]
@@ -73,7 +77,7 @@ FIELDS = ["part", "sync", "hetero", "schedule", "microbatches", "batch", "stages
           "waits", "full_syncs", "partial_syncs", "connectivity_syncs", "mean_group_size",
           "longest_unconnected_updates", "disagreement", "max_applied_staleness", "cpu", "cores", "gpu", "torch"]
 BATCH = {"sync": 8, "vit": 8, "time": 8, "bubble": 256}  # per replica
-PARTS = ["sync", "vit", "time", "bubble"]
+PARTS = ["sync", "vit", "time", "bubble", "cluster"]
 TIME_LAYOUTS, TIME_EPOCHS = [(1, 4), (1, 8), (2, 2), (2, 4)], 5  # (stages S, replicas R); epochs of the time part
 VIT_LAYOUTS, VIT_SYNCS = [(2, 2), (4, 2)], ["allreduce", "preduce"]  # (stages S, replicas R): R x S = 2 x 2, 2 x 4
 VIT = ["-a", "vit_tiny"]  # (in place of ACCURACY's lenet, at its 28 px)
@@ -252,6 +256,8 @@ def main():
         measuring.write_csv(Path(args.figures_data) / "pipeline.csv", FIELDS, rows)
         measuring.write_csv(Path(args.figures_data) / "pipeline_curves.csv", CURVE_FIELDS, curves)
         measuring.write_csv(Path(args.figures_data) / "pipeline_time.csv", TIME_FIELDS, times)
+    if "cluster" in args.parts:
+        cluster.measure(args, flags_of, curve, SYNCS, C_OVER_X)
     measuring.record_part(args.figures_data, "pipeline", started, adding=set(args.parts) != set(PARTS))
 
 

@@ -4,7 +4,8 @@ stragglers cost (scripts/figures/pipeline/render_targets.py), and the bubble (sc
     reads    figures/data/pipeline.csv, pipeline_curves.csv
     draws    figures/pipeline.png
     writes   sections pipeline-sync, pipeline-model, pipeline-targets, pipeline-vit, pipeline-bubble,
-             pipeline-time (render_time.py, from pipeline_time.csv), and pipeline-deviations (from
+             pipeline-time and pipeline-cluster (render_time.py, from pipeline_time.csv and
+             pipeline_cluster*.csv), and pipeline-deviations (from
              recipes/pipeline/deviations.py, no measurement)
 """
 
@@ -177,4 +178,6 @@ def headline(data):
             f"processes; {held} of its {total} targets hold" +
             ("; the transformer (vit_tiny): " + " and ".join(f"{speed['mean']:.2f}x ({r} x {s})"
                                                                for s, r, speed in vit_speeds) if vit_speeds else "") +
-            (f"; {first}" if first else ""))
+            (f"; {first}" if first else "") +
+            (f"; on the virtual cluster, {cluster}" if (cluster := render_time.first_to_target(
+                data, "pipeline_cluster_time.csv")) else ""))

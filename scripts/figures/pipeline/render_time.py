@@ -18,9 +18,9 @@ BELOW_BEST = 1.0  # points under the best method's mean final top-1: the layout'
 ORDER = ["allreduce", "preduce", "adpsgd", "hetpipe"]
 
 
-def read(data):
+def read(data, name="pipeline_time.csv"):
     """{(replicas, stages): {sync: {seed: [(epoch, seconds, top1), ...]}}}, or {} when not measured."""
-    path = data / "pipeline_time.csv"
+    path = data / name
     layouts = {}
     for r in read_csv(path) if path.exists() else []:
         runs = layouts.setdefault((int(r["replicas"]), int(r["stages"])), {}).setdefault(r["sync"], {})
@@ -79,7 +79,7 @@ def spread_line(layouts):
     return "Beyond the seeds' spread (the ranges do not overlap) or within it: " + "; ".join(said) + "."
 
 
-def time_table(layouts):
+def time_table(layouts, regime="each layout's X the sync part's"):
     """One row a layout: its target, then each method's seconds to it and its final top-1, the first marked."""
     body, syncs = [], [s for s in ORDER if any(s in methods for methods in layouts.values())]
     for layout, methods, target, leader in by_layout(layouts):
@@ -100,18 +100,18 @@ def time_table(layouts):
     seeds = max(len(runs) for methods in layouts.values() for runs in methods.values())
     return (table(["R x S", "target top-1 (%)", *(f"`{sync}`: seconds to it; final top-1 (%)" for sync in syncs)],
                   body) +
-            f"\n\nTime to a target, SD-PIPE's own measure: PipeDream with stragglers (each layout's X the sync "
-            f"part's), lenet on the digits, "
+            f"\n\nTime to a target, SD-PIPE's own measure: PipeDream with stragglers ({regime}), lenet on the "
+            f"digits, "
             f"{epochs} epochs, {seeds} seeds: the mean, in brackets the lowest and highest. The target is the best "
             f"method's mean final top-1 less {BELOW_BEST:g} point, rounded down to a half point; a time is the "
             f"first epoch's end at or above it (training and evaluation). First: every seed reached it, in the "
             f"least time on average. {spread_line(layouts)}")
 
 
-def first_to_target(data):
+def first_to_target(data, name="pipeline_time.csv"):
     """'time to a top-1 near the best final one: 4 x 1 to 97.0 %: hetpipe first (...)', per layout: the first
     method, then preduce, allreduce and hetpipe, each with its time and final top-1; for the headline; None."""
-    layouts = read(data)
+    layouts = read(data, name)
     if not layouts:
         return None
     parts = []
@@ -131,6 +131,50 @@ def first_to_target(data):
     return "time to a top-1 near the best final one: " + "; ".join(parts)
 
 
+def cluster_section(data):
+    """The race on the virtual cluster (scripts/figures/pipeline/cluster.py): the time table, each method's
+    updates/s, and, layout by layout, whether partial reduce is first as SD-PIPE finds, beside loopback's."""
+    layouts, runs = read(data, "pipeline_cluster_time.csv"), read_csv(data / "pipeline_cluster.csv")
+    r = runs[0]
+    rates = {(int(x["replicas"]), int(x["stages"])): x for x in runs}
+    regime = (f"on the virtual cluster: a node a replica and one more for HetPipe's servers, one process a node, "
+              f"links sized after {r['link']} at R nodes ("
+              + ", ".join(f"{float(x['rate_bits']) / 1e6:.1f} Mbit/s at {x['replicas']}"
+                          for x in rates.values())
+              + " here), X a replica's step alone / 0.5 (" + ", ".join(f"{float(x['hetero']):g} s at {x['replicas']}"
+                                                                     for x in rates.values()) + ")")
+    syncs = [s for s in ORDER if any(x["sync"] == s for x in runs)]
+    body = [[f"{replicas} x {stages}", *(with_range(spread([float(x["updates_per_s"]) for x in runs if x["sync"] == s
+                                                            and (int(x["replicas"]), int(x["stages"])) ==
+                                                            (replicas, stages)]), 1) for s in syncs)]
+            for replicas, stages in rates]
+    local = {layout: leader for layout, _, _, leader in by_layout(read(data))}
+    said = []
+    for layout, methods, target, leader in by_layout(layouts):
+        there = f"; on loopback {local[layout]} first" if local.get(layout) else ""
+        verdict = ("agrees with SD-PIPE (partial reduce first)" if leader == "preduce" else
+                   f"does not agree with SD-PIPE: {leader or 'no method in every seed'} first")
+        best = max(finals(runs)["mean"] for runs in methods.values())
+        others = {f"{below:g}": first(methods, math.floor(2 * (best - below)) / 2) for below in (0.5, 1.5)}
+        robust = "; with the target at the best less " + " or ".join(
+            f"{below} points, {leader or 'no method in every seed'} first" for below, leader in others.items())
+        said.append(f"{layout} to {target:.1f} %: {verdict}{there}{robust}")
+    hetpipe = {(int(x["replicas"]), int(x["stages"])) for x in runs if x["sync"] == "hetpipe"}
+    rates = {layout: spread([float(x["updates_per_s"]) for x in runs if x["sync"] == "hetpipe" and
+                             (int(x["replicas"]), int(x["stages"])) == layout])["mean"] for layout in hetpipe}
+    why = ""
+    if len(rates) > 1:
+        few, many = min(rates), max(rates)
+        why = (f" HetPipe's updates/s at R = {many[0]} are {rates[many] / rates[few]:.2f}x those at R = {few[0]}: "
+               f"its servers' one link carries the pushes and pulls of every replica.")
+    return (time_table(layouts, regime) + "\n\nUpdates/s (all replicas'), the same runs:\n\n" +
+            table(["R x S", *(f"`{s}`" for s in syncs)], body) + "\n\nAgainst the paper: " + "; ".join(said) + "."
+            + why)
+
+
 def render(data):
     layouts = read(data)
-    return {"pipeline-time": time_table(layouts)} if layouts else {}
+    sections = {"pipeline-time": time_table(layouts)} if layouts else {}
+    if (data / "pipeline_cluster_time.csv").exists() and (data / "pipeline_cluster.csv").exists():
+        sections["pipeline-cluster"] = cluster_section(data)
+    return sections

@@ -7,7 +7,9 @@
   table.py            the table: each of the authors' figures in their regime, scaled down (its docstring says how)
   byzfl_reference.py  ByzFL's own benchmark on the same digits, the outside reference
   why.py              why the targets that miss do: the recipe under probe.py
-Each step keeps what an earlier, stopped run finished; the part's time counts all three. --only PART/RULE/ATTACK
+  cluster.py          ZenoPS's sync runs on the virtual cluster, each role on a node of its own (--parts
+                      cluster; it needs root)
+Each step keeps what an earlier, stopped run finished; the part's time counts them all. --only PART/RULE/ATTACK
 patterns (fnmatch) measure the table's runs that match and keep every other row of ps.csv, and skip the other two
 steps.
 """
@@ -21,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from scripts.figures import measuring  # noqa: E402
-from scripts.figures.ps import byzfl_reference, table, why  # noqa: E402
+from scripts.figures.ps import byzfl_reference, cluster, table, why  # noqa: E402
 
 
 def main():
@@ -35,8 +37,15 @@ def main():
     parser.add_argument("--figures-data", default="figures/data", help="where ps.csv goes")
     parser.add_argument("--only", nargs="+", metavar="PART/RULE/ATTACK",
                         help="measure only the table's runs that match (fnmatch), keeping ps.csv's other rows")
+    parser.add_argument("--parts", nargs="+", choices=["machine", "cluster"], default=["machine", "cluster"],
+                        help="machine: the three steps above, on this machine's processes; cluster: ZenoPS on the "
+                             "virtual cluster (cluster.py; it needs root)")
     args = parser.parse_args()
     measuring.require_digits(args.data)
+    if "machine" not in args.parts:
+        cluster.measure(args)
+        measuring.record_part(args.figures_data, "ps", started, adding=True)
+        return
     replacing = table.run(args.data, args.runs, args.figures_data, args.seeds, args.epochs, args.quick, args.only)
     if args.only:  # (the part's time: less the replaced rows' training, their start-up unknown, plus the new runs')
         measuring.record_part(args.figures_data, "ps", started, replacing=replacing)
@@ -45,6 +54,8 @@ def main():
     byzfl_reference.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)
     # why the targets that miss do: the recipe under probe.py
     why.run(args.data, Path(args.runs).parent / "ps-why", args.figures_data, args.seeds, args.epochs, args.quick)
+    if "cluster" in args.parts:
+        cluster.measure(args)
     measuring.record_part(args.figures_data, "ps", started)
 
 

@@ -1,20 +1,22 @@
 """ps: the parameter server against Byzantine workers, per figure of its authors, run and seed
 (scripts/figures/ps/table.py), its targets and ByzFL's benchmark beside it (scripts/figures/ps/render_targets.py).
 
-    reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (ps_why.py)
+    reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (ps_why.py), ps_cluster.csv (render_cluster.py)
     draws    figures/ps.png, ps_eta.png (scripts/figures/ps/plot.py)
     writes   sections ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
-             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (ps_why.py)
+             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (ps_why.py), ps-cluster (render_cluster.py)
 """
 
 import statistics
 
+from scripts.figures.ps import render_cluster  # (ZenoPS on the virtual cluster)
 from scripts.figures.ps.plot import plot_ps  # (its figures)
 from scripts.figures.ps.render_targets import ps_batch, ps_byzfl_table, ps_targets  # (the part's second half)
 from scripts.figures.ps.render_why import why_sections  # (and why its misses miss)
 from scripts.figures.ps.rows import (INBOUND, MATRICES, VALIDATED, finished, naive_in_validators, params_shares,
                                      ps_groups, ps_top1, rejected, sign_only, top1_or_chance)
 from scripts.figures.rendering import beyond_spread, read_csv, spread, table, targets_held, with_range
+
 
 def baseline_in(groups, aggregate):
     """The plain rule a rule is compared with: the mean with the same local steps and batch, where there is one
@@ -155,7 +157,7 @@ def render(data, figures, missing):
         sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "ps_byzfl.csv"), rows)
     else:
         missing.append("ps_byzfl.csv (scripts/figures/ps/byzfl_reference.py)")
-    return {**sections, **why_sections(data, missing, rows)}
+    return {**sections, **why_sections(data, missing, rows), **render_cluster.render(data)}
 
 
 def speed_vs_ddp(rows):
@@ -192,4 +194,4 @@ def headline(data):
     return (f"ZenoPS sync, one validator, each of 8 workers flipping each tensor of a push x6 with p 0.2: top-1 "
             f"{ps_top1(attacked)} % for zenops, where {mean_text}; without an attack zenops {ps_top1(clean)} %"
             f"{inside}; the server at {ratio:.2f}x ddp's images/s (mean, a push a step); {held} of {total} targets "
-            f"hold")
+            f"hold" + (f"; {on_a_cluster}" if (on_a_cluster := render_cluster.headline(data)) else ""))

@@ -22,6 +22,10 @@ On CUDA the runs use the apex recipe's mixed precision (--opt-level O1) and
 channels_last, with ResNet-50 at 224 px unless told otherwise (scripts/gpu/measure.py
 is the GPU table, and its scaling over GPUs). The recipe runs go to runs/figures/scaling/; a run whose
 summary.json is complete is not trained again (the bare loops are always measured).
+
+--parts cluster (make figures runs both: machine cluster) measures DDP on the virtual cluster, 1 to 8 nodes over
+links sized after real clusters', beside the model of a DDP step: scripts/figures/scaling/cluster.py (it needs
+root).
 """
 
 import argparse
@@ -40,6 +44,7 @@ import torch  # noqa: E402
 
 from scripts.figures import measuring  # noqa: E402
 from scripts.figures.measuring import hardware, run, write_csv  # noqa: E402
+from scripts.figures.scaling import cluster  # noqa: E402
 
 FIELDS = ["kind", "recipe", "data", "processes", "threads", "arch", "image_size", "batch_size", "images_per_s",
           "epoch_s", "cpu", "cores", "gpu", "torch"]
@@ -138,6 +143,15 @@ def main():
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps of the bare loop first")
     parser.add_argument("--csv", default="figures/data/scaling.csv")
     parser.add_argument("--runs", default="runs/figures/scaling", help="where the recipes' run directories go")
+    parser.add_argument("--parts", nargs="+", choices=["machine", "cluster"], default=["machine", "cluster"],
+                        help="machine: the rows above, on this machine's processes; cluster: DDP on the virtual "
+                             "cluster (scripts/figures/scaling/cluster.py; it needs root)")
+    parser.add_argument("--cluster-data", default="data/mnist5k", help="the digits the cluster's runs train on")
+    parser.add_argument("--cluster-nodes", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--cluster-batch", type=int, default=32, help="per node, as the seed's 208 a GPU")
+    parser.add_argument("--cluster-epochs", type=int, default=measuring.ACCURACY_EPOCHS)
+    parser.add_argument("--cluster-steps", type=int, default=40, help="timed steps of the stand-in")
+    parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS, help="the cluster's training runs")
     parser.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,6 +163,10 @@ def main():
     if args.bare_worker:
         return bare_loop(args)
 
+    if "machine" not in args.parts:
+        cluster.measure(args, Path(args.csv).parent)
+        measuring.record_part(Path(args.csv).parent, "scaling", started, adding=True)
+        return
     world_sizes = args.processes or (list(range(1, torch.cuda.device_count() + 1)) if cuda else [1, 2])
     if not cuda and max(world_sizes) * args.threads > measuring.usable_cores():
         print(f"warning: {max(world_sizes)} processes x {args.threads} threads oversubscribe "
@@ -187,6 +205,8 @@ def main():
             print(f"bare loop, {name}, {processes} process(es): {rate:8.1f} images/s "
                   f"(before {bare_rates[name][0]:.1f}, after {bare_rates[name][1]:.1f})", flush=True)
     write_csv(args.csv, FIELDS, rows)
+    if "cluster" in args.parts:
+        cluster.measure(args, Path(args.csv).parent)
     measuring.record_part(Path(args.csv).parent, "scaling", started)
 
 

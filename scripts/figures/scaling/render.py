@@ -1,12 +1,12 @@
 """scaling: images/s and epoch time against processes, and the bare loop (scripts/figures/scaling/measure.py).
 
-    reads    figures/data/scaling.csv; the seed tutorial's published runs (render_seed.py)
-    draws    figures/scaling_throughput.png, figures/scaling_time.png, figures/scaling_seed.png
-    writes   sections scaling, scaling-overhead, hardware, scaling-seed
+    reads    figures/data/scaling.csv; the seed tutorial's published runs and the virtual cluster's (render_cluster.py)
+    draws    figures/scaling_throughput.png, figures/scaling_time.png; render_cluster.py's
+    writes   sections scaling, scaling-overhead, hardware; render_cluster.py's
 """
 
 from scripts.figures.rendering import hardware_line, plt, read_csv, save, table
-from scripts.figures.scaling import render_seed
+from scripts.figures.scaling import render_cluster
 
 
 def scaling_points(scaling, recipe, data):
@@ -103,7 +103,7 @@ def render(data, figures, missing):
     plot_scaling(scaling, figures)
     sections = dict(zip(("scaling", "scaling-overhead"), scaling_tables(scaling)))
     sections["hardware"] = hardware_line(data)
-    return {**sections, **render_seed.render(data, figures)}
+    return {**sections, **render_cluster.render(data, figures)}
 
 
 def headline(data):
@@ -115,6 +115,8 @@ def headline(data):
         return None
     most = max(n for recipe, n in rate if recipe == "ddp")
     alone = rate.get(("ddp", 1))
-    return (f"ddp on {most} processes: " + (f"{rate['ddp', most] / alone:.2f}x its images/s on 1 "
-            f"({100 * rate['ddp', most] / alone / most:.0f} % scaling efficiency), " if alone else "") +
+    on_a_cluster = render_cluster.headline(data)
+    return ((f"{on_a_cluster}; on this machine, " if on_a_cluster else "") + f"ddp on {most} processes: " +
+            (f"{rate['ddp', most] / alone:.2f}x its images/s on 1 "
+             f"({100 * rate['ddp', most] / alone / most:.0f} % scaling efficiency), " if alone else "") +
             f"{rate['ddp', most] / rate['nd', 1]:.2f}x nd's, on synthetic data")
