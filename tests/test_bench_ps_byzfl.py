@@ -11,7 +11,7 @@ from conftest import ROOT, run_python
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts.figures.ps import byzfl_reference  # noqa: E402
+from scripts.figures.ps import byzfl_reference
 
 TRAIN_PER_DIGIT, VAL_PER_DIGIT = 12, 3
 

@@ -13,10 +13,10 @@ import torch
 from conftest import ROOT, plot_results, run_python
 
 sys.path.insert(0, str(ROOT))
-from scripts.figures.sharding import measure as sharding_measure  # noqa: E402
-from scripts.figures import measuring  # noqa: E402
-from scripts.figures.pipeline import measure as pipeline_measure  # noqa: E402
-from scripts.figures.ps import table as ps_table  # noqa: E402
+from scripts.figures.sharding import measure as sharding_measure
+from scripts.figures import measuring
+from scripts.figures.pipeline import measure as pipeline_measure
+from scripts.figures.ps import table as ps_table
 
 
 def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT))
-from scripts.checks import check_python  # noqa: E402
+from scripts.checks import check_python
 
 EPOCHS = ["-a", "lenet", "--image-size", "16", "-b", "8", "-j", "0", "--epochs", "2", "-p", "1000", "--seed", "0"]
 

@@ -13,12 +13,12 @@ import torch
 from conftest import ROOT, child_env, run_python
 
 sys.path.insert(0, str(ROOT))
-from scripts.gpu import measure as gpu_measure  # noqa: E402
-from scripts.gpu import check as gpu_check  # noqa: E402
-from scripts.gpu import plan as gpu_plan  # noqa: E402
-from scripts.gpu import smoke as gpu_smoke  # noqa: E402
-from scripts.figures import measuring  # noqa: E402
-from scripts.gpu import step_times  # noqa: E402
+from scripts.gpu import measure as gpu_measure
+from scripts.gpu import check as gpu_check
+from scripts.gpu import plan as gpu_plan
+from scripts.gpu import smoke as gpu_smoke
+from scripts.figures import measuring
+from scripts.gpu import step_times
 
 DECODE = {"tensor": 1000.0, "pil": 800.0}
 

@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT))
-from scripts.checks import list_tests  # noqa: E402
-from scripts.checks import mutations  # noqa: E402
+from scripts.checks import list_tests
+from scripts.checks import mutations
 
 
 def make(*targets, env=None):

@@ -10,7 +10,7 @@ from conftest import ROOT, child_env, alive
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
-from scripts.figures import measuring  # noqa: E402
+from scripts.figures import measuring
 
 
 def test_digits_folder(tmp_path):

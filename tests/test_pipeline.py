@@ -370,12 +370,12 @@ def test_pipedream_runs_s_minus_s_forwards_then_one_backward_one_forward_then_dr
                                                         ("backward", 1), ("forward", 2), ("backward", 2)]
     assert list(pipedream.operations(0, 3, end(5), first=3)) == [("forward", 3), ("forward", 4), ("backward", 3),
                                                                  ("backward", 4)]  # (resumed at step 3: 2 left)
-    for stages in range(1, 5):
-        for stage in range(stages):
-            order = list(pipedream.operations(stage, stages, end(7)))
+    for depth in range(1, 5):
+        for stage in range(depth):
+            order = list(pipedream.operations(stage, depth, end(7)))
             assert sorted(order) == sorted((kind, i) for kind in ("forward", "backward") for i in range(7))
             in_flight = [sum(1 if kind == "forward" else -1 for kind, _ in order[:t + 1]) for t in range(len(order))]
-            assert max(in_flight) == stages - stage and min(in_flight) >= 0
+            assert max(in_flight) == depth - stage and min(in_flight) >= 0
     epoch_end = end(10)  # preduce: the epoch's end found at stage 0's fifth forward (minibatch 4), the drain after it
     order = pipedream.operations(0, 2, epoch_end)
     assert [next(order) for _ in range(5)] == [("forward", 0), ("forward", 1), ("backward", 0), ("forward", 2),

@@ -11,17 +11,17 @@ import sys
 from conftest import ROOT, plot_results
 
 sys.path.insert(0, str(ROOT))
-from scripts.figures.compile import measure as compile_measure  # noqa: E402
-from scripts.gpu import measure as gpu_measure  # noqa: E402
-from scripts.figures.io import measure as io_measure  # noqa: E402
-from scripts.figures.scaling import measure as scaling_measure  # noqa: E402
-from scripts.figures.sharding import measure as sharding_measure  # noqa: E402
-from scripts.figures.ps import byzfl_reference  # noqa: E402
-from scripts.figures.compression import measure as compression_measure  # noqa: E402
-from scripts.gpu import plan as gpu_plan  # noqa: E402
-from scripts.figures import measuring  # noqa: E402
-from scripts.figures.pipeline import measure as pipeline_measure  # noqa: E402
-from scripts.figures.ps import table as ps_table  # noqa: E402
+from scripts.figures.compile import measure as compile_measure
+from scripts.gpu import measure as gpu_measure
+from scripts.figures.io import measure as io_measure
+from scripts.figures.scaling import measure as scaling_measure
+from scripts.figures.sharding import measure as sharding_measure
+from scripts.figures.ps import byzfl_reference
+from scripts.figures.compression import measure as compression_measure
+from scripts.gpu import plan as gpu_plan
+from scripts.figures import measuring
+from scripts.figures.pipeline import measure as pipeline_measure
+from scripts.figures.ps import table as ps_table
 
 
 def write_figures_data(data):

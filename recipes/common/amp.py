@@ -152,7 +152,7 @@ def import_apex_amp():
     try:
         from apex import amp
 
-        amp.initialize, amp.scale_loss  # noqa: B018 (the 'apex' on PyPI is another project)
+        amp.initialize, amp.scale_loss  # (the 'apex' on PyPI is another project)
     except (ImportError, AttributeError):
         raise RecipeError("--amp-backend apex needs NVIDIA apex with apex.amp, which is not installed here "
                           "(apex.amp was removed upstream in 2025 and apex is not on PyPI): "

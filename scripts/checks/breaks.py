@@ -251,9 +251,9 @@ BREAKS = [
          tests=["tests/test_gpu_plan.py::test_the_smoke_s_passes_hold_on_a_gpu_of_the_same_compute_capability_and_"
                 "torch"]),
     dict(name="bare-loop-goes-through-the-recipes", file="scripts/figures/bare_loop.py",
-         old="from recipes.common.models import build_model  # noqa",
-         new="from recipes.common import bookkeeping  # noqa: E402,F401\n"
-             "from recipes.common.models import build_model  # noqa",
+         old="from recipes.common.models import build_model  # (the model only",
+         new="from recipes.common import bookkeeping  # noqa: F401\n"
+             "from recipes.common.models import build_model  # (the model only",
          tests=[BARE_LOOP_TEST]),
     dict(name="bare-loop-ignores-its-layout", file="scripts/figures/bare_loop.py",
          old="layout = torch.channels_last if args.channels_last else torch.contiguous_format",

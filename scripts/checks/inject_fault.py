@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from recipes.common import bookkeeping, distributed, pushpull  # noqa: E402
+from recipes.common import bookkeeping, distributed, pushpull
 
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
 

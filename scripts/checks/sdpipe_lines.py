@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from recipes.pipeline.deviations import AUTHORS_COMMIT, DEVIATIONS, FILES  # noqa: E402
+from recipes.pipeline.deviations import AUTHORS_COMMIT, DEVIATIONS, FILES
 
 
 def read(clone, path):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scripts.cluster import network  # noqa: E402
+from scripts.cluster import network
 
 MASTER_PORT = 29500  # every cluster has its own network: the same port never collides
 STOP_GRACE_S = 15  # how long stopped nodes get to end before their processes are killed

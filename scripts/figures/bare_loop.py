@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from recipes.common.models import build_model  # noqa: E402 (the model only: lenet, or torchvision's by name)
+from recipes.common.models import build_model  # (the model only: lenet, or torchvision's by name)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 from recipes.common import workers
-from recipes.common.cli import usable_cores  # noqa: F401 (the cores a run may use, as the recipes count them)
+from recipes.common.cli import usable_cores  # (the cores a run may use, as the recipes count them)
 
 ROOT = Path(__file__).resolve().parents[2]
 # the demo's model and augmentation (as `make demo`), and a small stand-in for tests and QUICK=1;

@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 if importlib.util.find_spec("matplotlib") is None:
     sys.exit("error: drawing the figures needs matplotlib: pip install -e '.[figures]' (make setup installs it)")
-from scripts.figures import OTHERS, PARTS, renderer  # noqa: E402
+from scripts.figures import OTHERS, PARTS, renderer
 
 
 def pages_of(results):

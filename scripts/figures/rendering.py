@@ -8,7 +8,7 @@ import statistics
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402,F401  (the parts draw with it)
+import matplotlib.pyplot as plt  # (the parts draw with it)
 
 
 def read_csv(path):

@@ -79,7 +79,9 @@ def under_nccl_rules(recipe):
 def checks(data="{data}", small=SMALL, stand_in=False):
     """[(name, group, [(recipe or script, processes, flags, expected exit code), ...])]: the runs of each check,
     in order (a later run of a check may read an earlier one's output: {out} is the check's folder)."""
-    one = lambda recipe, *flags, processes=1: (recipe, processes, [data, *small, "--epochs", "1", *flags], 0)
+    def one(recipe, *flags, processes=1):
+        return recipe, processes, [data, *small, "--epochs", "1", *flags], 0
+
     mixed = ["--ema-decay", "0.99", "--sync-bn", "--accum-steps", "2", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0"]
     found = [("nd", "nd", [one("nd")]), ("dp", "dp", [one("dp")]),
              ("ddp-ema-syncbn-accum-mix", "ddp", [one(under_nccl_rules("ddp"), *mixed)])]

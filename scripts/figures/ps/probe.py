@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from recipes.common import pushpull  # noqa: E402
-from recipes.ps import rules, steps, validators  # noqa: E402
+from recipes.common import pushpull
+from recipes.ps import rules, steps, validators
 
 
 def cos(a, b):
