@@ -190,6 +190,7 @@ test-compat: setup $(DEMO_DATA)/.complete $(COMPAT_VENV)/.installed gpu-wheels
 # (test_gpu_check.py runs in make test-compat, under torch 2.11: the suite must stay under 15 minutes on 2 cores;
 # the slowest 15 tests are printed; scripts/checks/test_times.py measures where the time goes, into docs/tests.md)
 test: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q --durations=15 --ignore=tests/test_gpu_check.py
 
 test-mutations: setup

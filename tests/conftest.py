@@ -182,7 +182,8 @@ def alive(pid):
 
 def plot_results(data, figures, results, pngs):
     """Run plot_results.py on data; check that it drew the figures named; return RESULTS.md's text."""
-    command = [sys.executable, "scripts/figures/plot_results.py", "--data", data, "--figures", figures, "--results", results]
+    command = [sys.executable, "scripts/figures/plot_results.py", "--data", data, "--figures", figures, "--results",
+               results]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     for name in pngs:

@@ -40,7 +40,8 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# what the recipes, their wrappers (scripts/gpu/nccl_rules.py, scripts/checks/inject_fault.py) and the tests' scripts import
+# what the recipes, their wrappers (scripts/gpu/nccl_rules.py, scripts/checks/inject_fault.py) and the tests' scripts
+# import
 PRELOAD = ["numpy", "PIL.Image", "torch", "torchvision", "torch.distributed.pipelining", "torch.utils.tensorboard",
            "torch.distributed.elastic.multiprocessing.errors", "tqdm", "byzfl"]
 FDS = 2  # stdout, stderr

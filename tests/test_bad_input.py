@@ -107,7 +107,8 @@ def test_unknown_arch(tiny_data, tmp_path):
 
 
 @pytest.mark.parametrize("arch, size, phrase", [
-    ("vit_tiny", "16", "-a vit_tiny cuts the image into a grid of 7 x 7 patches: --image-size 16 is not a multiple of 7"),
+    ("vit_tiny", "16",
+     "-a vit_tiny cuts the image into a grid of 7 x 7 patches: --image-size 16 is not a multiple of 7"),
     ("vit_b_16", "40", "-a vit_b_16 cuts the image into 16 px patches: --image-size 40 is not a multiple of 16")])
 def test_a_vision_transformer_at_an_image_size_it_cannot_cut_into_patches(tiny_data, tmp_path, arch, size, phrase):
     result = run_recipe("nd", [tiny_data, *TINY, "-a", arch, "--image-size", size, "--out", tmp_path / "out"],
@@ -314,7 +315,8 @@ def test_evaluate_without_a_checkpoint(tiny_data, tmp_path):
 
 # The flags whose combinations with each --shard, --sync and parameter-server mode the walk tries, at each value
 WALKED = {"--channels-last": [[], ["--channels-last"]],
-          "--opt-level": [[], ["--opt-level", "O1", "--amp-dtype", "fp16"], ["--opt-level", "O2", "--amp-dtype", "bf16"],
+          "--opt-level": [[], ["--opt-level", "O1", "--amp-dtype", "fp16"], ["--opt-level", "O2", "--amp-dtype",
+                                                                             "bf16"],
                           ["--opt-level", "O3", "--amp-dtype", "bf16"]],
           "--ema-decay": [[], ["--ema-decay", "0.9"]], "--sharded-checkpoint": [[], ["--sharded-checkpoint"]],
           "--accum-steps": [[], ["--accum-steps", "2"]], "--compile": [[], ["--compile"]]}

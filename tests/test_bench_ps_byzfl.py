@@ -40,7 +40,8 @@ def quick(digits, tmp_path_factory):
     """One --quick run of the script (1 seed, Average and Median, SignFlipping and no attack, 20 steps)."""
     tmp = tmp_path_factory.mktemp("byzfl")
     runs, figures = tmp / "runs", tmp / "figures"
-    command = [sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "byzfl_reference.py"), "--quick", "--data", str(digits),
+    command = [sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "byzfl_reference.py"), "--quick", "--data",
+               str(digits),
                "--runs", str(runs), "--figures-data", str(figures)]
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

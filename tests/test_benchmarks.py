@@ -21,7 +21,8 @@ from scripts.figures.ps import table as ps_table
 
 def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     out = tmp_path / "recovery.json"
-    command = [sys.executable, "scripts/figures/recovery/measure.py", "--quick", str(tiny_data), "--json", str(out), "--runs",
+    command = [sys.executable, "scripts/figures/recovery/measure.py", "--quick", str(tiny_data), "--json", str(out),
+               "--runs",
                str(tmp_path / "runs"), "--cases", "ps-async-a-server-killed"]  # (every case: tests/test_faults.py)
     result = run_python(command, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -80,7 +81,8 @@ def test_bench_precision_runs_each_precision_it_names_and_says_what_the_cpu_has(
                     reason="torch.compile on CPU needs a C++ compiler (g++ or clang++) for TorchInductor")
 def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
     out = tmp_path / "compile.csv"
-    command = [sys.executable, "scripts/figures/compile/measure.py", str(tiny_data), "--quick", "--epochs", "2", "--threads",
+    command = [sys.executable, "scripts/figures/compile/measure.py", str(tiny_data), "--quick", "--epochs", "2",
+               "--threads",
                "1", "--csv", str(out), "--runs", str(tmp_path / "runs")]
     result = run_python(command, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -145,7 +147,8 @@ def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path)
 
 def test_bench_compression_trains_serial_and_ddp_and_a_restart_trains_only_what_is_missing(tiny_data, tmp_path):
     runs, data = tmp_path / "runs", tmp_path / "data"
-    command = [sys.executable, "scripts/figures/compression/measure.py", "--data", str(tiny_data), "--quick", "--epochs", "1",
+    command = [sys.executable, "scripts/figures/compression/measure.py", "--data", str(tiny_data), "--quick",
+               "--epochs", "1",
                "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--seeds", "0", "--runs", runs,
                "--figures-data", data, "--parts", "accuracy"]  # (the cluster's rows: tests/test_cluster.py)
     result = run_python(command, timeout=300)
@@ -195,7 +198,8 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
             name, (None, None))
         assert json.loads((tmp_path / "runs" / f"{name}-seed3" / "args.json").read_text())["seed"] == 3
         assert summary["arch"] == ("vit_tiny" if name == "ddp-vit" else "lenet"), (name, summary["arch"])
-    text = plot_results(data, tmp_path / "figures", tmp_path / "RESULTS.md", ("curves_top1_val",))  # the script's output
+    text = plot_results(data, tmp_path / "figures", tmp_path / "RESULTS.md", ("curves_top1_val",
+                                                                              ))  # the script's output
     with open(data / "curves" / "ddp-seed3.csv", newline="") as f:
         final = float([r for r in csv.DictReader(f) if r["split"] == "val"][-1]["top1"])
     assert f"| ddp | 2 | 1 | 2 | {final:.2f} | " in text, text[:1500]  # (one seed: no range)
@@ -351,6 +355,7 @@ def test_the_zero_model_divides_what_each_mode_shards():
 
 
 def test_bench_sharding_without_data_says_so_in_one_line(tmp_path):
-    result = run_python([sys.executable, "scripts/figures/sharding/measure.py", "--data", tmp_path / "none"], timeout=120)
+    result = run_python([sys.executable, "scripts/figures/sharding/measure.py", "--data", tmp_path / "none"],
+                        timeout=120)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert "has no train/ folder" in result.stderr

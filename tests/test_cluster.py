@@ -233,7 +233,8 @@ def test_compression_on_the_cluster_sizes_each_link_by_the_principle(tiny_data, 
         ratio = links.real_ratio(bits, 2, gradient_bytes, node_step)
         assert float(r["ratio"]) == pytest.approx(ratio, abs=1e-4)
         wire = links.wire_seconds(2, float(r["bytes_per_step"]), float(r["rate_bits"]))
-        assert wire == pytest.approx(ratio * float(r["alone_step_s"]), rel=1e-3)  # the principle
+        # the principle (the CSV keeps the step alone to 10 µs: on these tiny steps, a few tenths of a percent)
+        assert wire == pytest.approx(ratio * float(r["alone_step_s"]), rel=1e-3, abs=ratio * 5e-6)
     assert float(rows[1]["step_s"]) > float(rows[0]["step_s"])  # the slower link, the longer step
     skipped = (data / "compression_cluster_skipped.csv").read_text().splitlines()
     assert len(skipped) == 2 and skipped[1].startswith("EDR InfiniBand (HAL),100000000000.0,2,0.0259,")
@@ -271,7 +272,7 @@ def test_scaling_on_the_cluster_stands_in_for_the_computation_and_trains(tiny_da
     for r in stand_in[1::2]:  # the principle, and the model beside the step
         ratio = links.real_ratio(float(r["link_bits"]), 2, gradient_bytes, node_step)
         wire = links.wire_seconds(2, float(r["bytes_per_step"]), float(r["rate_bits"]))
-        assert wire == pytest.approx(ratio * float(r["compute_s"]), rel=1e-3)
+        assert wire == pytest.approx(ratio * float(r["compute_s"]), rel=1e-3, abs=ratio * 5e-6)  # (kept to 10 µs)
         assert float(r["model_s"]) == pytest.approx(float(r["compute_s"]) + wire, rel=1e-3)
     assert float(stand_in[3]["step_s"]) > float(stand_in[1]["step_s"]) > float(stand_in[0]["step_s"])
     assert [(r["nodes"], r["global_batch"]) for r in training] == [("1", "8"), ("2", "16")]
@@ -302,7 +303,7 @@ def test_the_pipeline_race_on_the_cluster_gives_hetpipes_servers_a_node(tiny_dat
     ratio = links.real_ratio(float(r["link_bits"]), 2, links.seed_gradient_bytes(), links.seed_node_step())
     bytes_per_step = links.fp32_gradient_bytes(tiny_data, ["-a", "lenet", "--image-size", "28"])
     wire = links.wire_seconds(2, bytes_per_step, float(r["rate_bits"]))
-    assert wire == pytest.approx(ratio * float(r["alone_step_s"]), rel=1e-3)  # the principle
+    assert wire == pytest.approx(ratio * float(r["alone_step_s"]), rel=1e-3, abs=ratio * 5e-6)  # the principle
     assert float(r["hetero"]) == pytest.approx(float(r["alone_step_s"]) / 0.5, abs=1e-4)  # SD-PIPE's c / X
     text = render_time.render(data)["pipeline-cluster"]
     assert "a node a replica and one more for HetPipe's servers" in text and "Against the paper: 2 x 1 to " in text

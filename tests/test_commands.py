@@ -115,7 +115,8 @@ def test_each_command_on_the_digits_runs_as_written_and_learns(commands, digits,
         started = time.time()
         result = run_python(argv_of(tokens), cwd=tmp_path, env=env, timeout=300)  # (python SCRIPT: forked)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
-        assert result.returncode == 0, f"{shlex.join(tokens)}\n{errors}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, \
+            f"{shlex.join(tokens)}\n{errors}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         written = [p for p in tmp_path.glob("runs/**/summary.json") if p.stat().st_mtime >= started]
         assert written, shlex.join(tokens)
         for summary in written:

@@ -185,7 +185,8 @@ def test_a_run_ends_with_every_process_it_started(tiny_data, tmp_path):
             trainer.wait(timeout=300)
         group = [pid for pid in map(int, (p.name for p in Path("/proc").glob("[0-9]*"))) if group_of(pid) ==
                  trainer.pid]
-        assert trainer.returncode == (0 if len(flags) == 2 else 2) and group == [], (tmp_path / "output.log").read_text()
+        assert trainer.returncode == (0 if len(flags) == 2 else 2) and group == [], \
+            (tmp_path / "output.log").read_text()
 
 
 def group_of(pid):
@@ -313,7 +314,8 @@ def test_a_peer_lost_during_training_is_one_clear_error(tiny_data, tmp_path, fau
     """Without torchrun watching, rank 0 itself notices that rank 1 died or hangs."""
     url = f"tcp://127.0.0.1:{free_port()}"
     args = [tiny_data, *DDP, "--dist-url", url, "--world-size", "2", "--dist-timeout", "5"]
-    inject = [sys.executable, str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", fault, "--step", "3", "--",
+    inject = [sys.executable, str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", fault, "--step", "3",
+              "--",
               str(ROOT / "recipes" / "ddp" / "train.py"), *map(str, args), "--rank", "1", "--out", tmp_path / "r1"]
     peer = subprocess.Popen(inject, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

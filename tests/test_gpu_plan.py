@@ -24,9 +24,11 @@ DECODE = {"tensor": 1000.0, "pil": 800.0}
 
 
 @pytest.mark.parametrize("script, flags, message", [
-    ("scripts/gpu/count_syncs.py", ["--json", "x.json", "recipes/ddp/train.py"], "counts CUDA synchronisations, and no CUDA GPU"),
+    ("scripts/gpu/count_syncs.py", ["--json", "x.json", "recipes/ddp/train.py"],
+     "counts CUDA synchronisations, and no CUDA GPU"),
     ("scripts/figures/examples/measure.py", ["data/none", "--examples", "main.py"], "data/none has no train/ folder"),
-    ("scripts/figures/examples/measure.py", ["{tiny}", "--examples", "no/main.py"], "--examples no/main.py is not a file")])
+    ("scripts/figures/examples/measure.py", ["{tiny}", "--examples", "no/main.py"],
+     "--examples no/main.py is not a file")])
 def test_the_gpu_and_parity_tools_refuse_in_one_line(tiny_data, script, flags, message):
     flags = [flag.replace("{tiny}", str(tiny_data)) for flag in flags]
     result = run_python([sys.executable, script, *flags], timeout=120)
@@ -48,7 +50,8 @@ def test_gpu_smoke_plans_every_recipe_s_one_gpu_path_and_refuses_without_cuda():
     faults = plan["faults-sigterm-then-resume"]
     assert "--fault term" in faults and "--auto-resume" in faults
     assert "count_syncs.py" in plan["syncs-per-step-ddp"]
-    assert "--amp-dtype fp16" in plan["syncs-per-step-apex-fp16-ema"] and "--ema-decay" in plan["syncs-per-step-apex-fp16-ema"]
+    ema = plan["syncs-per-step-apex-fp16-ema"]
+    assert "--amp-dtype fp16" in ema and "--ema-decay" in ema
     result = run_python([sys.executable, "scripts/gpu/smoke.py"], timeout=120)
     assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1
     assert "no CUDA GPU here" in result.stderr
@@ -117,12 +120,13 @@ def test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command(
 
 
 def test_the_bare_loop_is_plain_pytorch_in_the_set_up_it_is_given(tmp_path):
-    """scripts/figures/bare_loop.py imports nothing of the recipes but the model, and runs the precision and layout it is
-    asked for: each timed step a mark."""
+    """scripts/figures/bare_loop.py imports nothing of the recipes but the model, and runs the precision and layout it
+    is asked for: each timed step a mark."""
     for flags, precision, channels_last in ((["--precision", "bf16", "--channels-last"], "bfloat16", True),
                                             ([], "float32", False)):
         out = tmp_path / f"{precision}.json"
-        result = subprocess.run([sys.executable, "scripts/figures/bare_loop.py", "-a", "lenet", "--image-size", "16", "-b", "4",
+        result = subprocess.run([sys.executable, "scripts/figures/bare_loop.py", "-a", "lenet", "--image-size", "16",
+                                 "-b", "4",
                                  "--warmup", "1", "--steps", "3", *flags, "--json", str(out)], cwd=ROOT,
                                 env=child_env(), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-2000:]
@@ -161,7 +165,8 @@ def fake_runs(monkeypatch, rates, launched):
     clock."""
     clock = [0.0]
     monkeypatch.setattr(gpu_measure, "STARTED", 0.0)
-    monkeypatch.setattr(gpu_measure, "time", types.SimpleNamespace(time=lambda: clock[0], perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(gpu_measure, "time", types.SimpleNamespace(time=lambda: clock[0],
+                                                                   perf_counter=lambda: clock[0]))
 
     def steps_of(batch, name):
         clock[0] += 30
@@ -269,8 +274,9 @@ def test_bench_gpu_measures_each_set_up_once_per_gpu_and_torch_and_profiles_the_
 
 
 def test_the_precision_part_on_gpus_runs_fp16_and_bf16_and_a_process_per_gpu(tmp_path, monkeypatch):
-    """scripts/figures/precision/measure.py (make figures' precision part) on (a stand-in for) 2 GPUs: one process per GPU on the
-    first N of those the scheduler gave, ResNet-50 at 224 px with loader workers, fp16 and bf16 at each level,
+    """scripts/figures/precision/measure.py (make figures' precision part) on (a stand-in for) 2 GPUs: one process per
+    GPU on the first N of those the scheduler gave, ResNet-50 at 224 px with loader workers, fp16 and bf16 at each
+    level,
     --compile at one GPU only."""
     from scripts.figures.precision import measure as precision_measure
 
@@ -293,7 +299,8 @@ def test_the_precision_part_on_gpus_runs_fp16_and_bf16_and_a_process_per_gpu(tmp
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
     out = tmp_path / "gpu" / "precision.csv"
-    monkeypatch.setattr(sys, "argv", ["scripts/figures/precision/measure.py", "--csv", str(out), "--runs", str(tmp_path / "runs"),
+    monkeypatch.setattr(sys, "argv", ["scripts/figures/precision/measure.py", "--csv", str(out), "--runs",
+                                      str(tmp_path / "runs"),
                                       "--repeats", "1"])
     precision_measure.main()
     assert [(recipe, processes, gpus) for recipe, processes, _, gpus, _ in launched[:2]] == [("ddp", 1, "6"),

@@ -97,14 +97,15 @@ def test_every_break_of_the_mutation_check_applies_and_names_tests_that_exist():
 def test_the_mutation_check_catches_a_break_and_tells_a_missed_one():
     """In small: two breaks, caught by their tests after a control run with nothing broken; and a break no test can
     see (a comment changed) reported as missed."""
-    command = [sys.executable, "scripts/checks/mutations.py", "--only", "checkpoint-written-in-place", "scaler-not-restored"]
+    command = [sys.executable, "scripts/checks/mutations.py", "--only", "checkpoint-written-in-place",
+               "scaler-not-restored"]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "control: the 2 tests pass with no break in" in result.stdout
     assert [line.split()[:2] for line in result.stdout.splitlines()[1:3]] == [
         ["caught", "scaler-not-restored"], ["caught", "checkpoint-written-in-place"]]
-    assert "2 of 2 breaks caught" in result.stdout and "FAILED tests/test_common.py::test_checkpoint_write_is_atomic" in \
-        result.stdout  # (each caught break names the test that failed)
+    assert "2 of 2 breaks caught" in result.stdout
+    assert "FAILED tests/test_common.py::test_checkpoint_write_is_atomic" in result.stdout  # (each names its test)
     unseen = dict(name="a-comment", file="recipes/common/schedule.py", old="#", new="# (changed)",
                   tests=["tests/test_training.py::test_warmup_then_cosine"])
     unseen["old"] = next(line for line in (ROOT / unseen["file"]).read_text().splitlines() if "#" in line)
@@ -126,14 +127,15 @@ def test_pip_install_brings_what_the_recipes_need_and_no_more(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
     installs = {}
     for extras in ("", "[ps,digits,figures,test]"):
-        result = subprocess.run([*command, "-e", f"{ROOT}{extras}"], capture_output=True, text=True, timeout=600, env=env)
+        result = subprocess.run([*command, "-e", f"{ROOT}{extras}"], capture_output=True, text=True, timeout=600,
+                                env=env)
         if result.returncode != 0 and "No matching distribution" in result.stderr:
             pytest.skip("no package index here")
         assert result.returncode == 0, result.stderr[-2000:]
         installs[extras] = {item["metadata"]["name"].lower() for item in json.loads(result.stdout)["install"]}
     assert {"torch", "torchvision", "tqdm", "tensorboard"} <= installs[""]
-    assert not installs[""] & {"mlxtend", "byzfl", "pandas", "scikit-learn", "seaborn", "matplotlib", "pytest"}
-    assert {"mlxtend", "byzfl", "matplotlib", "pytest"} <= installs["[ps,digits,figures,test]"]
+    assert not installs[""] & {"mlxtend", "byzfl", "pandas", "scikit-learn", "seaborn", "matplotlib", "pytest", "ruff"}
+    assert {"mlxtend", "byzfl", "matplotlib", "pytest", "ruff"} <= installs["[ps,digits,figures,test]"]
 
 
 def test_make_with_no_target_lists_the_targets_and_installs_nothing(tmp_path):

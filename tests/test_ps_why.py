@@ -1,5 +1,5 @@
-"""scripts/figures/ps/probe.py and scripts/figures/ps/why.py: the validators' judgements written down as the recipe makes
-them, and what the why-table computes from them."""
+"""scripts/figures/ps/probe.py and scripts/figures/ps/why.py: the validators' judgements written down as the recipe
+makes them, and what the why-table computes from them."""
 
 import argparse
 import statistics
@@ -20,7 +20,8 @@ PS = ["--epochs", "2", "-b", "2", "--validators", "1", "--validation-split", "0.
 def probed(tiny_data, out, probe_flags, flags):
     """The recipe on 4 ranks under the probe (and, as every ps test, under scripts/gpu/nccl_rules.py)."""
     recipe = recipe_command("ps", [tiny_data, *TINY, *PS, *flags, "--out", out])
-    command = [sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "probe.py"), "--judgements", str(out / "probe"),
+    command = [sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "probe.py"), "--judgements",
+               str(out / "probe"),
                *probe_flags, "--", *recipe[1:]]
     result = launch_ranks(command, 4, child_env(), 300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

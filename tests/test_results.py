@@ -166,7 +166,8 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     data, figures, results = tmp_path / "data", tmp_path / "figures", tmp_path / "RESULTS.md"
     write_figures_data(data)
     results.write_text("# Prose stays\n\n<!-- BEGIN scaling -->\nstale table\n<!-- END scaling -->\n\nMore prose.\n")
-    text = plot_results(data, figures, results, ("curves_top1_train", "curves_top1_val", "curves_top5_train", "curves_top5_val",
+    text = plot_results(data, figures, results, ("curves_top1_train", "curves_top1_val", "curves_top5_train",
+                                                 "curves_top5_val",
                                                  "scaling_throughput", "scaling_time", "io", "compression"))
     assert text.startswith("# Prose stays") and "More prose." in text and "stale table" not in text
     assert "| ddp | synthetic | 2 | 180.0 | 6.0 | 1.80x | 90 % |" in text  # 180 / (2 x 100)
@@ -196,12 +197,13 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert ("Beyond the spread: fp8-e4m3 at 2 (-1.25). Within it (not told apart from noise): fp8-e4m3 + error "
             "feedback at 2 (-0.17).") in text
     assert "| `make figures ONLY=compression` | 50.0 | 57 | 0 | 2026-11-24 |" in text
-    assert "| `make figures` (the parts summed), without cluster, scaling, recovery, compile, precision, ps, pipeline, sharding | 61.0 |" in text
+    assert ("| `make figures` (the parts summed), without cluster, scaling, recovery, compile, precision, ps, "
+            "pipeline, sharding | 61.0 |") in text
     assert "| eager (no --compile) | 12.0 | 10.0 | 100.0 | 1.00x |  |" in text
     assert "| --compile, empty Inductor cache | 70.0 | 5.0 | 200.0 | 2.00x | +63.0 |" in text  # (70 - 5) - (12 - 10)
     # the headline: each question answered by its table's numbers, with the machine the part's data records
-    assert ("| [How does DDP scale on a cluster?](#scaling) | ddp on 2 processes: 1.80x its images/s on 1 (90 % scaling "
-            "efficiency), 1.86x nd's, on synthetic data | Test CPU, 2 cores, torch 2.14.1 |") in text  # (180 / 97)
+    assert ("| [How does DDP scale on a cluster?](#scaling) | ddp on 2 processes: 1.80x its images/s on 1 (90 % "
+            "scaling efficiency), 1.86x nd's, on synthetic data | Test CPU, 2 cores, torch 2.14.1 |") in text
     assert ("| fp8-e4m3 sends 4x fewer bytes: top-1 93.25 against 94.50 uncompressed, on 2 processes | Test CPU, 2 "
             "cores, torch 2.14.1 |") in text
     assert "| torch.compile at 2.00x eager's images/s in steady state |" in text  # (the table's steady medians)
@@ -210,8 +212,8 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
 
 
 def write_gpu_data(data):
-    """The GPU table of one GPU as scripts/gpu/measure.py writes it (every set-up, the fastest O1 fp16 + channels_last at 5000
-    images/s), a profile, the published figures and an earlier sweep; and the CPU's scaling."""
+    """The GPU table of one GPU as scripts/gpu/measure.py writes it (every set-up, the fastest O1 fp16 + channels_last
+    at 5000 images/s), a profile, the published figures and an earlier sweep; and the CPU's scaling."""
     machine = {"cpu": "Test CPU", "cores": 16, "gpu": "Test GPU", "capability": "9.0", "torch": "2.11.0"}
     fastest = gpu_plan.Setup("recipe", "apex", "", "fp16", True, False)
     rates = [1800, 2400, 5000, 4800, 4000, 3900, 1900, 5100, 4600, 3000, 4700]
@@ -369,12 +371,13 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert "better: zenops under signflip x2 (+10.0). Worse: none." in text  # against naive-async
     assert "| `mean, 1 step` | 90.0 (90.0\u201390.0) | 10.0 (2 of 3 diverged) |" in text
     # zenops' honest rejections against the batch: sync-1v's row at 8, the batch part's at 32
-    assert "| 8 | 6 | 96.0 (96.0\u201396.0) | 5 (5\u20135) | 5 (5\u20135) |\n| 32 | 6 | 97.0 (97.0\u201397.0) | 2 (2\u20132) |" \
-        in text
+    assert ("| 8 | 6 | 96.0 (96.0\u201396.0) | 5 (5\u20135) | 5 (5\u20135) |\n"
+            "| 32 | 6 | 97.0 (97.0\u201397.0) | 2 (2\u20132) |") in text
     # rejections by tensors and by parameters, honest and poisoned apart
     assert "| sync-1v | `zenops` | none | 5 (5\u20135) | 5 (5\u20135) |  |  |" in text
     assert "| sync-1v | `zenops` | signflip x6 | 12 (12\u201312) | 12 (12\u201312) | 100 (100\u2013100) | 100" in text
-    assert "| async-1v | `zenops` (reversed or damped, not dropped) | signflip x2 | 9 (9\u20139) | 9 (9\u20139) |" in text
+    assert ("| async-1v | `zenops` (reversed or damped, not dropped) | signflip x2 | 9 (9\u20139) | 9 (9\u20139) |"
+            in text)
     # a diverged run counts as chance when a rule is judged against the mean: 92 against 10 (2 of 3 diverged)
     assert f"better: zeno++, 1 step under {flip_pp} (+82.0)." in text
     assert "| 0 | 80.0 (80.0\u201380.0) | 25 (25\u201325) | 50 (50\u201350) |" in text
@@ -388,7 +391,8 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert ("| sync-1v, signflip x6: `zenops` rejects a larger share of the poisoned parameters than of the honest | "
             "100.0 % against 12.5 % | yes |") in text
     assert "| zeno, 3 of 8 flip x4: `mean` at most 50 % | 45.0 | yes |" in text
-    assert "| zeno, 3 of 8 flip x4: `zeno` within 2 points of its own no-attack top-1 | 92.0 against 95.0 | no |" in text
+    assert ("| zeno, 3 of 8 flip x4: `zeno` within 2 points of its own no-attack top-1 | 92.0 against 95.0 | no |"
+            in text)
     assert ("| async-1v, signflip x2: `zenops` above `naive-async` beyond the seeds' spread | 91.0 (90.0\u201392.0) "
             "against 81.0 (80.0\u201382.0) | yes |") in text
     assert "| zeno++, no attack: `zeno++` within 2 points of `mean` | 89.0 against 90.0 | yes |" in text
@@ -482,8 +486,8 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
     assert (tmp_path / "pipeline.png").exists()
     assert ("| [What does partial reduce buy over allreduce?](#pipelined-replicas-allreduce-partial-reduce-ad-psgd-"
             "hetpipe) | PipeDream with stragglers (X "
-            "sized to SD-PIPE's c / X): partial reduce at 1.33x (2 x 2) allreduce's updates/s, on 2 CPU cores shared by "
-            "up to 4 processes; ") in text  # (RESULTS.md's headline)
+            "sized to SD-PIPE's c / X): partial reduce at 1.33x (2 x 2) allreduce's updates/s, on 2 CPU cores "
+            "shared by up to 4 processes; ") in text  # (RESULTS.md's headline)
 
 
 def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
@@ -555,7 +559,8 @@ def test_the_cluster_verdict_counts_the_links_below_the_ceiling_and_names_each(t
     sections = cluster_render.render(tmp_path, tmp_path, [])
     assert (tmp_path / "cluster_bandwidth.png").exists()
     text = sections["cluster-bandwidth"]
-    assert "| 2 | 1gbit | 850 | 850 | 85% | 0.20 |" in text and "| 2 | unshaped | 4,000 | 4,000 | (ceiling) | 0.20 |" in text
+    assert "| 2 | 1gbit | 850 | 850 | 85% | 0.20 |" in text
+    assert "| 2 | unshaped | 4,000 | 4,000 | (ceiling) | 0.20 |" in text
     # 3gbit is 75 % of the 4 Gbit/s ceiling: named, not counted; 1gbit at 85 % misses the 10 %
     assert "within 10% of the rate in 1 of 2 links (the farthest: 1gbit at 2 nodes, 85% of it)" in text
     assert "100mbit at 2 nodes 2% (95%); 1gbit at 2 nodes 25% (85%); 3gbit at 2 nodes 75% (97%)." in text

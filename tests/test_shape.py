@@ -53,7 +53,8 @@ def test_train_one_epoch_takes_at_most_7_parameters(recipe):
 def pages():
     """The README, each recipe's README, the topic pages and the tests' README (docs/tests.md is generated)."""
     return [ROOT / "README.md", *sorted((ROOT / "recipes").glob("*/README.md")),
-            *sorted(page for page in (ROOT / "docs").glob("*.md") if page.name != "tests.md"), ROOT / "tests" / "README.md"]
+            *sorted(page for page in (ROOT / "docs").glob("*.md") if page.name != "tests.md"),
+            ROOT / "tests" / "README.md"]
 
 
 def test_every_python_excerpt_in_the_pages_is_in_a_recipe():
@@ -176,7 +177,8 @@ def test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder():
 
     from scripts.figures import PARTS
 
-    modules = {".".join(path.relative_to(ROOT).with_suffix("").parts): path for path in (ROOT / "scripts").rglob("*.py")}
+    modules = {".".join(path.relative_to(ROOT).with_suffix("").parts): path
+               for path in (ROOT / "scripts").rglob("*.py")}
     imports = {}
     for name, path in modules.items():
         found = set()
@@ -186,7 +188,8 @@ def test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder():
                           for alias in node.names}
             elif isinstance(node, ast.Import):
                 found |= {alias.name for alias in node.names if alias.name.startswith("scripts")}
-        imports[name] = {m.removesuffix(".__init__") for m in found if m in modules or f"{m}.__init__" in modules} - {name}
+        imports[name] = {m.removesuffix(".__init__") for m in found
+                         if m in modules or f"{m}.__init__" in modules} - {name}
 
     def reaches(start, goal, seen=()):
         return any(m == goal or (m not in seen and reaches(m, goal, (*seen, m))) for m in imports.get(start, ()))
@@ -200,7 +203,8 @@ def test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder():
 
 def test_no_script_is_longer_than_400_lines():
     """A script is one thing (a part's measuring, the GPU plan, the smoke check); past 400 lines it is two."""
-    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in (ROOT / "scripts").rglob("*.py")}
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+               for path in (ROOT / "scripts").rglob("*.py")}
     assert max(lengths.values()) <= 400, {name: n for name, n in lengths.items() if n > 400}
 
 

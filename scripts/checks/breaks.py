@@ -63,7 +63,8 @@ BREAKS = [
          tests=["tests/test_recipes.py::test_evaluation_counts_every_image_once_for_any_world_size"]),
     dict(name="checkpoint-written-in-place", file="recipes/common/checkpoint.py",
          old="    tmp = path.with_name(f\".{path.name}.{os.getpid()}.tmp\")\n    try:\n"
-             "        with open(tmp, \"wb\") as f:\n            write(f)\n            f.flush()\n            os.fsync(f.fileno())\n"
+             "        with open(tmp, \"wb\") as f:\n            write(f)\n            f.flush()\n"
+             "            os.fsync(f.fileno())\n"
              "        os.replace(tmp, path)\n    finally:\n        tmp.unlink(missing_ok=True)\n",
          new="    with open(path, \"wb\") as f:\n        write(f)\n",
          tests=["tests/test_common.py::test_checkpoint_write_is_atomic"]),
@@ -312,10 +313,12 @@ BREAKS = [
          tests=["tests/test_results.py::test_the_committed_data_redraws_results_md_and_every_figure_as_committed"]),
     dict(name="scripts-importing-each-other", file="scripts/figures/ps/rows.py",
          old="from scripts.figures.rendering import spread, with_range",
-         new="from scripts.figures.rendering import spread, with_range\nfrom scripts.figures.ps import render_why  # noqa",
+         new="from scripts.figures.rendering import spread, with_range\n"
+             "from scripts.figures.ps import render_why  # noqa",
          tests=["tests/test_shape.py::test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder"]),
     dict(name="data-checked-after-the-out-clash", file="recipes/common/runlog.py",
-         old='        if getattr(args, "data", None) and not getattr(args, "synthetic", False):\n            data.check_folder(args)',
+         old='        if getattr(args, "data", None) and not getattr(args, "synthetic", False):\n'
+             '            data.check_folder(args)',
          new="        pass",
          tests=["tests/test_bad_input.py::test_bad_input_says_its_own_reason_where_an_earlier_run_left_a_checkpoint"]),
     dict(name="evaluation-reads-train", file="recipes/common/data.py",

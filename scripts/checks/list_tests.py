@@ -95,8 +95,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.check:
         if not PAGE.is_file() or PAGE.read_text() != page():
-            print(f"error: {PAGE.relative_to(ROOT)} is not what tests/ says now: run python scripts/checks/list_tests.py",
-                  file=sys.stderr)
+            print(f"error: {PAGE.relative_to(ROOT)} is not what tests/ says now: run python "
+                  f"scripts/checks/list_tests.py", file=sys.stderr)
             return 1
         return 0
     PAGE.parent.mkdir(exist_ok=True)

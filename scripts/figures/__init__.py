@@ -16,9 +16,11 @@ import importlib
 
 PARTS = ["cluster", "io", "scaling", "curves", "recovery", "compile", "precision", "compression", "ps", "pipeline",
          "sharding"]  # make figures' order: the Makefile's PARTS is this list (tests/test_results.py checks it)
-OTHERS = ["examples", "timings", "gpu", "gpu_context", "headline"]  # rendered after the parts (headline: a line of each)
+OTHERS = ["examples", "timings", "gpu", "gpu_context",
+          "headline"]  # rendered after the parts (headline: a line of each)
 MODULES = {**{part: f"scripts.figures.{part}.render" for part in PARTS + ["examples"]},
-           "timings": "scripts.figures.timings", "gpu": "scripts.gpu.render", "gpu_context": "scripts.gpu.render_context",
+           "timings": "scripts.figures.timings", "gpu": "scripts.gpu.render",
+           "gpu_context": "scripts.gpu.render_context",
            "headline": "scripts.figures.headline"}
 
 

@@ -1,7 +1,7 @@
 """The bare loop: a recipe's set-up in plain PyTorch, what the GPU table holds the recipes against.
 
-    python scripts/figures/bare_loop.py -a resnet50 --image-size 224 -b 256 --precision fp16 --channels-last --compile \\
-        --json OUT.json
+    python scripts/figures/bare_loop.py -a resnet50 --image-size 224 -b 256 --precision fp16 --channels-last \\
+        --compile --json OUT.json
 
 The same model (the recipes' by name), batch, precision, layout and optimizer as the recipes (SGD at the GPU
 table's --lr 0.01 for 256, momentum 0.9 and weight decay 1e-4, fused on CUDA, its momentum from zeros;

@@ -13,13 +13,16 @@ benchmark scripts write:
   io_loader.json        uint8 batches on the trainer, first-batch waits (scripts/figures/io/measure.py)
   examples.json         the nd recipe against pytorch/examples' imagenet/main.py (scripts/figures/examples/measure.py)
   recovery.json         checkpoint cost and restart time (scripts/figures/recovery/measure.py)
-  compression.csv       time, accuracy and bytes per gradient-compression method and seed (scripts/figures/compression/measure.py)
+  compression.csv       time, accuracy and bytes per gradient-compression method and seed
+                        (scripts/figures/compression/measure.py)
   compile.csv           epoch times, eager against torch.compile (scripts/figures/compile/measure.py)
   ps.csv                the parameter server against Byzantine workers, per run and seed (scripts/figures/ps/measure.py)
-  ps_byzfl.csv          ByzFL's own benchmark on the same digits, per rule, attack and seed (scripts/figures/ps/byzfl_reference.py)
+  ps_byzfl.csv          ByzFL's own benchmark on the same digits, per rule, attack and seed
+                        (scripts/figures/ps/byzfl_reference.py)
   pipeline.csv, pipeline_curves.csv, pipeline_time.csv   pipelined replicas per sync method, stragglers, the
                         time to a target and the bubble (scripts/figures/pipeline/measure.py)
-  sharding.csv          bytes per rank and images/s of each --shard mode against processes (scripts/figures/sharding/measure.py)
+  sharding.csv          bytes per rank and images/s of each --shard mode against processes
+                        (scripts/figures/sharding/measure.py)
   timings.csv           how long each part of make figures took (every script above)
   gpu/table.csv, profiles.json, compression.csv   the GPU table, its profiles, and on a node with more GPUs
                         the compression hooks over NCCL (scripts/gpu/measure.py: make gpu-check, make figures-gpu)

@@ -230,7 +230,8 @@ def main(argv=None):
             failed = True
         if args.stand_in:  # the rehearsal runs the whole plan: every set-up, and a profile for every target
             failed |= not rehearsed_in_full(gpu_data)
-    drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "figures" / "plot_results.py"), "--data", str(gpu_data.parent),
+    drawn = subprocess.run([sys.executable, str(ROOT / "scripts" / "figures" / "plot_results.py"), "--data",
+                            str(gpu_data.parent),
                             "--figures", str(OUT / "figures" if args.stand_in else ROOT / "figures"), "--results",
                             str(results)], stdout=subprocess.DEVNULL, timeout=300)
     failed |= drawn.returncode != 0

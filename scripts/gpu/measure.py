@@ -117,7 +117,8 @@ def run_setup(args, name, setup, gpus, cores, extra=(), profile=False, batch=Non
                      "--warmup", BARE_STEPS["warmup"], "--steps", BARE_STEPS["timed"], "--json", out / "steps.json"]
             out.mkdir(parents=True)
             started = time.perf_counter()
-            result = measuring.run(1, [str(ROOT / "scripts" / "figures" / "bare_loop.py"), *map(str, flags)], cores, env,
+            result = measuring.run(1, [str(ROOT / "scripts" / "figures" / "bare_loop.py"), *map(str, flags)], cores,
+                                   env,
                                    check=False, echo=name)
             measuring.note_trained(out, time.perf_counter() - started)
             if result.returncode:

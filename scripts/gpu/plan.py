@@ -182,8 +182,8 @@ def table_plan(cores, decode, jpeg, measured=(), warm=()):
 
 
 def print_plan(cores, decode, jpeg, counts):
-    """scripts/gpu/measure.py --list: the table's runs as planned, each with the model's seconds; then the parts beyond one
-    GPU, on `counts` GPUs."""
+    """scripts/gpu/measure.py --list: the table's runs as planned, each with the model's seconds; then the parts beyond
+    one GPU, on `counts` GPUs."""
     runs = table_plan(cores, decode, jpeg)
     print(f"table, about {sum(seconds for *_, seconds in runs) / 60:.1f} min by the model (an H100), the fastest set-up"
           f" the model's ({setup_name(assumed_fastest())}); then the profiles of the targets missed:")

@@ -1,7 +1,7 @@
 """gpu: the GPU table (scripts/gpu/measure.py, make gpu-check or make figures-gpu; not a part of make figures).
 
-    reads    figures/data/gpu/table.csv, profiles.json, timings.csv (scripts/gpu/measure.py); preflight.json and smoke.json
-             (scripts/gpu/check.py)
+    reads    figures/data/gpu/table.csv, profiles.json, timings.csv (scripts/gpu/measure.py); preflight.json and
+             smoke.json (scripts/gpu/check.py)
     draws    figures/gpu_throughput.png
     writes   sections gpu-hardware, gpu-check, gpu-table, gpu-targets, gpu-precision; and the headline's
              first line (headline())
@@ -134,7 +134,8 @@ def headline(data):
     for t in measured.values():
         best = max(t, key=lambda r: float(r["images_per_s"]))
         fp32 = next((float(r["images_per_s"]) for r in t if r["planned"] == setup_name(TABLE[0])), None)
-        lines.append((f"{t[0]['gpu']}: " if len(measured) > 1 else "") + f"{best['setup']} at {float(best['images_per_s']):.0f} images/s of ResNet-50" +
+        lines.append((f"{t[0]['gpu']}: " if len(measured) > 1 else "") +
+                     f"{best['setup']} at {float(best['images_per_s']):.0f} images/s of ResNet-50" +
                      (f", {float(best['images_per_s']) / fp32:.2f}x ddp fp32" if fp32 else ""))
     if lines:
         return "; ".join(lines)

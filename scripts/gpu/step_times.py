@@ -1,7 +1,7 @@
 """A recipe's step times, and where its steps' time goes: the launcher the GPU table runs the recipes through.
 
-    python scripts/gpu/step_times.py --epoch-images 7680 --val-images 256 recipes/apex/train.py --synthetic ... --out OUT
-    python scripts/gpu/step_times.py --profile-last-epoch recipes/apex/train.py DIR ... --profile 5 --out OUT
+    python scripts/gpu/step_times.py --epoch-images 7680 --val-images 256 recipes/apex/train.py --synthetic ... --out
+    OUT python scripts/gpu/step_times.py --profile-last-epoch recipes/apex/train.py DIR ... --profile 5 --out OUT
     python scripts/gpu/step_times.py --summarize OUT/profile     # a trace's summary, as JSON
 
 The recipe runs unchanged, in this process, with a mark after each optimizer step (where Run.step_done calls

@@ -1,4 +1,5 @@
-"""compression: time, accuracy and bytes of each gradient compression, over seeds (scripts/figures/compression/measure.py).
+"""compression: time, accuracy and bytes of each gradient compression, over seeds
+(scripts/figures/compression/measure.py).
 
     reads    figures/data/compression.csv, and the virtual cluster's rows (render_cluster.py)
     draws    figures/compression.png

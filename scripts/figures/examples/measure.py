@@ -102,9 +102,11 @@ def main():
                 print(f"{name:>8}: wall {wall:6.2f} s  CPU {cpu:6.2f} s  left running {left}", flush=True)
     median = {name: {"wall_s": statistics.median(t[0] for t in runs), "cpu_s": statistics.median(t[1] for t in runs),
                      "left_running": max(t[2] for t in runs)} for name, runs in times.items()}
-    result = {"command": "python scripts/figures/examples/measure.py --examples EXAMPLES/imagenet/main.py " + args.folder,
+    command = "python scripts/figures/examples/measure.py --examples EXAMPLES/imagenet/main.py " + args.folder
+    result = {"command": command,
               "flags": " ".join(FLAGS), "images": sum(1 for p in (Path(folder) / "train").rglob("*") if p.is_file()),
-              "repeats": args.repeats, "examples_version": version_of(args.examples), "recipe": median["recipe"], "examples": median["examples"],
+              "repeats": args.repeats, "examples_version": version_of(args.examples), "recipe": median["recipe"],
+              "examples": median["examples"],
               "wall_ratio": median["recipe"]["wall_s"] / median["examples"]["wall_s"],
               "cpu_ratio": median["recipe"]["cpu_s"] / median["examples"]["cpu_s"],
               "runs": {name: [{"wall_s": round(w, 3), "cpu_s": round(c, 3), "left_running": n} for w, c, n in runs]

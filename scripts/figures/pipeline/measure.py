@@ -7,8 +7,8 @@ bubble.
     python scripts/figures/pipeline/measure.py --parts vit   # one part; the CSV keeps the others' rows
     python scripts/figures/pipeline/measure.py --parts time  # time to a target (after the sync part: its X)
 
-sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS epochs,
-        one thread per process; allreduce, preduce, adpsgd and hetpipe, each without stragglers and with
+sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS
+        epochs, one thread per process; allreduce, preduce, adpsgd and hetpipe, each without stragglers and with
         SD-PIPE's (a process sleeps X seconds with probability 0.1 before each forward and each backward slot of a
         minibatch), for every seed (3 by default): updates/s, the seconds to reach TARGET % top-1, the final top-1,
         group sizes. One stage runs under pipedream only (no pipeline: plain SGD steps).

@@ -102,10 +102,10 @@ def pipeline_vit(groups):
     return (table(["replicas x stages", "sync", "stragglers X", "seeds", "updates/s", "final top-1", "waits",
                    "model: updates/s with over without", "measured (seeds)"], body) +
             f"\n\nvit_tiny (8 pre-norm blocks of width 64 over a 7 x 7 grid of patches and a class token; each "
-            f"stage the same number of blocks) on the digits at 28 px, pipedream, -b {first['batch']} per replica, {first['epochs']} "
-            f"epoch(s), one thread per process on {first['cores']} cores; X sized as for lenet, from the "
-            f"transformer's own step without stragglers. Mean over the seeds, in brackets the lowest and highest. "
-            f"With stragglers, `preduce` over `allreduce`, updates/s seed by seed: "
+            f"stage the same number of blocks) on the digits at 28 px, pipedream, -b {first['batch']} per replica, "
+            f"{first['epochs']} epoch(s), one thread per process on {first['cores']} cores; X sized as for lenet, "
+            f"from the transformer's own step without stragglers. Mean over the seeds, in brackets the lowest and "
+            f"highest. With stragglers, `preduce` over `allreduce`, updates/s seed by seed: "
             f"{'; '.join(faster) or 'not measured'}.")
 
 

@@ -1,10 +1,10 @@
 """An outside reference for the parameter server's Byzantine table: byzfl's own benchmark, on the same digits.
 
-    python scripts/figures/ps/byzfl_reference.py            # figures/data/ps_byzfl.csv (45 runs, about 8 minutes on 2 cores)
-    python scripts/figures/ps/byzfl_reference.py --quick    # 1 seed, 2 rules, 1 attack, 20 steps: for tests
+    python scripts/figures/ps/byzfl_reference.py            # figures/data/ps_byzfl.csv (45 runs, about 8 minutes on 2
+    cores) python scripts/figures/ps/byzfl_reference.py --quick    # 1 seed, 2 rules, 1 attack, 20 steps: for tests
 
-`make figures ONLY=ps` runs it after the table (scripts/figures/ps/measure.py calls run()). scripts/figures/ps/table.py measures
-recipes/ps, whose robust rules are byzfl's functions called from our own server. This script asks byzfl's
+`make figures ONLY=ps` runs it after the table (scripts/figures/ps/measure.py calls run()). scripts/figures/ps/table.py
+measures recipes/ps, whose robust rules are byzfl's functions called from our own server. This script asks byzfl's
 benchmark (`byzfl.benchmark.run_benchmark`, its whole training loop: clients, server, attacks) the same
 question on the same data, so that a number in the recipe's table can be told apart from a bug in the
 recipe: if the recipe's mean falls to 10 % under gaussian noise and the median holds, byzfl's should too.
@@ -222,8 +222,8 @@ def main():
 
 
 def run(data, runs, figures_data, steps=None, seeds=None, jobs=None, quick=False):
-    """Every run of byzfl's benchmark not yet finished, then ps_byzfl.csv (also called by scripts/figures/ps/measure.py, whose part of
-    make figures this is)."""
+    """Every run of byzfl's benchmark not yet finished, then ps_byzfl.csv (also called by
+    scripts/figures/ps/measure.py, whose part of make figures this is)."""
     started = time.time()
     steps = steps or (QUICK_STEPS if quick else STEPS)
     seeds = list(dict.fromkeys(seeds if seeds is not None else ([0] if quick else measuring.SEEDS)))

@@ -289,7 +289,8 @@ def run(data, runs, figures_data, seeds, epochs, quick=False, only=None):
     new_s = new_runs = old_s = old_runs = 0
     for key, (out, row) in measured.items():
         old = kept.get(key)
-        if old is not None and all(old.get(field, "") == str(row.get(field, "")) for field in ("top1", "train_s", "lr")):
+        if old is not None and all(old.get(field, "") == str(row.get(field, "")) for field in ("top1", "train_s",
+                                                                                               "lr")):
             continue  # (ps.csv held this very run already)
         launch = out / "launch_seconds"
         new_s, new_runs = new_s + (float(launch.read_text()) if launch.exists() else 0.0), new_runs + 1

@@ -1,12 +1,14 @@
-"""Why three kinds of the parameter server's targets miss (scripts/figures/ps/table.py's table), each measured on the table's
-own flags with the recipe run under scripts/figures/ps/probe.py, which writes down every judgement of its validators.
+"""Why three kinds of the parameter server's targets miss (scripts/figures/ps/table.py's table), each measured on the
+table's own flags with the recipe run under scripts/figures/ps/probe.py, which writes down every judgement of its
+validators.
 
-    python scripts/figures/ps/why.py     # figures/data/ps_why.csv (scripts/figures/ps/measure.py runs it too, after its table)
+    python scripts/figures/ps/why.py     # figures/data/ps_why.csv (scripts/figures/ps/measure.py runs it too, after
+                                         its table)
 
-  rejections  sync zenops without an attack (sync-1v; sync-2v at a batch of 8 and of 32, as scripts/figures/ps/table.py's
-              batch part scales it): the honest parameters that fail ZenoPS's sign test (mean(u v) <= eta
-              mean(v^2)) and its norm test (mean(u^2) >= (1 + rho) mean(v^2)); in the first and the last
-              third of the rounds; with one validator, the pushes that follow a round their worker sat out
+  rejections  sync zenops without an attack (sync-1v; sync-2v at a batch of 8 and of 32, as
+              scripts/figures/ps/table.py's batch part scales it): the honest parameters that fail ZenoPS's sign test
+              (mean(u v) <= eta mean(v^2)) and its norm test (mean(u^2) >= (1 + rho) mean(v^2)); in the first and the
+              last third of the rounds; with one validator, the pushes that follow a round their worker sat out
               (which ZenoPS's worker starts from the new weights plus its sat-out change) apart from the others.
   zeno++      without an attack, with 2 more seeds (its runs vary from run to run as much as from seed to
               seed): the mean; Zeno++ as its authors wrote it (an accepted g applied at the length of v), also
@@ -25,7 +27,8 @@ own flags with the recipe run under scripts/figures/ps/probe.py, which writes do
               ||v_t||, times cos where cos < eta) against naive-async's alpha u: by norm, and projected on alpha u;
               and naive-async at alpha times that mean projection: naive-async's direction at zenops' mean step
               along it; zenops at eta -1, which reverses nothing (cos >= -1): its clipping alone; and alpha u
-              forwarded by zenops' validators (scripts/figures/ps/probe.py --zenops-async-step alpha-u): their path, not their rule.
+              forwarded by zenops' validators (scripts/figures/ps/probe.py --zenops-async-step alpha-u): their path,
+              not their rule.
 Every row for each seed (3 by default); --studies: only those, the others' rows kept as ps_why.csv holds them.
 Run directories go to runs/figures/ps-why/<name>-seed<S> (with the probe's lines under probe/); a run whose
 summary.json is complete is not trained again.
@@ -44,8 +47,8 @@ from recipes.ps import rules, steps  # noqa: E402
 from scripts.figures.ps import table as ps_table  # noqa: E402
 from scripts.figures import measuring  # noqa: E402
 
-# (study, label, scripts/figures/ps/table.py's part, aggregate and attack labels, the probe's flags, more recipe flags, epochs x the
-# table's)
+# (study, label, scripts/figures/ps/table.py's part, aggregate and attack labels, the probe's flags, more recipe flags,
+# epochs x the table's)
 PLUS_PLUS, AS_PUSHED, SIGN_FLIP = "zeno++, 1 step", ["--zeno-plus-plus-step", "g"], "signflip x10, p 0.2 per push"
 AUTHORS_LR = ["--lr", str(ps_table.ZENO_PP_LR)]  # 0.1 for 128 images (AsyncByzGrad exp_*.sh), as the zeno++ table
 AUTHORS = "at its authors' learning rate an image"
@@ -174,8 +177,8 @@ def main():
 
 
 def run(data, runs, figures_data, seeds, epochs, quick=False, studies=None):
-    """Every row, seed by seed, into <figures_data>/ps_why.csv (scripts/figures/ps/measure.py runs it after its table); studies: only
-    those, the other studies' rows kept as ps_why.csv holds them."""
+    """Every row, seed by seed, into <figures_data>/ps_why.csv (scripts/figures/ps/measure.py runs it after its table);
+    studies: only those, the other studies' rows kept as ps_why.csv holds them."""
     machine, rows, pushed_steps, csv_path = measuring.hardware(), [], [], Path(figures_data) / "ps_why.csv"
     plan = [run for run in RUNS if (not quick or run[1] in QUICK) and (not studies or run[0] in studies)]
     order = list(dict.fromkeys(run[0] for run in RUNS))

@@ -198,7 +198,8 @@ def killed_recipe(data, flags, case, out, victim_steps_per_epoch):
     times = out / "times.jsonl"
     fault = ["--fault", "kill", "--step", str(victim_steps_per_epoch + victim_steps_per_epoch // 3), "--rank",
              str(victim), "--times", str(times), *(["--by-version"] if recipe == "ps" and "async" in extra else [])]
-    command = [*measuring.python_command(processes)[1:], "--max-restarts=1", str(ROOT / "scripts" / "checks" / "inject_fault.py"),
+    command = [*measuring.python_command(processes)[1:], "--max-restarts=1",
+               str(ROOT / "scripts" / "checks" / "inject_fault.py"),
                *fault, "--", str(ROOT / "recipes" / recipe / "train.py"), str(data), *flags, *extra, "--auto-resume",
                "--out", str(out / "run")]
     launch = measuring.launch_of(recipe, processes, command, threads=1)
@@ -283,7 +284,8 @@ def main():
                "checkpoint_mb": round(size_mb, 2), "seconds_per_save": round(save_s, 4),
                "save_share_of_epoch": round(save_s / recovery["train_epoch_s"], 5), **recovery,
                "stop_check_us": round(1e6 * check_s, 1), "stop_check_share_of_step": round(check_s / step_s, 6),
-               "hardware": hardware(), "command": " ".join(["python", "scripts/figures/recovery/measure.py", *sys.argv[1:]])}
+               "hardware": hardware(), "command": " ".join(["python", "scripts/figures/recovery/measure.py",
+                                                            *sys.argv[1:]])}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

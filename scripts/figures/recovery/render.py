@@ -28,7 +28,8 @@ def recovery_recipes_table(rows):
         if row["top1"] == "":
             return "did not finish"
         if row["deterministic"] == "True":
-            return f"{'equal to' if row['as_uninterrupted'] == 'True' else 'differs from'} seed 0's {row['reference_top1']}"
+            same = "equal to" if row["as_uninterrupted"] == "True" else "differs from"
+            return f"{same} seed 0's {row['reference_top1']}"
         where = ("within" if row["as_uninterrupted"] == "True" else
                  "above" if float(row["top1"]) > float(row["reference_max"]) else "below")
         return f"{where} seeds 0-2's {row['reference_min']}-{row['reference_max']}"

@@ -76,10 +76,10 @@ def sharding_table(rows):
                    "ZeRO model MiB", peak, "train images/s", "relative to ddp", "sent per step MiB (model)"], body) +
             f"\n\n{models_line(rows)}, -b {first['batch']} per process, one epoch, fp32, SGD with momentum; each "
             f"byte count is the largest rank's, measured from its tensors (weights: the most held when a forward "
-            f"ends). The ZeRO model for this set-up, with P parameters and N processes: `none` 12 P, `optimizer` 8 P + 4 P / N, "
-            f"`grad-op` 4 P + 8 P / N, `full` 12 P / N bytes. Measured sum over the model: {measured_over_model}. "
-            f"Sent per step: what the ring algorithms of each mode send per rank, from P and N (not measured). On "
-            f"{first['cores']} cores ({first['cpu']}); more processes than cores share them.")
+            f"ends). The ZeRO model for this set-up, with P parameters and N processes: `none` 12 P, `optimizer` "
+            f"8 P + 4 P / N, `grad-op` 4 P + 8 P / N, `full` 12 P / N bytes. Measured sum over the model: "
+            f"{measured_over_model}. Sent per step: what the ring algorithms of each mode send per rank, from P and N "
+            f"(not measured). On {first['cores']} cores ({first['cpu']}); more processes than cores share them.")
 
 
 def plot_sharding(rows, figures):
