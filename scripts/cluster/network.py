@@ -10,6 +10,7 @@ them) when the launching process ends, however it ends: SIGKILL included.
 
 Needs root and iproute2; require() says in one line what is missing."""
 
+import itertools
 import os
 import re
 import shutil
@@ -112,14 +113,13 @@ def tc(namespace, *args, check=True):
     return result
 
 
-made = []  # the clusters this process made: each gets a tag of its own (<pid>-<count>)
+made = itertools.count(1)  # the clusters this process made: each gets a tag of its own (<pid>-<count>)
 
 
 def make(nodes, link):
     """The cluster's namespaces, bridge, cables, addresses and shaping; the janitor watching over them.
     Returns the Cluster and its janitor: janitor.stdin open while the cluster is in use (release() ends both)."""
-    made.append(nodes)
-    cluster = Cluster(f"{os.getpid()}-{len(made)}", nodes)
+    cluster = Cluster(f"{os.getpid()}-{next(made)}", nodes)
     janitor = watch(cluster)  # first: if this process dies half-way, nothing is left either
     try:
         build(cluster, link)

@@ -269,6 +269,16 @@ def train_seconds(out):
         return sum(float(row["epoch_s"]) for row in csv.DictReader(f) if row["split"] == "train")
 
 
+def training_curve(out):
+    """(epoch, training seconds so far, val top-1) of each epoch of a run directory (evaluation left out)."""
+    epochs, elapsed, points = read_csv(Path(out) / "metrics.csv"), 0.0, []
+    for row in (r for r in epochs if r["split"] == "train"):
+        elapsed += float(row["epoch_s"])
+        val = next(v for v in epochs if v["split"] == "val" and v["epoch"] == row["epoch"])
+        points.append((row["epoch"], elapsed, val["top1"]))
+    return points
+
+
 def record_part(figures_data, part, started, adding=False, replacing=None):
     """Keep how long this part of `make figures` takes in <figures_data>/timings.csv (one row per part,
     replaced each time), for RESULTS.md: the time since `started` plus, for runs kept from an earlier

@@ -102,6 +102,21 @@ def real_ratio(link_bits, nodes, gradient_bytes, node_step):
     return ring_share(GPUS_PER_NODE * nodes) * gradient_bytes * 8 / link_bits / node_step
 
 
+def paced_by_cpu(floor_s, wire_s):
+    """Whether a row measures this machine rather than the link: the all-reduce with the links unshaped (the
+    emulation's floor at these bytes) takes more than TRUSTED of the wire's modelled time. Any unit, both alike."""
+    return floor_s > TRUSTED * wire_s
+
+
+def launcher(nodes, rate_bits=None, nproc_per_node=None, cores=None):
+    """scripts/cluster/run.py and its flags, for measuring.train's launcher: `nodes` nodes linked at rate_bits
+    (rounded to kbit/s; None: unshaped), nproc_per_node and cores where given."""
+    return [str(ROOT / "scripts" / "cluster" / "run.py"), "--nodes", str(nodes),
+            *(["--nproc-per-node", str(nproc_per_node)] if nproc_per_node is not None else []),
+            "--rate", f"{round(rate_bits / 1e3)}kbit" if rate_bits else "none",
+            *(["--cores", str(cores)] if cores is not None else [])]
+
+
 def emulated_rate(ratio, nodes, bytes_per_step, alone_step):
     """The link rate (bits/s) at which n emulated nodes spend `ratio` of their step alone on the wire (at TCP's
     payload share of it, as wire_seconds() counts it)."""

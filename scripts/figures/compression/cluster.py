@@ -84,34 +84,27 @@ def measure(args, model, methods):
                       f"cluster's ceiling ({ceiling[nodes] / 1e6:.0f} Mbit/s): not emulated", flush=True)
                 continue
             unpriced = unpriced or unpriced_step(args, model, nodes, batch, runs / f"unpriced-{nodes}" / "none-seed0")
-            launcher = [str(ROOT / "scripts" / "cluster" / "run.py"), "--nodes", str(nodes), "--rate",
-                        f"{round(rate / 1e3)}kbit"]
+            launcher = links.launcher(nodes, rate)
             for seed in args.seeds:
                 for method, error_feedback in methods:
                     out = runs / f"{link_name(name)}-{nodes}" / f"{run_name(method, error_feedback)}-seed{seed}"
                     flags = [args.data, *model, "--epochs", str(args.cluster_epochs), "--seed", str(seed), "-b",
                              str(batch), "--compress", method, *(["--error-feedback"] if error_feedback else [])]
                     summary = measuring.train("compression", 1, flags, out, 1, launcher=launcher)
-                    epochs = measuring.read_csv(out / "metrics.csv")
-                    train = [r for r in epochs if r["split"] == "train"]
-                    steps = [summary["global_batch"] / float(r["images_per_s"]) for r in train]
+                    step = median_step(out, summary)
                     rows.append({"method": method, "error_feedback": int(error_feedback), "link": name,
                                  "link_bits": link_bits, "nodes": nodes, "seed": seed, "ratio": f"{ratio:.4f}",
                                  "rate_bits": round(rate), "alone_step_s": f"{alone[method, error_feedback]:.5f}",
                                  "bytes_per_step": summary["bytes_per_step"],
-                                 "step_s": f"{statistics.median(steps):.5f}", "unpriced_step_s": f"{unpriced:.5f}",
-                                 "train_s": f"{sum(float(r['epoch_s']) for r in train):.2f}",
+                                 "step_s": f"{step:.5f}", "unpriced_step_s": f"{unpriced:.5f}",
+                                 "train_s": f"{measuring.train_seconds(out):.2f}",
                                  "top1": summary["top1"], "epochs": summary["epochs"],
                                  "global_batch": summary["global_batch"], "arch": summary["arch"], **machine})
-                    elapsed = 0.0
-                    for r in train:
-                        elapsed += float(r["epoch_s"])
-                        val = next(v for v in epochs if v["split"] == "val" and v["epoch"] == r["epoch"])
-                        curves.append({"method": method, "error_feedback": int(error_feedback), "link": name,
-                                       "nodes": nodes, "seed": seed, "epoch": r["epoch"], "train_s": f"{elapsed:.2f}",
-                                       "top1": val["top1"]})
+                    curves += [{"method": method, "error_feedback": int(error_feedback), "link": name,
+                                "nodes": nodes, "seed": seed, "epoch": epoch, "train_s": f"{elapsed:.2f}",
+                                "top1": top1} for epoch, elapsed, top1 in measuring.training_curve(out)]
                     print(f"{name} x {nodes} nodes ({rate / 1e6:.1f} Mbit/s here), {run_name(method, error_feedback)}, "
-                          f"seed {seed}: {statistics.median(steps) * 1e3:.1f} ms a step (alone "
+                          f"seed {seed}: {step * 1e3:.1f} ms a step (alone "
                           f"{alone[method, error_feedback] * 1e3:.1f}), top-1 {summary['top1']:.2f}", flush=True)
     data = Path(args.figures_data)
     measuring.write_csv(data / "compression_cluster.csv", FIELDS, rows)
@@ -126,7 +119,10 @@ def unpriced_step(args, model, nodes, batch, out):
     messages say)."""
     flags = [args.data, *model, "--epochs", str(args.cluster_epochs), "--seed", "0", "-b", str(batch), "--compress",
              "none"]
-    launcher = [str(ROOT / "scripts" / "cluster" / "run.py"), "--nodes", str(nodes), "--rate", "none"]
-    summary = measuring.train("compression", 1, flags, out, 1, launcher=launcher)
+    return median_step(out, measuring.train("compression", 1, flags, out, 1, launcher=links.launcher(nodes)))
+
+
+def median_step(out, summary):
+    """A run's step: the median over its training epochs of global batch / images/s."""
     return statistics.median(summary["global_batch"] / float(r["images_per_s"])
                              for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train")

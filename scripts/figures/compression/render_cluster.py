@@ -55,11 +55,15 @@ def speedups(rows):
     return found
 
 
+def floor_share(none):
+    """How far uncompressed DDP's step with the wire unpriced is over its step alone: the emulation's floor, as a
+    share of the step alone (as the wire's share, the ratio, is)."""
+    return float(none[0]["unpriced_step_s"]) / statistics.mean(float(r["alone_step_s"]) for r in none) - 1
+
+
 def cpu_paced(none):
-    """Whether uncompressed DDP's step with the wire unpriced is over its step alone by more than links.TRUSTED
-    of the wire's share: the emulation's floor, not the link, then sets much of the step."""
-    alone = statistics.mean(float(r["alone_step_s"]) for r in none)
-    return float(none[0]["unpriced_step_s"]) / alone - 1 > links.TRUSTED * float(none[0]["ratio"])
+    """Whether the emulation's floor, not the link, sets much of these steps (links.paced_by_cpu)."""
+    return links.paced_by_cpu(floor_share(none), float(none[0]["ratio"]))
 
 
 def time_cell(reached, key, seeds):
@@ -86,12 +90,11 @@ def cluster_table(rows, curves, skipped):
                          if ratio_to_none and name != "none" else "",
                          *(time_cell(reached[target], (link, nodes, name), seeds) for target in TARGETS),
                          with_range(spread([float(r["top1"]) for r in runs]))])
-        alone = statistics.mean(float(r["alone_step_s"]) for r in none) if none else None
         reached_here = ""
         if none:
-            floor = float(none[0]["unpriced_step_s"]) / alone - 1
+            alone = statistics.mean(float(r["alone_step_s"]) for r in none)
             reached_here = (f" (measured: its step is {step_spread(none)['mean'] / 1e3 / alone - 1:+.0%} over its "
-                            f"step alone; with the wire unpriced, {floor:+.0%}"
+                            f"step alone; with the wire unpriced, {floor_share(none):+.0%}"
                             + (f", more than {links.TRUSTED:.0%} of the wire's share: this machine's CPU, not the "
                                f"link, sets much of these steps" if cpu_paced(none) else "") + ")")
         text.append(f"**{link}, {nodes} nodes.** There, ResNet-50's all-reduce takes {ratio:.1%} of a node's "

@@ -60,8 +60,7 @@ def measure(args, flags_of, curve, syncs, c_over_x):
             for sync in ["allreduce", "hetpipe"] if args.quick else syncs:
                 processes, flags = flags_of("time", sync, hetero, stages, replicas, "pipedream", 1, seed, args)
                 nodes = processes // stages
-                launcher = [str(ROOT / "scripts" / "cluster" / "run.py"), "--nodes", str(nodes), "--nproc-per-node",
-                            str(stages), "--rate", f"{round(rate / 1e3)}kbit"]
+                launcher = links.launcher(nodes, rate, nproc_per_node=stages)
                 out = runs / f"{replicas}x{stages}" / f"{sync}-seed{seed}"
                 summary = measuring.train("pipeline", 1, flags, out, 1, launcher=launcher)
                 train_s = measuring.train_seconds(out)

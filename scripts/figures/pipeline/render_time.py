@@ -32,9 +32,9 @@ def finals(runs):
     return spread([points[-1][2] for points in runs.values()])
 
 
-def target_of(methods):
+def target_of(methods, below=BELOW_BEST):
     best = max(finals(runs)["mean"] for runs in methods.values())
-    return math.floor(2 * (best - BELOW_BEST)) / 2
+    return math.floor(2 * (best - below)) / 2
 
 
 def seconds_to(runs, target):
@@ -136,37 +136,37 @@ def cluster_section(data):
     updates/s, and, layout by layout, whether partial reduce is first as SD-PIPE finds, beside loopback's."""
     layouts, runs = read(data, "pipeline_cluster_time.csv"), read_csv(data / "pipeline_cluster.csv")
     r = runs[0]
-    rates = {(int(x["replicas"]), int(x["stages"])): x for x in runs}
+    settings = {(int(x["replicas"]), int(x["stages"])): x for x in runs}  # (each layout's link and X)
     regime = (f"on the virtual cluster: a node a replica and one more for HetPipe's servers, one process a node, "
               f"links sized after {r['link']} at R nodes ("
               + ", ".join(f"{float(x['rate_bits']) / 1e6:.1f} Mbit/s at {x['replicas']}"
-                          for x in rates.values())
+                          for x in settings.values())
               + " here), X a replica's step alone / 0.5 (" + ", ".join(f"{float(x['hetero']):g} s at {x['replicas']}"
-                                                                     for x in rates.values()) + ")")
+                                                                     for x in settings.values()) + ")")
     syncs = [s for s in ORDER if any(x["sync"] == s for x in runs)]
-    body = [[f"{replicas} x {stages}", *(with_range(spread([float(x["updates_per_s"]) for x in runs if x["sync"] == s
-                                                            and (int(x["replicas"]), int(x["stages"])) ==
-                                                            (replicas, stages)]), 1) for s in syncs)]
-            for replicas, stages in rates]
+    grouped = {}
+    for x in runs:
+        grouped.setdefault(((int(x["replicas"]), int(x["stages"])), x["sync"]), []).append(float(x["updates_per_s"]))
+    updates = {key: spread(values) for key, values in grouped.items()}  # ((R, S), sync): updates/s over the seeds
+    body = [[f"{replicas} x {stages}", *(with_range(updates[(replicas, stages), s], 1)
+                                         if ((replicas, stages), s) in updates else "" for s in syncs)]
+            for replicas, stages in settings]
     local = {layout: leader for layout, _, _, leader in by_layout(read(data))}
     said = []
     for layout, methods, target, leader in by_layout(layouts):
         there = f"; on loopback {local[layout]} first" if local.get(layout) else ""
         verdict = ("agrees with SD-PIPE (partial reduce first)" if leader == "preduce" else
                    f"does not agree with SD-PIPE: {leader or 'no method in every seed'} first")
-        best = max(finals(runs)["mean"] for runs in methods.values())
-        others = {f"{below:g}": first(methods, math.floor(2 * (best - below)) / 2) for below in (0.5, 1.5)}
+        others = {f"{below:g}": first(methods, target_of(methods, below)) for below in (0.5, 1.5)}
         robust = "; with the target at the best less " + " or ".join(
-            f"{below} points, {leader or 'no method in every seed'} first" for below, leader in others.items())
+            f"{below} points, {other or 'no method in every seed'} first" for below, other in others.items())
         said.append(f"{layout} to {target:.1f} %: {verdict}{there}{robust}")
-    hetpipe = {(int(x["replicas"]), int(x["stages"])) for x in runs if x["sync"] == "hetpipe"}
-    rates = {layout: spread([float(x["updates_per_s"]) for x in runs if x["sync"] == "hetpipe" and
-                             (int(x["replicas"]), int(x["stages"])) == layout])["mean"] for layout in hetpipe}
+    hetpipe = {layout: u["mean"] for (layout, sync), u in updates.items() if sync == "hetpipe"}
     why = ""
-    if len(rates) > 1:
-        few, many = min(rates), max(rates)
-        why = (f" HetPipe's updates/s at R = {many[0]} are {rates[many] / rates[few]:.2f}x those at R = {few[0]}: "
-               f"its servers' one link carries the pushes and pulls of every replica.")
+    if len(hetpipe) > 1:
+        few, many = min(hetpipe), max(hetpipe)
+        why = (f" HetPipe's updates/s at R = {many[0]} are {hetpipe[many] / hetpipe[few]:.2f}x those at R = "
+               f"{few[0]}: its servers' one link carries the pushes and pulls of every replica.")
     return (time_table(layouts, regime) + "\n\nUpdates/s (all replicas'), the same runs:\n\n" +
             table(["R x S", *(f"`{s}`" for s in syncs)], body) + "\n\nAgainst the paper: " + "; ".join(said) + "."
             + why)

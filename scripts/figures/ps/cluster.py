@@ -51,8 +51,7 @@ def measure(args):
         for aggregate in ["zenops"] if args.quick else RULES:
             for attack in ["none"] if args.quick else ATTACKS:
                 recipe, processes, flags = table.flags_of("sync-1v", "sync", aggregate, attack, None, seed, args)
-                launcher = [str(ROOT / "scripts" / "cluster" / "run.py"), "--nodes", str(processes), "--rate",
-                            f"{round(rate / 1e3)}kbit"]
+                launcher = links.launcher(processes, rate)
                 out = runs / f"{re.sub(r'[^A-Za-z0-9.+-]+', '_', f'{aggregate}-{attack}')}-seed{seed}"
                 summary = measuring.train(recipe, 1, flags, out, 1, check=False, launcher=launcher)
                 row = {"aggregate": aggregate, "attack": attack, "seed": seed, "processes": processes, "link": name,

@@ -86,26 +86,19 @@ def measure(args, figures_data):
             train_flags = [args.cluster_data, *measuring.ACCURACY, *TRAINING, "-b", str(args.cluster_batch),
                            "--epochs", str(args.cluster_epochs), "--seed", str(seed), "--warmup-epochs",
                            str(min(WARMUP_EPOCHS, args.cluster_epochs - 1))]  # (fewer epochs, as QUICK's: less)
-            launcher = [str(ROOT / "scripts" / "cluster" / "run.py"), "--nodes", str(nodes), "--rate",
-                        f"{round(rate / 1e3)}kbit" if rate else "none", *(["--cores", "1"] if nodes == 1 else [])]
+            launcher = links.launcher(nodes, rate, cores=1 if nodes == 1 else None)
             summary = measuring.train("ddp", 1, train_flags, out, 1, launcher=launcher)
-            epochs = measuring.read_csv(out / "metrics.csv")
-            train = [r for r in epochs if r["split"] == "train"]
-            rates = [float(r["images_per_s"]) for r in train]
+            rates = [float(r["images_per_s"]) for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train"]
             training.append({"link": name, "link_bits": link_bits, "nodes": nodes, "seed": seed,
                              "ratio": f"{ratio:.4f}", "rate_bits": round(rate) if rate else "",
                              "alone_step_s": f"{alone[nodes]:.5f}",
                              "step_s": f"{summary['global_batch'] / statistics.median(rates):.5f}",
                              "images_per_s": f"{statistics.median(rates):.1f}",
-                             "train_s": f"{sum(float(r['epoch_s']) for r in train):.2f}",
+                             "train_s": f"{measuring.train_seconds(out):.2f}",
                              "epochs": summary["epochs"], "global_batch": summary["global_batch"],
                              "top1": summary["top1"], **machine})
-            elapsed = 0.0
-            for r in train:
-                elapsed += float(r["epoch_s"])
-                val = next(v for v in epochs if v["split"] == "val" and v["epoch"] == r["epoch"])
-                curves.append({"link": name, "nodes": nodes, "seed": seed, "epoch": r["epoch"],
-                               "train_s": f"{elapsed:.2f}", "top1": val["top1"]})
+            curves += [{"link": name, "nodes": nodes, "seed": seed, "epoch": epoch, "train_s": f"{elapsed:.2f}",
+                        "top1": top1} for epoch, elapsed, top1 in measuring.training_curve(out)]
             print(f"training, {name} x {nodes} nodes, seed {seed}: {statistics.median(rates):.0f} images/s, "
                   f"top-1 {summary['top1']:.2f}", flush=True)
     data = Path(figures_data)
@@ -116,8 +109,7 @@ def measure(args, figures_data):
 
 def stand_in_step(nodes, rate, compute_s, bytes_per_step, steps):
     """The median step of stand_in.py on `nodes` nodes linked at rate (unshaped at one node: no wire)."""
-    command = [sys.executable, str(ROOT / "scripts" / "cluster" / "run.py"), "--nodes", str(nodes), "--rate",
-               f"{round(rate / 1e3)}kbit" if rate else "none", *(["--cores", "1"] if nodes == 1 else []),
+    command = [sys.executable, *links.launcher(nodes, rate, cores=1 if nodes == 1 else None),
                str(ROOT / "scripts" / "figures" / "scaling" / "stand_in.py"),
                "--compute-s", f"{compute_s:.5f}", "--bytes", str(bytes_per_step), "--steps", str(steps)]
     result = subprocess.run(command, capture_output=True, text=True)

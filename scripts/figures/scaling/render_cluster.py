@@ -17,7 +17,7 @@ def trusted(row):
     """Whether a stand-in row measures the link: the all-reduce with the wire unpriced (this machine's CPU alone)
     takes at most links.TRUSTED of the wire's modelled time. (One node has no wire: trusted.)"""
     wire = float(row["model_s"]) - float(row["compute_s"])
-    return not wire or float(row["unpriced_s"]) - float(row["compute_s"]) <= links.TRUSTED * wire
+    return not wire or not links.paced_by_cpu(float(row["unpriced_s"]) - float(row["compute_s"]), wire)
 
 
 def efficiency(row, column="step_s"):
