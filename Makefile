@@ -160,8 +160,8 @@ gpu-check-figures-gpu gpu-check-gpu-smoke:
 		scripts/checks/check_python.py $(@:gpu-check-%=%) failed)))
 
 figures-gpu: gpu-check-figures-gpu $(if $(filter table,$(GPU_ONLY)),$(GPU_JPEG_DATA)/.complete)
-	$(GPU_PY) scripts/gpu/measure.py $(if $(filter table,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) --parts $(GPU_ONLY) \
-		--figures-data figures/data/gpu --runs runs/figures-gpu
+	$(GPU_PY) scripts/figures/gpu/measure.py $(if $(filter table,$(GPU_ONLY)),--jpeg $(GPU_JPEG_DATA)) \
+		--parts $(GPU_ONLY) --figures-data figures/data/gpu --runs runs/figures-gpu
 	$(GPU_PY) scripts/figures/plot_results.py
 
 gpu-smoke: gpu-check-gpu-smoke

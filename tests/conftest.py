@@ -2,22 +2,16 @@
 
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
-import forkserver
+from scripts.harness import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("red", "green", "blue")
@@ -63,18 +57,15 @@ def child_env(extra=None):
 
 
 # recipes whose many groups and point-to-point messages run under NCCL's rules in every test, on gloo as on NCCL
-# (scripts/gpu/nccl_rules.py: a call NCCL would refuse ends the run with one line naming it)
+# (scripts/harness/nccl_rules.py: a call NCCL would refuse ends the run with one line naming it)
 UNDER_NCCL_RULES = ("ps", "pipeline")
 
 
 def recipe_command(recipe, args, nproc=None):
     script = [str(ROOT / "recipes" / recipe / "train.py")]
     if recipe in UNDER_NCCL_RULES:
-        script.insert(0, str(ROOT / "scripts" / "gpu" / "nccl_rules.py"))
-    if nproc is None:
-        return [sys.executable, *script, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            *script, *args]
+        script.insert(0, str(ROOT / "scripts" / "harness" / "nccl_rules.py"))
+    return [*launch.python_command(nproc), *script, *args]
 
 
 def run_recipe(recipe, args, nproc=None, expect_ok=True, env=None, timeout=300, torchrun=False):
@@ -83,11 +74,8 @@ def run_recipe(recipe, args, nproc=None, expect_ok=True, env=None, timeout=300, 
     args = [str(a) for a in args]
     if nproc is not None and not torchrun:
         result = launch_ranks(recipe_command(recipe, args), nproc, child_env(env), timeout)
-    elif nproc is None:
-        result = run_python(recipe_command(recipe, args), env=env, timeout=timeout)
     else:
-        result = subprocess.run(recipe_command(recipe, args, nproc), cwd=ROOT, env=child_env(env),
-                                capture_output=True, text=True, timeout=timeout)
+        result = run_python(recipe_command(recipe, args, nproc), env=env, timeout=timeout)
     if expect_ok and result.returncode != 0:
         raise AssertionError(f"{recipe} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-5000:]}")
@@ -96,76 +84,15 @@ def run_recipe(recipe, args, nproc=None, expect_ok=True, env=None, timeout=300, 
 
 def run_python(command, cwd=ROOT, env=None, timeout=300):
     """subprocess.run(command, capture_output=True, text=True) with the suite's environment (and env's
-    variables): forked from the fork server when command is `python SCRIPT ...` with this Python."""
-    if forkserver.forkable(command):
-        return forkserver.run(command, cwd, child_env(env), timeout, child_env())
-    return subprocess.run(command, cwd=cwd, env=child_env(env), capture_output=True, text=True, timeout=timeout)
+    variables): forked from the suite's fork server when command is `python SCRIPT ...` with this Python
+    (scripts/harness/launch.py)."""
+    return launch.run(command, child_env(env), cwd, timeout, server_env=child_env())
 
 
-def torchrun_env(rank, nproc, port, run_id, errors):
-    """What torchrun --standalone --nproc_per_node=nproc adds to rank's environment (test_forked.py compares)."""
-    return {"RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
-            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
-            "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "localhost",
-            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-            "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCHELASTIC_ERROR_FILE": str(errors / str(rank) / "error.json"),
-            "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(signal.Signals(number).name for number in HANDLED)}
-
-
-# the signals torchrun handles (its TORCHELASTIC_SIGNALS_TO_HANDLE): its workers start with them at their default,
-# where an ignored signal is otherwise inherited (the tests under nohup, or started in a shell's background)
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-
-
-def default_handled_signals():
-    for number in HANDLED:
-        signal.signal(number, signal.SIG_DFL)
-
-
-def launch_ranks(command, nproc, env, timeout, grace=10):
-    """nproc processes of command as torchrun --standalone starts its workers, without its agent: the
-    environment it gives them (torchrun_env), its store (held here, as the agent holds it) and a session each;
-    `python SCRIPT` forked from the fork server. The agent's start-up costs about a second a run, a fresh
-    interpreter's imports 2.5 s a rank; the tests of torchrun's own behaviour launch torchrun. As its agent
-    does, the first rank to fail has the others' process groups sent SIGTERM, then SIGKILL after `grace`
-    seconds, and the exit code is 1 when any rank failed. The output: every rank's stdout (then stderr), rank
-    by rank."""
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    run_id, errors = str(uuid.uuid4()), Path(tempfile.mkdtemp(prefix="torchelastic-"))
-    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(nproc)]
-    envs = [{**env, **torchrun_env(rank, nproc, store.port, run_id, errors)} for rank in range(nproc)]
-    deadline, stop_at, ranks = time.monotonic() + timeout, None, []
-    try:
-        for rank_env, (out, err) in zip(envs, files):
-            if forkserver.forkable(command):
-                ranks.append(forkserver.Forked(command, ROOT, rank_env, out, err, child_env(), handled=HANDLED))
-            else:
-                ranks.append(subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, text=True, env=rank_env,
-                                              start_new_session=True, preexec_fn=default_handled_signals))
-        while None in [rank.poll() for rank in ranks]:  # (each one polled)
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(command, timeout)
-            if stop_at is None and any(rank.returncode for rank in ranks):
-                stop_at = time.monotonic() + grace
-                for rank in ranks:
-                    forkserver.signal_group(rank, signal.SIGTERM)
-            if stop_at is not None and time.monotonic() > stop_at:
-                for rank in ranks:
-                    forkserver.signal_group(rank, signal.SIGKILL)
-            time.sleep(0.02)
-    finally:
-        for rank in ranks:
-            forkserver.signal_group(rank, signal.SIGKILL)
-            rank.wait()
-        shutil.rmtree(errors, ignore_errors=True)
-    outputs = []
-    for out, err in files:
-        out.seek(0), err.seek(0)
-        outputs.append((out.read(), err.read()))
-        out.close(), err.close()
-    return subprocess.CompletedProcess(command, int(any(rank.returncode for rank in ranks)),
-                                       "".join(out for out, _ in outputs), "".join(err for _, err in outputs))
+def launch_ranks(command, nproc, env, timeout):
+    """nproc ranks of command as torchrun starts its workers, forked from the suite's fork server
+    (scripts/harness/launch.py)."""
+    return launch.launch_ranks(command, nproc, env, timeout, server_env=child_env())
 
 
 def read_summary(out):

@@ -10,10 +10,10 @@ import torch.distributed.checkpoint as dcp
 from conftest import ROOT, TINY, run_recipe, write_tiny_folder
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from recipes import RECIPES as CATALOGUE
 from recipes.common import RecipeError, models
 
-
-RECIPES = ["nd", "dp", "ddp", "apex", "compression", "fsdp", "ps", "pipeline"]
+RECIPES = [entry.name for entry in CATALOGUE]
 
 
 def assert_one_clear_line(result, *phrases):

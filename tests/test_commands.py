@@ -24,6 +24,10 @@ import time
 import pytest
 from conftest import ROOT, child_env, free_port, run_python
 
+from recipes import RECIPES
+
+RECIPE_NAMES = [entry.name for entry in RECIPES]
+
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("recipes/*/README.md")),
          *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*.md"))]
 RECIPE = re.compile(r"^recipes/(\w+)/train\.py$")
@@ -38,7 +42,7 @@ def shown_blocks():
     for page in PAGES:
         for i, block in enumerate(re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(), re.S)):
             blocks.append((f"{page} block {i + 1}", block))
-    for script in sorted(ROOT.glob("recipes/*/train.py")):
+    for script in (ROOT / "recipes" / name / "train.py" for name in RECIPE_NAMES):
         docstring = ast.get_docstring(ast.parse(script.read_text())).replace("\\\n", " ")
         commands = [line for line in docstring.splitlines() if re.match(r"^\s+(torchrun|python) ", line)]
         blocks.append((f"{script.relative_to(ROOT)} docstring", "\n".join(commands)))
@@ -78,7 +82,7 @@ for where, commands in BLOCKS:
 def test_the_pages_show_commands_to_run():
     """The collector finds what it should: every recipe's docstring command, and the resume walk-through."""
     wheres = [where for where, _ in BLOCKS]
-    assert all(f"recipes/{r}/train.py docstring" in wheres for r in ("nd", "ddp", "apex", "fsdp", "ps", "pipeline"))
+    assert all(f"recipes/{r}/train.py docstring" in wheres for r in RECIPE_NAMES)
     assert any(w.startswith("docs/run-directory.md") for w in RUNNABLE.values())
     assert any(w.startswith("docs/launching.md") for w in wheres)
     for page in PAGES:  # a launch shown in a block of another kind would escape the collector

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import TINY, child_env, free_port, read_summary, run_recipe
-import forkserver
+from scripts.harness import launch
 
 from recipes.common import compat
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -79,7 +79,7 @@ def record_payloads():
 
 
 def run_hook(tmp_path, method, grads_per_step, **options):
-    forkserver.spawn(hook_worker, (free_port(), method, grads_per_step, options, tmp_path), WORLD_SIZE, child_env())
+    launch.spawn(hook_worker, (free_port(), method, grads_per_step, options, tmp_path), WORLD_SIZE, child_env())
     return [torch.load(tmp_path / f"{rank}.pt") for rank in range(WORLD_SIZE)]
 
 

@@ -2,7 +2,7 @@
 
 The model's tensors travel over device groups (NCCL on CUDA), everything else over a
 gloo group of CPU tensors. Here the meta device stands in for a GPU where a tensor's
-device is what matters, and scripts/gpu/nccl_rules.py refuses, on gloo, what NCCL refuses.
+device is what matters, and scripts/harness/nccl_rules.py refuses, on gloo, what NCCL refuses.
 """
 
 import argparse
@@ -93,13 +93,13 @@ def test_the_summary_counts_go_over_a_control_group(recorded):
     from recipes.ps import attacks, server as ps
 
     calls, control = recorded
-    tally = {**sync.new_tally(), "waits": 3, "partial_syncs": 4, "gap": 1, "longest_gap": 2, "full_syncs": 5}
+    tally = sync.Tally(waits=3, partial_syncs=4, gap=1, longest_gap=2, full_syncs=5)
     counts = sync.counts_of_every_rank(tally, Layout(stages=2, world_size=4), rank=0)
     servers = argparse.Namespace(group=object(), control=object())  # a Run of the servers: device and gloo groups
     flags = argparse.Namespace(mode="sync", aggregate="mean", attack="none", byzantine=0, attack_prob=0, local_steps=1,
                                servers=1, validators=0)
-    ps.summary_of(flags, argparse.Namespace(workers=2), {"counts": torch.ones(attacks.COUNTS, dtype=torch.float64),
-                                                         "stale": 0, "oldest": 2}, servers)
+    ps.summary_of(flags, argparse.Namespace(workers=2), argparse.Namespace(
+        counts=torch.ones(attacks.COUNTS, dtype=torch.float64), stale=0, oldest=2), servers)
     assert [(name, group) for name, _, group, _ in calls] == [("all_reduce", control)] * 2 + [
         ("all_reduce", servers.control)] * 2
     assert all(tensor.device.type == "cpu" for _, tensor, _, _ in calls)
@@ -236,7 +236,7 @@ def test_fully_sharded_training_takes_channels_last(tiny_data, tmp_path, shard):
 
 def test_adpsgd_exchanges_weights_in_grouped_pairs(tiny_data, tmp_path):
     """Posted one after the other (isend, then irecv) on both partners, the pairs' exchanges could deadlock NCCL;
-    as every ps and pipeline test, this one runs under scripts/gpu/nccl_rules.py (conftest.recipe_command)."""
+    as every ps and pipeline test, this one runs under scripts/harness/nccl_rules.py (conftest.recipe_command)."""
     run_recipe("pipeline", [tiny_data, *TINY, "-b", "4", "--epochs", "1", "--stages", "2", "--microbatches", "2",
                             "--sync", "adpsgd", "--out", tmp_path], nproc=6)
     summary = read_summary(tmp_path)
@@ -261,7 +261,7 @@ def test_nccl_rules_end_a_run_that_breaks_one(tmp_path, rule):
     script.write_text("import torch, torch.distributed as dist\n"
                       "dist.init_process_group('gloo', rank=0, world_size=1, store=dist.HashStore())\n"
                       f"{RULE_BREAKERS[rule]}\n")
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "nccl_rules.py"), str(script)], cwd=ROOT,
-                            env=child_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "harness" / "nccl_rules.py"), str(script)],
+                            cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "nccl-rules: rank 0: " in result.stderr and rule in result.stderr and "breaks_a_rule.py:3" in result.stderr

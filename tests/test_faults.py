@@ -1,6 +1,6 @@
 """Fault tolerance: restarts, preemption, crashes mid-save, divergence, lost peers.
 
-Faults are injected at a chosen training step by scripts/checks/inject_fault.py, so each
+Faults are injected at a chosen training step by scripts/harness/inject_fault.py, so each
 test is deterministic. With -b 8 (nd) or 2 x -b 4 (ddp), an epoch of the tiny
 set is 6 steps: step 9 is the third step of epoch 2.
 """
@@ -30,9 +30,9 @@ FINAL = ("top1", "top1_correct", "loss", "best_top1")
 
 def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_args=(), timeout=300,
              torchrun=("-m", "torch.distributed.run"), **popen):
-    """Run a recipe under scripts/checks/inject_fault.py (under torchrun when nproc is given)."""
-    inject = [str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", fault, "--step", str(step), *inject_args,
-              "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
+    """Run a recipe under scripts/harness/inject_fault.py (under torchrun when nproc is given)."""
+    inject = [str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", fault, "--step", str(step),
+              *inject_args, "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
     if nproc is None and not popen:
         return run_python([sys.executable, *inject], timeout=timeout)  # (forked: no launcher in the test)
     if nproc is None:
@@ -314,7 +314,7 @@ def test_a_peer_lost_during_training_is_one_clear_error(tiny_data, tmp_path, fau
     """Without torchrun watching, rank 0 itself notices that rank 1 died or hangs."""
     url = f"tcp://127.0.0.1:{free_port()}"
     args = [tiny_data, *DDP, "--dist-url", url, "--world-size", "2", "--dist-timeout", "5"]
-    inject = [sys.executable, str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", fault, "--step", "3",
+    inject = [sys.executable, str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", fault, "--step", "3",
               "--",
               str(ROOT / "recipes" / "ddp" / "train.py"), *map(str, args), "--rank", "1", "--out", tmp_path / "r1"]
     peer = subprocess.Popen(inject, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
@@ -341,7 +341,7 @@ def two_nodes(args, inject, tmp_path, share_store, max_restarts=1):
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
          f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-         "--rdzv-id=two-nodes", str(ROOT / "scripts" / "checks" / "inject_fault.py"), *inject, "--",
+         "--rdzv-id=two-nodes", str(ROOT / "scripts" / "harness" / "inject_fault.py"), *inject, "--",
          str(ROOT / "recipes" / "ddp" / "train.py"), *map(str, args)],
         cwd=ROOT, env=env, stdout=open(tmp_path / f"node{node}.out", "w"), stderr=subprocess.STDOUT)
         for node in range(2)]

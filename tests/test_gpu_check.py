@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT, child_env
 
 sys.path.insert(0, str(ROOT))
+from recipes import RECIPES
 from scripts.checks import check_python
 
 EPOCHS = ["-a", "lenet", "--image-size", "16", "-b", "8", "-j", "0", "--epochs", "2", "-p", "1000", "--seed", "0"]
@@ -30,7 +31,7 @@ def test_a_recipe_imports_the_recipes_of_its_own_clone_whatever_is_installed(tmp
     cli = clone / "recipes" / "common" / "cli.py"
     cli.write_text('raise SystemExit("error: the clone\'s own recipes")\n' + cli.read_text())
     env = {k: v for k, v in child_env().items() if k != "PYTHONPATH"}
-    for recipe in ("nd", "ddp", "compression", "fsdp", "ps", "pipeline"):
+    for recipe in (entry.name for entry in RECIPES):
         result = subprocess.run([sys.executable, str(clone / "recipes" / recipe / "train.py"), "--help"],
                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 1 and "the clone's own recipes" in result.stderr, (recipe, result.stderr[-500:])
@@ -131,7 +132,7 @@ def test_installing_the_recipes_keeps_the_torch_that_is_there():
 def test_the_gpu_section_shows_the_check_s_node_and_each_check_or_says_it_has_not_run(tmp_path):
     """The gpu-check section (docs/results/gpu.md), from preflight.json and smoke.json as scripts/gpu/check.py
     writes them."""
-    from scripts.gpu import render as gpu
+    from scripts.figures.gpu import render as gpu
 
     assert "has not run on a GPU yet" in gpu.gpu_check_section(tmp_path)
     (tmp_path / "preflight.json").write_text(json.dumps({

@@ -13,12 +13,12 @@ import torch
 from conftest import ROOT, child_env, run_python
 
 sys.path.insert(0, str(ROOT))
-from scripts.gpu import measure as gpu_measure
+from scripts.figures.gpu import measure as gpu_measure
 from scripts.gpu import check as gpu_check
-from scripts.gpu import plan as gpu_plan
+from scripts.figures.gpu import plan as gpu_plan
 from scripts.gpu import smoke as gpu_smoke
 from scripts.figures import measuring
-from scripts.gpu import step_times
+from scripts.figures.gpu import step_times
 
 DECODE = {"tensor": 1000.0, "pil": 800.0}
 
@@ -140,10 +140,10 @@ def test_step_times_marks_each_step_of_a_recipe_and_profiles_its_last_epoch(tmp_
     """The launcher times every step after the first of each epoch, and moves --profile into the middle of the last
     epoch; the trace's summary names where a step's time went."""
     out = tmp_path / "run"
-    result = run_python([sys.executable, "scripts/gpu/step_times.py", "--epoch-images", "96", "--val-images", "8",
-                             "--profile-last-epoch", "recipes/apex/train.py", "--synthetic", "-a", "lenet",
-                             "--image-size", "16", "-b", "8", "-j", "0", "--epochs", "2", "-p", "1000", "--profile",
-                             "3", "--out", str(out)], timeout=300)
+    result = run_python([sys.executable, "scripts/figures/gpu/step_times.py", "--epoch-images", "96",
+                         "--val-images", "8", "--profile-last-epoch", "recipes/apex/train.py", "--synthetic",
+                         "-a", "lenet", "--image-size", "16", "-b", "8", "-j", "0", "--epochs", "2", "-p", "1000",
+                         "--profile", "3", "--out", str(out)], timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     found = json.loads((out / "steps.json").read_text())
     assert found["device"] == "cpu" and [len(e) for e in found["epochs"]] == [11, 11]

@@ -1,6 +1,8 @@
 """scripts/make_demo_data.py's data sets and scripts/figures/measuring.py's helpers: finished runs, forked ranks."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -69,7 +71,7 @@ def test_forked_runs_get_torchruns_environment_and_a_failing_rank_fails_the_run(
     assert result.returncode == 0, result.stderr[-3000:]
     fine, exited, raised = result.stdout.split("returncode ")[1:]
     assert fine.startswith("0\n") and exited.startswith("3\n") and raised.startswith("1\n")
-    assert all(f"rank {rank} of 3 local {rank} at 127.0.0.1:" in fine for rank in range(3))
+    assert all(f"rank {rank} of 3 local {rank} at localhost:" in fine for rank in range(3))
     assert "args ['-1', '-1']" in fine
     assert "RuntimeError: a bug in rank 2" in raised  # the traceback reaches the run's output
 
@@ -92,4 +94,8 @@ def test_no_forked_rank_outlives_the_script_that_forked_it(tmp_path):
     deadline = time.monotonic() + 30
     while any(map(alive, ranks)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in ranks if alive(pid)]
+    try:
+        assert not [pid for pid in ranks if alive(pid)]
+    finally:  # (should one outlive it, as under the mutation check's break)
+        for pid in filter(alive, ranks):
+            os.kill(pid, signal.SIGKILL)

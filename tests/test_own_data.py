@@ -13,6 +13,8 @@ from PIL import Image
 
 from conftest import ROOT, run_python, run_recipe
 
+from recipes import RECIPES
+
 CLASSES, IMAGES = ("cat", "dog", "fox"), 20  # per class, in train/ and in val/
 
 
@@ -76,13 +78,11 @@ def test_docs_data_commands_run_as_written_on_a_folder_of_ones_own(own_data, tmp
     assert evaluated["top1"] == trained["best_top1"] and evaluated["val_images"] == 3 * IMAGES
 
 
-# recipe: (its training processes, its evaluating processes, training's flags, evaluation's flags); ps trains with
-# 1 server, no validator and 2 workers, and evaluates with 2 servers, 1 validator and 2 workers
-EVERY_RECIPE = {"nd": (None, None, [], []), "dp": (None, None, [], []), "ddp": (2, 3, [], []),
-                "apex": (2, 3, [], []), "compression": (2, 3, ["--compress", "powersgd"], ["--compress", "powersgd"]),
-                "fsdp": (2, 3, [], []),
-                "ps": (3, 5, [], ["--servers", "2", "--validators", "1", "--aggregate", "zenops"]),
-                "pipeline": (2, 4, ["--stages", "2"], ["--stages", "2"])}
+# recipe: (its training processes, its evaluating processes, training's flags, evaluation's flags), as the
+# catalogue says (ps trains with 1 server, no validator and 2 workers, and evaluates with 2 servers, 1 validator
+# and 2 workers)
+EVERY_RECIPE = {entry.name: (entry.processes, entry.evaluated_on, list(entry.trained_with),
+                             [*entry.trained_with, *entry.evaluated_with]) for entry in RECIPES}
 
 
 @pytest.mark.parametrize("recipe", EVERY_RECIPE)

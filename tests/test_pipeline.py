@@ -10,15 +10,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import ROOT, TINY, child_env, free_port, read_summary, run_recipe
-import forkserver
+from scripts.harness import launch
 from test_bad_input import assert_one_clear_line
 from test_faults import injected
 from torch.utils.data import DistributedSampler
 
 from recipes.common import RecipeError, data, models, schedule
-from recipes.pipeline import pipedream, preduce, stages, stragglers, sync
+from recipes.pipeline import adpsgd, pipedream, preduce, stages, stragglers
 from recipes.pipeline import train as pipeline
-from recipes.pipeline.layout import Layout, check_args
+from recipes.pipeline.layout import Layout, check_world
 
 EPOCH = [*TINY[:TINY.index("--scale")], "--epochs", "1"]  # the default augmentation; 48 train images: 3 steps
 # of -b 8 per replica with 2 replicas
@@ -84,7 +84,7 @@ def test_a_transformer_splits_by_blocks_into_stages_of_equal_flops_that_compose_
 
 
 def test_the_layout_maps_ranks_to_stages_replicas_and_servers():
-    layout = Layout(stages=2, world_size=6, hetpipe=True)
+    layout = Layout(stages=2, world_size=6, has_servers=True)
     assert layout.replicas == 2 and [layout.stage(r) for r in range(6)] == [0, 1, 0, 1, 0, 1]
     assert layout.pipeline_ranks(1) == [2, 3] and layout.stage_ranks(1) == [1, 3]
     assert [layout.server(s) for s in (0, 1)] == [4, 5] and layout.is_server(5) and not layout.is_server(3)
@@ -203,7 +203,7 @@ def _average_in_pairs(rank, world_size, port, results):
     params = [torch.randn(5, generator=torch.Generator().manual_seed(rank)), torch.randn(3, 2)]
     before = torch.cat([p.reshape(-1) for p in params])
     args = types.SimpleNamespace(seed=0)
-    sync.pairwise_average(params, Layout(1, world_size), args, epoch=0, step=0, straggled=False)
+    adpsgd.pairwise_average(params, Layout(1, world_size), args.seed, epoch=0, step=0, straggled=False)
     after = torch.cat([p.reshape(-1) for p in params])
     sums = torch.stack([before, after])
     dist.all_reduce(sums)
@@ -213,7 +213,7 @@ def _average_in_pairs(rank, world_size, port, results):
 
 
 def test_an_adpsgd_round_keeps_the_replicas_average(tmp_path):
-    forkserver.spawn(_average_in_pairs, (5, free_port(), tmp_path), 5, child_env())
+    launch.spawn(_average_in_pairs, (5, free_port(), tmp_path), 5, child_env())
     found = sorted(json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(5))
     assert all(change_of_sum < 1e-5 for _, change_of_sum, _ in found), found
     assert sum(moved > 0 for _, _, moved in found) == 4  # two pairs averaged; the fifth replica sat out
@@ -244,7 +244,7 @@ def _split_and_compare(rank, world_size, port, schedule, results):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_the_pipelined_model_has_the_unsplit_models_loss_and_gradients(tmp_path, schedule):
-    forkserver.spawn(_split_and_compare, (2, free_port(), schedule, tmp_path), 2, child_env())
+    launch.spawn(_split_and_compare, (2, free_port(), schedule, tmp_path), 2, child_env())
     found = sorted(json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2))
     assert sum(n for _, n, _, _ in found) == len(list(models.build_model("lenet", 3).parameters()))
     assert all(gap < 1e-6 and loss_gap < 1e-6 for _, _, gap, loss_gap in found), found
@@ -531,7 +531,7 @@ REFUSED = [  # (flags, the reason; with TINY on one process)
 def test_each_refused_flag_combination_names_its_reason(tiny_data, flags, phrase):
     """Where the recipe refuses it: parsing, or the check once the world size is known (here 1)."""
     with pytest.raises(RecipeError) as refused:
-        check_args(pipeline.parse_args([str(tiny_data), *TINY, *flags]), 1)
+        check_world(pipeline.parse_args([str(tiny_data), *TINY, *flags]), 1)
     assert phrase in str(refused.value)
 
 

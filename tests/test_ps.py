@@ -12,7 +12,7 @@ from conftest import ROOT, TINY, child_env, free_port, read_summary, recipe_comm
 from test_bad_input import assert_one_clear_line
 
 from recipes.common import RecipeError, models, pushpull
-from recipes.ps import attacks, layout, rules, steps, validators
+from recipes.ps import attacks, roles, rules, steps, validators
 from recipes.ps import train as ps
 
 VALIDATED = ["--validation-split", "0.5"]  # 24 of the 48 tiny images for the validators, each all 24
@@ -595,7 +595,7 @@ def test_async_goes_on_when_a_worker_is_killed(tiny_data, tmp_path):
 ])
 def test_impossible_roles_are_one_line(flags, world_size, phrase):
     with pytest.raises(RecipeError) as error:
-        layout.check_world(ps.parse_args(["data", *flags]), world_size)
+        roles.check_world(ps.parse_args(["data", *flags]), world_size)
     assert phrase in str(error.value)
 
 

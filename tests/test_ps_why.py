@@ -1,4 +1,4 @@
-"""scripts/figures/ps/probe.py and scripts/figures/ps/why.py: the validators' judgements written down as the recipe
+"""scripts/figures/ps/why_probe.py and scripts/figures/ps/why.py: the validators' judgements written down as the recipe
 makes them, and what the why-table computes from them."""
 
 import argparse
@@ -11,16 +11,16 @@ from conftest import ROOT, TINY, child_env, launch_ranks, read_summary, recipe_c
 
 from recipes.ps import steps
 from scripts.figures.ps import why as ps_why
-from scripts.figures.ps import probe as ps_probe
+from scripts.figures.ps import why_probe as ps_probe
 
 # 1 server, 1 validator, 2 workers on 24 of the 48 tiny images (12 each): 3 rounds of 2 steps of 2 an epoch
 PS = ["--epochs", "2", "-b", "2", "--validators", "1", "--validation-split", "0.5", "--local-steps", "2"]
 
 
 def probed(tiny_data, out, probe_flags, flags):
-    """The recipe on 4 ranks under the probe (and, as every ps test, under scripts/gpu/nccl_rules.py)."""
+    """The recipe on 4 ranks under the probe (and, as every ps test, under scripts/harness/nccl_rules.py)."""
     recipe = recipe_command("ps", [tiny_data, *TINY, *PS, *flags, "--out", out])
-    command = [sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "probe.py"), "--judgements",
+    command = [sys.executable, str(ROOT / "scripts" / "figures" / "ps" / "why_probe.py"), "--judgements",
                str(out / "probe"),
                *probe_flags, "--", *recipe[1:]]
     result = launch_ranks(command, 4, child_env(), 300)

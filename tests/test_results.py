@@ -12,13 +12,13 @@ from conftest import ROOT, plot_results
 
 sys.path.insert(0, str(ROOT))
 from scripts.figures.compile import measure as compile_measure
-from scripts.gpu import measure as gpu_measure
+from scripts.figures.gpu import measure as gpu_measure
 from scripts.figures.io import measure as io_measure
 from scripts.figures.scaling import measure as scaling_measure
 from scripts.figures.sharding import measure as sharding_measure
 from scripts.figures.ps import byzfl_reference
 from scripts.figures.compression import measure as compression_measure
-from scripts.gpu import plan as gpu_plan
+from scripts.figures.gpu import plan as gpu_plan
 from scripts.figures import measuring
 from scripts.figures.pipeline import measure as pipeline_measure
 from scripts.figures.ps import table as ps_table
@@ -212,8 +212,8 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
 
 
 def write_gpu_data(data):
-    """The GPU table of one GPU as scripts/gpu/measure.py writes it (every set-up, the fastest O1 fp16 + channels_last
-    at 5000 images/s), a profile, the published figures and an earlier sweep; and the CPU's scaling."""
+    """The GPU table of one GPU as scripts/figures/gpu/measure.py writes it (every set-up, the fastest O1 fp16 +
+    channels_last at 5000 images/s), a profile, the published figures and an earlier sweep; and the CPU's scaling."""
     machine = {"cpu": "Test CPU", "cores": 16, "gpu": "Test GPU", "capability": "9.0", "torch": "2.11.0"}
     fastest = gpu_plan.Setup("recipe", "apex", "", "fp16", True, False)
     rates = [1800, 2400, 5000, 4800, 4000, 3900, 1900, 5100, 4600, 3000, 4700]

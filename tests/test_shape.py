@@ -2,7 +2,6 @@
 a --help that keeps the docstring's layout, README excerpts that are the code itself, and a README
 that is a map: short, a README per recipe, links that lead somewhere."""
 
-import difflib
 import importlib
 import inspect
 import re
@@ -10,22 +9,16 @@ import re
 import pytest
 from conftest import ROOT
 
+from recipes import RECIPES
 from recipes.common import RecipeError
+from scripts.checks import recipe_pages
+from scripts.checks.recipe_pages import changed_lines, source
 
-RECIPES = ["nd", "dp", "ddp", "apex", "compression", "fsdp"]
-# (from, to): the most lines `diff from to | grep -c '^[<>]'` may count
-DIFF_LIMITS = {("nd", "ddp"): 45, ("ddp", "apex"): 40, ("ddp", "compression"): 40, ("nd", "dp"): 25,
-               ("ddp", "fsdp"): 115}
-
-
-def source(recipe):
-    return (ROOT / "recipes" / recipe / "train.py").read_text().splitlines()
-
-
-def changed_lines(a, b):
-    """Lines removed plus lines added, as `diff a b | grep -c '^[<>]'` counts them."""
-    return sum(line[:1] in "+-" and not line.startswith(("+++", "---"))
-               for line in difflib.unified_diff(source(a), source(b), lineterm="", n=0))
+EVERY_RECIPE = [entry.name for entry in RECIPES]
+# the recipes read by their diffs (one against another), and the most lines `diff from to | grep -c '^[<>]'` may
+# count, as the catalogue says
+DIFF_LIMITS = {(entry.read_against, entry.name): entry.diff_at_most for entry in RECIPES if entry.read_against}
+READ_BY_DIFFS = sorted({name for pair in DIFF_LIMITS for name in pair}, key=EVERY_RECIPE.index)
 
 
 def test_the_single_device_recipe_is_short():
@@ -44,7 +37,14 @@ def test_the_readme_gives_the_diff_sizes_as_they_are():
     assert stated == {pair: changed_lines(*pair) for pair in DIFF_LIMITS}
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_readme_and_the_flags_page_list_the_recipes_as_the_catalogue_does():
+    """README.md's table of recipes and its diffs, and docs/flags.md's list of who takes which flags, are what
+    scripts/checks/recipe_pages.py writes from the catalogue now."""
+    assert recipe_pages.main(["--check"]) == 0, "run python scripts/checks/recipe_pages.py"
+    assert "| [`fsdp`](recipes/fsdp/README.md) | sharded data parallel" in recipe_pages.recipe_table()
+
+
+@pytest.mark.parametrize("recipe", READ_BY_DIFFS)
 def test_train_one_epoch_takes_at_most_7_parameters(recipe):
     train = importlib.import_module(f"recipes.{recipe}.train")
     assert len(inspect.signature(train.train_one_epoch).parameters) <= 7
@@ -60,13 +60,13 @@ def pages():
 def test_every_python_excerpt_in_the_pages_is_in_a_recipe():
     excerpts = [excerpt for page in pages() for excerpt in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
     assert len(excerpts) >= 3
-    recipes = {recipe: {line.strip() for line in source(recipe)} for recipe in RECIPES}
+    recipes = {recipe: {line.strip() for line in source(recipe)} for recipe in READ_BY_DIFFS}
     for excerpt in excerpts:
         lines = {line.strip() for line in excerpt.splitlines() if line.strip()}
         assert any(lines <= recipe_lines for recipe_lines in recipes.values()), excerpt
 
 
-@pytest.mark.parametrize("recipe", [*RECIPES, "ps", "pipeline"])
+@pytest.mark.parametrize("recipe", EVERY_RECIPE)
 def test_help_keeps_the_docstrings_layout(recipe, capsys):
     train = importlib.import_module(f"recipes.{recipe}.train")
     with pytest.raises(SystemExit) as done:
@@ -79,25 +79,12 @@ def test_help_keeps_the_docstrings_layout(recipe, capsys):
     assert f"\n{example}\n" in shown
 
 
-def recipe_parser(recipe, monkeypatch):
-    """The parser a recipe's --help formats (caught as it prints its help)."""
-    import argparse
-
-    parsers = []
-    monkeypatch.setattr(argparse.ArgumentParser, "format_help",
-                        lambda self, real=argparse.ArgumentParser.format_help: parsers.append(self) or real(self))
-    with pytest.raises(SystemExit):
-        importlib.import_module(f"recipes.{recipe}.train").parse_args(["--help"])
-    [parser] = parsers
-    return parser
-
-
-@pytest.mark.parametrize("recipe", [*RECIPES, "ps", "pipeline"])
-def test_help_shows_every_flags_default(recipe, capsys, monkeypatch):
+@pytest.mark.parametrize("recipe", EVERY_RECIPE)
+def test_help_shows_every_flags_default(recipe):
     """Each flag's line in --help says its default (a switch's is off), read from the parser itself."""
     import argparse
 
-    parser = recipe_parser(recipe, monkeypatch)
+    parser = recipe_pages.parser_of(recipe)
     formatter = parser._get_formatter()
     for action in parser._actions:
         if not action.option_strings or action.help == argparse.SUPPRESS or action.nargs == 0:
@@ -110,12 +97,12 @@ def test_help_shows_every_flags_default(recipe, capsys, monkeypatch):
                 action.option_strings, shown)
 
 
-def test_the_flags_page_says_which_recipe_takes_which_flag(monkeypatch, capsys):
+def test_the_flags_page_says_which_recipe_takes_which_flag():
     """docs/flags.md against the parsers: each flag it names exists, the distributed and mixed-precision flags
     belong to the recipes it lists, and ps and the pipeline refuse, in one line, the flags it says they do."""
     page = (ROOT / "docs" / "flags.md").read_text()
-    flags = {recipe: {flag for action in recipe_parser(recipe, monkeypatch)._actions for flag in action.option_strings}
-             for recipe in [*RECIPES, "ps", "pipeline"]}
+    flags = {recipe: {flag for action in recipe_pages.parser_of(recipe)._actions for flag in action.option_strings}
+             for recipe in EVERY_RECIPE}
     assert set(re.findall(r"`(--[a-z0-9-]+)", page)) <= set().union(*flags.values())
     listed = re.search(r"Every recipe but\s+nd and dp \(([^)]*)\) adds", page).group(1).split(", ")
     assert {recipe for recipe, taken in flags.items() if "--dist-url" in taken} == set(listed)
@@ -151,11 +138,11 @@ def test_range_checks_name_the_flag_and_the_value():
 def test_the_readme_is_a_map_with_a_readme_for_every_recipe():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
-    for recipe in [*RECIPES, "ps", "pipeline"]:
+    for recipe in EVERY_RECIPE:
         assert (ROOT / "recipes" / recipe / "README.md").exists() and f"(recipes/{recipe}/README.md)" in readme, recipe
 
 
-@pytest.mark.parametrize("recipe", [*RECIPES, "ps", "pipeline"])
+@pytest.mark.parametrize("recipe", EVERY_RECIPE)
 def test_a_recipes_readme_teaches_without_repeating_its_docstrings(recipe):
     """Outside its commands, a recipe's README shares at most 15 runs of 8 words with any one file of its code
     (the docstrings, the --help, the comments): it says why, and links to them for the details."""
@@ -170,9 +157,10 @@ def test_a_recipes_readme_teaches_without_repeating_its_docstrings(recipe):
 
 
 def test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder():
-    """scripts/ by part: make figures' parts in scripts/figures/<part>/ (measure.py, render.py), the GPU tools in
-    scripts/gpu/, the checks in scripts/checks/; the import graph between them has no cycle (no two modules, or
-    chains of them, importing each other, even inside a function)."""
+    """scripts/ by part: make figures' parts and the GPU table in scripts/figures/<part>/ (measure.py, render.py), the
+    device checks in scripts/gpu/, what a recipe runs under in scripts/harness/, the checks in scripts/checks/; the
+    import graph between them has no cycle (no two modules, or chains of them, importing each other, even inside a
+    function), and no arrow runs up from scripts/figures/ to the device checks that run it."""
     import ast
 
     from scripts.figures import PARTS
@@ -195,7 +183,9 @@ def test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder():
         return any(m == goal or (m not in seen and reaches(m, goal, (*seen, m))) for m in imports.get(start, ()))
 
     assert not [name for name in imports if reaches(name, name)]
-    for part in PARTS:
+    assert not [name for name in imports if name.startswith("scripts.figures") and
+                any(m.startswith("scripts.gpu") for m in imports[name])]
+    for part in [*PARTS, "gpu"]:
         assert {"measure", "render"} <= {path.stem for path in (ROOT / "scripts" / "figures" / part).glob("*.py")}, part
     assert {path.name for path in (ROOT / "scripts").glob("*") if path.is_file()} == {
         "make_demo_data.py", "slurm_ddp.sbatch", "preemptible_torchrun.py"}  # (what a user runs by hand)

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from conftest import TINY, child_env, free_port, read_summary, run_recipe
-import forkserver
+from scripts.harness import launch
 from test_recipes import assert_complete_run_dir
 from recipes.common import bookkeeping, checkpoint, cli, data, models, runlog, schedule
 
@@ -79,7 +79,7 @@ def accumulation_worker(rank, port, recipe, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["ddp", "apex", "compression", "fsdp"])
 def test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step(tmp_path, recipe):
-    forkserver.spawn(accumulation_worker, (free_port(), recipe, tmp_path), WORLD_SIZE, child_env())
+    launch.spawn(accumulation_worker, (free_port(), recipe, tmp_path), WORLD_SIZE, child_env())
     for rank in range(WORLD_SIZE):
         results = torch.load(tmp_path / f"{rank}.pt")
         for big, accumulated in zip(results[1]["weights"], results[4]["weights"]):

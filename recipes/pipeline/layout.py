@@ -1,34 +1,33 @@
-"""Which rank is which stage of which replica (and what its loop works with), the pipeline's flags, and the flags
-that cannot work together.
+"""Which rank is which stage of which replica (and what its loop works with), the pipeline's flags and its --sync
+methods by name, and the flags that cannot work together.
 
-Rank r is stage r mod S of replica r div S (--stages S). With --sync hetpipe the last S ranks
-are the stages' parameter servers: one object says it, so that no part computes it again.
+Rank r is stage r mod S of replica r div S (--stages S). Under a method with servers (--sync hetpipe)
+the last S ranks are the stages' parameter servers: one object says it, so that no part computes it again.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as dist
-from torch.nn.utils import parameters_to_vector
-
 from recipes.common import RecipeError, cli, models
-from recipes.pipeline import stragglers
+from recipes.pipeline.adpsgd import AdPsgd
+from recipes.pipeline.allreduce import AllReduce
+from recipes.pipeline.hetpipe import HetPipe
 from recipes.pipeline.preduce import PartialReduce
 from recipes.pipeline.stages import weighted_units
 
-SYNCS = ["allreduce", "preduce", "adpsgd", "hetpipe"]
+SYNCS = {"allreduce": AllReduce, "preduce": PartialReduce, "adpsgd": AdPsgd, "hetpipe": HetPipe}  # --sync's choices
 
 
 @dataclass(frozen=True)
 class Layout:
     stages: int
     world_size: int
-    hetpipe: bool = False
+    has_servers: bool = False
 
     @property
     def replicas(self):
         """The replicas that train (hetpipe: all but the servers' ranks)."""
-        return self.world_size // self.stages - self.hetpipe
+        return self.world_size // self.stages - self.has_servers
 
     def stage(self, rank):
         return rank % self.stages
@@ -52,62 +51,51 @@ class Layout:
         return self.rank(self.replicas, stage)
 
     def is_server(self, rank):
-        return self.hetpipe and self.replica(rank) == self.replicas
-
-    def stage_of(self, args, rank, module, params, schedule, pipe_group):
-        """This rank's stage in its replica's pipeline (Stage)."""
-        stage, replica = self.stage(rank), self.replica(rank)
-        return Stage(index=stage, module=module, params=params, schedule=schedule, is_first=stage == 0,
-                     is_last=stage == self.stages - 1, last_rank=self.rank(replica, self.stages - 1),
-                     pipe_group=pipe_group, slots=stragglers.inject(module, args))
-
-    def replicas_of(self, args, rank, params, stage_group, claim_groups, steps_per_epoch):
-        """This stage among its replicas, and the state of the --sync method that keeps them in agreement
-        (Replicas)."""
-        stage, replica = self.stage(rank), self.replica(rank)
-        preduce = PartialReduce(args, self, stage, replica, claim_groups[replica],
-                                dist.distributed_c10d._get_default_store()) if args.sync == "preduce" else None
-        server = HetPipeClient(self.server(stage), parameters_to_vector(params).detach().cpu()) \
-            if args.sync == "hetpipe" else None
-        return Replicas(layout=self, replica=replica, count=self.replicas, stage_group=stage_group,
-                        steps_per_epoch=steps_per_epoch, preduce=preduce, hetpipe=server)
+        return self.has_servers and self.replica(rank) == self.replicas
 
 
 @dataclass
 class Stage:
-    """This rank's stage of its replica's pipeline: its layers and their weights, where it sits, and the
-    flushing schedule that runs it (gpipe, 1f1b; None under pipedream); slots: --hetero's sleeps (gpipe, 1f1b)."""
-    index: int
+    """This rank's stage of its replica's pipeline: where it sits, its layers and their weights, the group of the
+    replica's stages, the flushing schedule that runs it (gpipe, 1f1b; None under pipedream), and what makes it
+    straggle (stragglers.py: delays; slots, where --hetero's sleeps go under gpipe and 1f1b)."""
+    layout: Layout
+    rank: int
     module: Any
     params: list
-    schedule: Any
-    is_first: bool
-    is_last: bool
-    last_rank: int
     pipe_group: Any
+    schedule: Any
+    delays: Any
     slots: Any
 
+    @property
+    def index(self):
+        return self.layout.stage(self.rank)
 
-@dataclass
-class HetPipeClient:
-    """hetpipe, a replica's side: its stage's server, the weights it last pushed or pulled (on the CPU) and
-    their version."""
-    server: int
-    vector: Any
-    versions: list = field(default_factory=lambda: [-1])
+    @property
+    def is_first(self):
+        return self.index == 0
+
+    @property
+    def is_last(self):
+        return self.index == self.layout.stages - 1
+
+    @property
+    def last_rank(self):
+        return self.layout.rank(self.layout.replica(self.rank), self.layout.stages - 1)
 
 
 @dataclass
 class Replicas:
-    """This stage among the replicas of it: which one is this rank's, their group, and how they agree (preduce's
-    queue, hetpipe's server: None under the other methods)."""
+    """This stage among the replicas of it: which one is this rank's, their group, and how they agree (sync: the
+    --sync method at this rank, sync.py, which joins them once they are known)."""
     layout: Layout
+    stage: int
     replica: int
     count: int
     stage_group: Any
     steps_per_epoch: int
-    preduce: Any = None
-    hetpipe: Any = None
+    sync: Any = None
 
 
 def add_args(parser):
@@ -120,7 +108,7 @@ def add_args(parser):
                        help="torch.distributed.pipelining's ScheduleGPipe or Schedule1F1B (synchronous: a "
                             "flush and one update per batch), or asynchronous PipeDream as SD-PIPE runs it (an "
                             "update per minibatch at each stage, weights stashed)")
-    group.add_argument("--sync", choices=SYNCS, default="allreduce",
+    group.add_argument("--sync", choices=list(SYNCS), default="allreduce",
                        help="how the replicas of a stage agree (default: allreduce)")
     group.add_argument("--preduce-size", type=int, metavar="P",
                        help="preduce: at most P replicas in a group (default: no cap, SD-PIPE's)")
@@ -139,8 +127,8 @@ def add_args(parser):
                        help="--slow-rank's steps take F times as long")
 
 
-def check_args(args, world_size=None):
-    """The flags that cannot work together, as one line each (world size: known once launched)."""
+def check_args(args):
+    """The flags that cannot work together, as one line each."""
     for flag in ("ema_decay", "compile", "sync_bn", "mixup_alpha", "cutmix_alpha"):  # (mixing: the first and the
         if getattr(args, flag):                                                    # last stage would mix apart)
             raise RecipeError(f"--{flag.replace('_', '-')} is not supported by the pipeline recipe")
@@ -169,19 +157,21 @@ def check_args(args, world_size=None):
                           f"{args.microbatches} < {args.stages}")
     if args.batch_size % args.microbatches and not args.evaluate:  # (-e evaluates whole batches)
         raise RecipeError(f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}")
-    if args.save_every and args.sync in ("preduce", "hetpipe"):
+    if args.save_every and not SYNCS[args.sync].lockstep:
         raise RecipeError(f"--save-every is not supported with --sync {args.sync} (its replicas meet at epoch "
                           f"ends only)")
-    if world_size is None:
-        return
+
+
+def check_world(args, world_size):
+    """The flags that cannot work with this many processes, as one line each."""
+    servers = SYNCS[args.sync].has_servers  # (a server per stage)
     if world_size % args.stages:
-        servers = args.sync == "hetpipe"  # (a server per stage)
         raise RecipeError(f"the world size {world_size} is not a multiple of --stages {args.stages}: for 2 replicas"
                           f"{' and the servers' if servers else ''}, torchrun --nproc_per_node="
                           f"{(2 + servers) * args.stages} recipes/pipeline/train.py ...")
-    layout = Layout(args.stages, world_size, args.sync == "hetpipe")
+    layout = Layout(args.stages, world_size, servers)
     if layout.replicas < 1:
-        raise RecipeError(f"--sync hetpipe needs the {args.stages} servers and at least one replica: "
+        raise RecipeError(f"--sync {args.sync} needs the {args.stages} servers and at least one replica: "
                           f"{2 * args.stages} processes or more, not {world_size}")
     if args.slow_rank is not None and not 0 <= args.slow_rank < layout.replicas * args.stages:
         raise RecipeError(f"--slow-rank {args.slow_rank} is not a rank of the {layout.replicas} replica(s) x "

@@ -126,7 +126,7 @@ class State:
     input_shape: tuple
     batch_size: int
     criterion: Any
-    tally: dict
+    tally: Any
     in_flight: dict = field(default_factory=dict)
     stash: Any = None
     stash_version: int = -1
@@ -139,28 +139,28 @@ def state(stage, replicas, device, sample_shape, criterion, tally, batch_size):
     layout, replica = replicas.layout, replicas.replica
     link = Link(layout.rank(replica, stage.index - 1) if not stage.is_first else None,
                 layout.rank(replica, stage.index + 1) if not stage.is_last else None, stage.pipe_group, device,
-                replicas.preduce.replica_group if replicas.preduce else None)
+                replicas.sync.replica_group)
     return State(link, dict(stage.module.named_parameters()), sample_shape, batch_size, criterion, tally)
 
 
-def next_input(stage, dream, preduce, order, batches, run):
+def next_input(stage, dream, sync, order, batches, run):
     """After an operation, its sends, and the next operation from `order`; when that is a forward, with its
     input: the batch's images (stage 0) or the activation the stage before sent, and the targets. Returns
-    (input, targets, operation); (None, None, operation) before a backward or at the end (None). With preduce,
-    stage 0 first takes the minibatch from the epoch's updates; once none is left, the epoch ends there for this
-    replica (dream.end), and each stage tells the next in place of that activation."""
-    link = dream.link
+    (input, targets, operation); (None, None, operation) before a backward or at the end (None). With preduce
+    (sync.counts_updates), stage 0 first takes the minibatch from the epoch's updates; once none is left, the epoch
+    ends there for this replica (dream.end), and each stage tells the next in place of that activation."""
+    link, claims = dream.link, sync.counts_updates
     operation = next(order, None)
     if operation is None or operation[0] == "backward":
         link.exchange()
-        if operation is None and preduce and run.first_step < run.steps_per_epoch:
-            preduce.leave(run.epoch)  # (drained: the leaders of the stage's groups wait for one fewer)
+        if operation is None and claims and run.first_step < run.steps_per_epoch:
+            sync.leave(run.epoch)  # (drained: the leaders of the stage's groups wait for one fewer)
         return None, None, operation
-    go = preduce.take(run.epoch, run.steps_per_epoch) if stage.is_first and preduce else link.receive_flag()
+    go = sync.take(run.epoch, run.steps_per_epoch) if stage.is_first and claims else link.receive_flag()
     if not go:
         dream.end.step = operation[1]
         link.send_flag(0)
-        return next_input(stage, dream, preduce, order, batches, run)  # (the drain's first backward, or the end)
+        return next_input(stage, dream, sync, order, batches, run)  # (the drain's first backward, or the end)
     if stage.is_first:
         link.exchange()  # (the sends first: the stage after waits for them, not for this batch's loading)
         images, target = run.to_device(*next(batches))
@@ -179,14 +179,14 @@ def forward(stage, dream, x):
 
 def stashed_weights(stage, dream):
     """The weights the next forward runs on: the newest, copied once per update (see above); the last stage's
-    own. Counts in tally["versions"] the most versions that in-flight minibatches hold at once."""
+    own. Counts in tally.versions the most versions that in-flight minibatches hold at once."""
     tally = dream.tally
     if stage.is_last:
-        tally["versions"] = 1
+        tally.versions = 1
         return dream.named
-    if dream.stash is None or dream.stash_version != tally["updates"]:
+    if dream.stash is None or dream.stash_version != tally.updates:
         dream.stash = {name: p.detach().clone().requires_grad_() for name, p in dream.named.items()}
-        dream.stash_version = tally["updates"]
+        dream.stash_version = tally.updates
     held = {id(weights) for _, _, weights in dream.in_flight.values()} | {id(dream.stash)}
-    tally["versions"] = max(tally["versions"], len(held))
+    tally.versions = max(tally.versions, len(held))
     return dream.stash

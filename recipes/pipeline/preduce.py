@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recipes.common import distributed, faults
-from recipes.pipeline.sync import flagged
+from recipes.pipeline.sync import Sync, average_weights, flagged
 
 FIRST_WAIT, LONGEST_WAIT, SHORTEST_WAIT = 0.001, 0.010, 0.00001  # seconds (SD-PIPE's 1, 10 and 0.01 ms)
 CHECK_EVERY = 10  # x R updates: a connectivity sync is due at each multiple (SD-PIPE's ssp_bound)
@@ -75,13 +75,16 @@ def shard_again(loader, epoch):
         yield from loader
 
 
-class PartialReduce:
-    """One process's side of its stage's partial reduce: the store, its deadline, the groups it has made."""
+class PartialReduce(Sync):
+    """One process's side of its stage's partial reduce (a --sync method): the store, its deadline, the groups it
+    has made."""
+    counts_updates = True
 
-    def __init__(self, args, layout, stage, replica, replica_group, root):
+    def __init__(self, args, layout, stage, replica, replica_group, root, stage_group=None):
         """replica_group: a gloo group of this replica's stages (None with one stage), for the claims; root: the
-        c10d store."""
+        c10d store; stage_group: the stage's replicas', for the epoch's average of all of them."""
         self.layout, self.stage, self.replica, self.cap = layout, stage, replica, args.preduce_size
+        self.stage_group = stage_group
         self.store = dist.PrefixStore(f"preduce/{stage}", root)  # this stage's ready queue
         self.lock = dist.PrefixStore("preduce", root)  # one stage at a time in a connectivity sync
         self.claims = dist.PrefixStore("preduce/claims", root)
@@ -92,6 +95,27 @@ class PartialReduce:
         self.arrivals = []  # this epoch's arrival numbers of this process
         if replica == 0:  # the first arrival leads the first group; no update yet
             self.store.set("member/1", f"lead;{self.fresh_state(0)}")
+
+    @classmethod
+    def join(cls, args, replicas, params):
+        """With each replica's gloo group of its stages, for the claims (every rank makes each: preduce has no
+        servers, so every rank is here; none with one stage)."""
+        layout = replicas.layout
+        groups = [distributed.new_control_group(layout.pipeline_ranks(r)) if layout.stages > 1 else None
+                  for r in range(layout.replicas)]
+        return cls(args, layout, replicas.stage, replicas.replica, groups[replicas.replica],
+                   dist.distributed_c10d._get_default_store(), replicas.stage_group)
+
+    def shard(self, loader, run):
+        """This replica's shard, and again while the epoch has updates (a resumed epoch: as it was)."""
+        return shard_again(loader, run.epoch) if not run.first_step else loader
+
+    def after_step(self, params, epoch, step, straggled, tally):
+        """Queue, and average with the group."""
+        waited, size, _ = self.reduce(params, epoch, straggled)
+        tally.groups += 1 / size  # (each group counted once over its members)
+        tally.partial_syncs += (size > 1) / size
+        return waited
 
     # ---- epochs counted in updates ----------------------------------------------------------------------
 
@@ -116,10 +140,11 @@ class PartialReduce:
         with faults.waiting_for("the partial reduce's queue"):
             self.arrive(epoch, stopping=True)
 
-    def end_epoch(self, run):
-        """After the epoch's average of all replicas (which connects them): the updates since the last
-        connectivity sync; and the learning-rate schedule set to the epoch's end (within the epoch each replica's
-        ran by its own steps)."""
+    def end_epoch(self, params, run, tally):
+        """The epoch's average of all replicas (one model to evaluate and save; it connects them): then the updates
+        since the last connectivity sync; and the learning-rate schedule set to the epoch's end (within the epoch
+        each replica's ran by its own steps)."""
+        tally.waits += average_weights(params, self.stage_group, self.layout.replicas)
         if self.store.check(["state"]):  # (none when a restart resumed at the epoch's end)
             updates, last, _, _, _ = self.state(run.epoch, self.store.get("state").decode())
             self.longest = max(self.longest, updates - last)
@@ -129,13 +154,14 @@ class PartialReduce:
         self.arrivals = []
         run.scheduler.last_epoch = (run.epoch + 1) * run.steps_per_epoch - 1
         run.scheduler.step()
+        tally.connected()
 
-    def finish(self):
-        """After the last epoch: shut the groups down (torch's cleanup does not know them); returns the most
-        updates between two connections and the connectivity syncs this process led."""
+    def end_training(self, tally):
+        """After the last epoch: shut the groups down (torch's cleanup does not know them); counts the most updates
+        between two connections and the connectivity syncs this process led."""
         for group in self.groups.values():
             group.shutdown()
-        return self.longest, self.connections
+        tally.unconnected, tally.connections = self.longest, self.connections
 
     # ---- the ready queue: arrival n reads member/n: its group, or the lead and the counts -------------------
 

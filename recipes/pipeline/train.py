@@ -47,8 +47,7 @@ from torch.utils.data import DistributedSampler
 
 from recipes.common import bookkeeping, cli, data, distributed, launch, models, runlog, schedule
 from recipes.pipeline import hetpipe, pipedream, stages, stragglers, sync
-from recipes.pipeline.layout import Layout, add_args, check_args
-from recipes.pipeline.preduce import shard_again
+from recipes.pipeline.layout import SYNCS, Layout, Replicas, Stage, add_args, check_args, check_world
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -62,40 +61,28 @@ def parse_args(argv=None):
     return args
 
 
-def update(args, stage, replicas, optimizer, tally, epoch, step, straggled):
-    """The stage's update and the replicas' agreement, the same under every schedule: allreduce averages the
-    gradients before the step (as DDP); the others agree on the weights after it. Counts whether a straggling
-    replica held this one up where it waited (a tensor on the device, read once at the end)."""
-    waited = False
-    if args.sync == "allreduce":
-        waited = sync.average_gradients(stage.params, replicas.stage_group, replicas.count, straggled)
-        sync.connected(tally)
+def update(stage, replicas, optimizer, tally, epoch, step, straggled):
+    """The stage's update and the replicas' agreement, the same under every schedule and --sync method (sync.py):
+    allreduce averages the gradients before the step (as DDP); the others agree on the weights after it. Counts
+    whether a straggling replica held this one up where it waited (a tensor on the device, read once at the end)."""
+    waited = replicas.sync.before_step(stage.params, straggled, tally)
     optimizer.step()
-    tally["updates"] += 1  # (a new version of the weights: PipeDream's next forward copies them)
-    tally["gap"] += 1
-    if args.sync == "preduce":
-        waited, size, _ = replicas.preduce.reduce(stage.params, epoch, straggled)
-        tally["groups"] += 1 / size  # (each group counted once over its members)
-        tally["partial_syncs"] += (size > 1) / size
-    elif args.sync == "adpsgd":
-        waited, paired = sync.pairwise_average(stage.params, replicas.layout, args, epoch, step, straggled)
-        tally["partial_syncs"] += paired / 2  # (each pair counted by both)
-    elif args.sync == "hetpipe":  # (the epoch's last pull waits until every replica has pushed it all)
-        sync.push_and_pull(stage.params, replicas, pull=sync.wave_ends(args, step, replicas.steps_per_epoch))
-    tally["waits"] += waited
+    tally.updates += 1  # (a new version of the weights: PipeDream's next forward copies them)
+    tally.gap += 1
+    waited |= replicas.sync.after_step(stage.params, epoch, step, straggled, tally)
+    tally.waits += waited
 
 
-def train_one_epoch(args, stage, replicas, optimizer, loader, run, tally):
+def train_one_epoch(stage, replicas, optimizer, loader, run, tally):
     """One epoch of this replica's pipeline (gpipe, 1f1b): a flush and one update per batch."""
-    rank = dist.get_rank()
-    batches = shard_again(loader, run.epoch) if args.sync == "preduce" and not run.first_step else loader
-    for images, target in run.batches(batches):  # (every stage loads the batch: the first stage needs the
-        epoch, step = run.epoch, run.step        # images, the last one the targets)
-        if args.sync == "preduce" and not replicas.preduce.claim(epoch, run.steps_per_epoch):
-            break  # the epoch's updates are all taken
-        straggled = stragglers.replica_straggles(args, replicas.layout, replicas.replica, epoch, step)
-        stragglers.plan(stage.slots, args, rank, epoch, step)  # --hetero: where this process sleeps
-        started = stragglers.slow_rank_clock(args, rank, run.device)
+    rank, delays = dist.get_rank(), stage.delays  # (--hetero, --slow-rank)
+    for images, target in run.batches(replicas.sync.shard(loader, run)):  # (every stage loads the batch: the first
+        epoch, step = run.epoch, run.step                                   # needs the images, the last the targets)
+        if not replicas.sync.claim(epoch, run.steps_per_epoch):
+            break  # (preduce) the epoch's updates are all taken
+        straggled = stragglers.replica_straggles(delays, replicas.layout, replicas.replica, epoch, step)
+        stragglers.plan(stage.slots, delays, rank, epoch, step)  # --hetero: where this process sleeps
+        started = stragglers.slow_rank_clock(delays, rank, run.device)
         optimizer.zero_grad(set_to_none=False)
         images, target = run.to_device(images, target)
         inputs = (images,) if stage.is_first else ()  # (the first stage's input is the images)
@@ -104,42 +91,38 @@ def train_one_epoch(args, stage, replicas, optimizer, loader, run, tally):
             output = stage.schedule.step(*inputs, target=target, losses=losses)
         else:
             stage.schedule.step(*inputs)
-        stragglers.slow_down(args, rank, run.device, started)  # --slow-rank: F - 1 times the step's time
+        stragglers.slow_down(delays, rank, run.device, started)  # --slow-rank: F - 1 times the step's time
         loss = torch.stack(losses).mean().detach() if stage.is_last else torch.zeros((), device=run.device)
         if stage.is_last:
             run.meter.update(loss, output, target)
         dist.broadcast(loss, stage.last_rank, group=stage.pipe_group)  # for the progress line and the checks
-        update(args, stage, replicas, optimizer, tally, epoch, step, straggled)
+        update(stage, replicas, optimizer, tally, epoch, step, straggled)
         # the stop checks (SIGTERM, a non-finite loss) are a collective of all ranks: at every step where the
         # replicas move in lockstep; preduce and hetpipe: at the epoch's end, where they meet
-        run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd"))
-    return end_of_epoch(args, stage, replicas, run, tally)
+        run.step_done(loss, check_stop=replicas.sync.lockstep)
+    return end_of_epoch(stage, replicas, run, tally)
 
 
-def end_of_epoch(args, stage, replicas, run, tally):
+def end_of_epoch(stage, replicas, run, tally):
     """Where the replicas meet: how far apart they drifted, and (preduce) one model to evaluate and save, the
     average of all replicas (adpsgd's stay apart: evaluation and checkpoints take replica 0's weights)."""
-    tally["disagreement"] = sync.disagreement(stage.params, replicas, stage.pipe_group)
-    if args.sync == "preduce":
-        tally["waits"] += sync.average_weights(stage.params, replicas.stage_group, replicas.count)
-        replicas.preduce.end_epoch(run)
-    if args.sync in ("preduce", "hetpipe"):
-        sync.connected(tally)
+    tally.disagreement = sync.disagreement(stage.params, replicas, stage.pipe_group)
+    replicas.sync.end_epoch(stage.params, run, tally)
     return run.meter.summary()
 
 
-def train_one_epoch_pipedream(args, stage, replicas, dream, optimizer, loader, run, tally):
+def train_one_epoch_pipedream(stage, replicas, dream, optimizer, loader, run, tally):
     """Asynchronous PipeDream (SD-PIPE's): S - s minibatches in flight at stage s, each backward on the weights
     its forward used (stashed), an update per minibatch at each stage, the pipeline filled once and drained at
     the epoch's end; the replicas agree inside each backward, before its gradient goes on to the stage before."""
-    rank, link, preduce = dist.get_rank(), dream.link, replicas.preduce
-    dream.end.step = sys.maxsize if preduce and run.first_step < run.steps_per_epoch else run.steps_per_epoch
-    batches = run.batches(shard_again(loader, run.epoch) if preduce and not run.first_step else loader)
-    order = pipedream.operations(stage.index, args.stages, dream.end, run.first_step)  # (preduce: reads the end
-    x, target, operation = pipedream.next_input(stage, dream, preduce, order, batches, run)  # as it moves)
+    rank, delays, link, counted = dist.get_rank(), stage.delays, dream.link, replicas.sync.counts_updates
+    dream.end.step = sys.maxsize if counted and run.first_step < run.steps_per_epoch else run.steps_per_epoch
+    batches = run.batches(replicas.sync.shard(loader, run))
+    order = pipedream.operations(stage.index, stage.layout.stages, dream.end, run.first_step)  # (reads the end as
+    x, target, operation = pipedream.next_input(stage, dream, replicas.sync, order, batches, run)  # preduce moves it)
     while operation is not None:
         kind, i = operation
-        started = stragglers.before_slot(args, rank, run.epoch, i, kind, run.device)  # --hetero, --slow-rank
+        started = stragglers.before_slot(delays, rank, run.epoch, i, kind, run.device)  # --hetero, --slow-rank
         if kind == "forward":
             output, weights = pipedream.forward(stage, dream, x)
             if stage.is_last:
@@ -158,29 +141,28 @@ def train_one_epoch_pipedream(args, stage, replicas, dream, optimizer, loader, r
                 link.send_backward(grads[0].contiguous(), loss)  # (sent after the update and the agreement)
             for p, grad in zip(stage.params, grads[len(inputs):]):
                 p.grad = grad  # the gradient at the stashed weights updates the newest ones
-            straggled = stragglers.replica_straggles(args, replicas.layout, replicas.replica, run.epoch, i)
-            update(args, stage, replicas, optimizer, tally, run.epoch, i, straggled)
-        stragglers.slow_down(args, rank, run.device, started)
-        x, target, following = pipedream.next_input(stage, dream, preduce, order, batches, run)
+            straggled = stragglers.replica_straggles(delays, replicas.layout, replicas.replica, run.epoch, i)
+            update(stage, replicas, optimizer, tally, run.epoch, i, straggled)
+        stragglers.slow_down(delays, rank, run.device, started)
+        x, target, following = pipedream.next_input(stage, dream, replicas.sync, order, batches, run)
         if kind == "backward":
             run.step = i  # (the batches are loaded S - s ahead of the updates)
-            run.step_done(loss, check_stop=args.sync in ("allreduce", "adpsgd"))  # (as in train_one_epoch)
+            run.step_done(loss, check_stop=replicas.sync.lockstep)  # (as in train_one_epoch)
         operation = following
     batches.close()  # (the epoch's progress bar ends)
-    return end_of_epoch(args, stage, replicas, run, tally)
+    return end_of_epoch(stage, replicas, run, tally)
 
 
 def main(args):
     ctx = distributed.init_distributed_mode(args)
-    check_args(args, ctx.world_size)
+    check_world(args, ctx.world_size)
     device = ctx.device
     log = runlog.RunLog(args, enabled=ctx.is_main)
-    layout = Layout(args.stages, ctx.world_size, hetpipe=args.sync == "hetpipe")
+    method = SYNCS[args.sync]  # how the replicas of a stage agree: a --sync method (sync.py)
+    layout = Layout(args.stages, ctx.world_size, method.has_servers)
     stage, replica, replicas = layout.stage(ctx.rank), layout.replica(ctx.rank), layout.replicas
     pipe_groups = [distributed.new_group(layout.pipeline_ranks(r)) for r in range(ctx.world_size // args.stages)]
     stage_groups = [distributed.new_group(layout.stage_ranks(s)) for s in range(args.stages)]
-    claim_groups = [distributed.new_control_group(layout.pipeline_ranks(r)) if args.stages > 1 else None
-                    for r in range(replicas)] if args.sync == "preduce" else []
 
     train_set, val_set, num_classes = data.build_datasets(args)
     shard = min(replica, replicas - 1)  # replica r: the shard of ddp's rank r (hetpipe's servers: any)
@@ -211,8 +193,8 @@ def main(args):
 
     log.print(f"pipeline: {replicas} replica(s) x {args.stages} stage(s) on {device} ({ctx.backend}), "
               f"{args.schedule} with {args.microbatches} microbatches, --sync {args.sync}"
-              f"{f' ({args.stages} servers)' if layout.hetpipe else ''}; {run.describe(train_set, val_set)}")
-    tally = sync.new_tally()
+              f"{f' ({args.stages} servers)' if layout.has_servers else ''}; {run.describe(train_set, val_set)}")
+    tally = sync.Tally()
     if layout.is_server(ctx.rank):  # hetpipe's servers: their stage's weights on the CPU (as BytePS's)
         weights = parameters_to_vector(params).detach().cpu()
         hetpipe.run_server(args, run, weights, layout.stage_ranks(stage), len(train_loader), val_loader, tally)
@@ -222,22 +204,23 @@ def main(args):
         synchronous = args.schedule in SCHEDULES  # (pipedream: train_one_epoch_pipedream, without one)
         flushing = SCHEDULES[args.schedule](PipelineStage(module, stage, args.stages, device, group=pipe_groups[
             replica]), args.microbatches, loss_fn=criterion) if synchronous else None
-        this_stage = layout.stage_of(args, ctx.rank, module, params, flushing, pipe_groups[replica])
-        its_replicas = layout.replicas_of(args, ctx.rank, params, stage_groups[stage], claim_groups,
-                                          len(train_loader))
+        delays = stragglers.Delays(args.hetero, args.hetero_prob, args.seed, args.slow_rank, args.slow_factor)
+        this_stage = Stage(layout, ctx.rank, module, params, pipe_groups[replica], flushing, delays,
+                           slots=stragglers.inject(module, delays))
+        its_replicas = Replicas(layout, stage, replica, replicas, stage_groups[stage], len(train_loader))
+        its_replicas.sync = method.join(args, its_replicas, params)  # this rank's side of the --sync method
         dream = None if synchronous else pipedream.state(this_stage, its_replicas, device, shapes[stage], criterion,
                                                          tally, args.batch_size)
         for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
             train_sampler.set_epoch(epoch)
             if synchronous:
-                train_stats = train_one_epoch(args, this_stage, its_replicas, optimizer, train_loader, run, tally)
+                train_stats = train_one_epoch(this_stage, its_replicas, optimizer, train_loader, run, tally)
             else:
-                train_stats = train_one_epoch_pipedream(args, this_stage, its_replicas, dream, optimizer,
-                                                        train_loader, run, tally)
+                train_stats = train_one_epoch_pipedream(this_stage, its_replicas, dream, optimizer, train_loader, run,
+                                                        tally)
             if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True at --desired-acc
                 break
-        if its_replicas.preduce:
-            tally["unconnected"], tally["connections"] = its_replicas.preduce.finish()
+        its_replicas.sync.end_training(tally)
 
     run.finish(val_loader, stages=args.stages, replicas=replicas, microbatches=args.microbatches,
                schedule=args.schedule, sync=args.sync, hetero=args.hetero, hetero_prob=args.hetero_prob,

@@ -3,6 +3,9 @@ validators' accepted pushes), applied to a shard, whose statistics each keeps, t
 the goodbye after training, the whole model put together for evaluation and checkpoints, and a server's
 share of a resumed checkpoint."""
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -10,20 +13,37 @@ from torch.nn.utils import parameters_to_vector
 
 from recipes.common import bookkeeping, pushpull, schedule
 from recipes.ps import attacks, rules, validators
-from recipes.ps.layout import BYZFL_RULES
+from recipes.ps.roles import BYZFL_RULES
+
+
+def zero_counts():
+    return torch.zeros(attacks.COUNTS, dtype=torch.float64)
+
+
+@dataclass
+class Tally:
+    """What a server counts as it trains: its version, the stale pushes dropped and the oldest applied, the
+    clients that left, the update counts (attacks.counts) summed and as last logged; and what its rules keep."""
+    workers: int
+    sizes: list  # (the size of each of the model's tensors)
+    tests: bool  # (zenops sync: which test a rejected parameter failed)
+    clipping: Any  # (centered clipping's centre, kept from step to step)
+    tensor_of: Any  # (validators: the tensor of each element of this server's shard)
+    version: int = 0
+    stale: int = 0
+    oldest: int = 0
+    left: set = field(default_factory=set)
+    counts: torch.Tensor = field(default_factory=zero_counts)
+    logged: torch.Tensor = field(default_factory=zero_counts)
 
 
 def new_tally(args, layout, sizes, server_chunks):
-    """What a server counts as it trains: its version, the stale pushes dropped and the oldest applied, the
-    clients that left, the update counts (attacks.counts) summed and as last logged; and what its rules keep."""
+    """A server's Tally before its first round."""
     if args.aggregate in BYZFL_RULES:
         import byzfl  # noqa: F401 (seconds to import: before the first round, so that no client waits on it)
-    return {"version": 0, "stale": 0, "oldest": 0, "left": set(), "workers": layout.workers, "sizes": sizes,
-            "counts": torch.zeros(attacks.COUNTS, dtype=torch.float64),
-            "logged": torch.zeros(attacks.COUNTS, dtype=torch.float64),
-            "tests": args.aggregate == "zenops" and args.mode == "sync",  # (which test a rejected parameter failed)
-            "clipping": rules.clipping(args.aggregate),  # (centered clipping's centre, kept from step to step)
-            "tensor_of": validators.tensor_of(sizes, server_chunks) if args.validators else None}
+    return Tally(layout.workers, sizes, tests=args.aggregate == "zenops" and args.mode == "sync",
+                 clipping=rules.clipping(args.aggregate),
+                 tensor_of=validators.tensor_of(sizes, server_chunks) if args.validators else None)
 
 
 def combine(args, updates, numel, tally):
@@ -34,8 +54,8 @@ def combine(args, updates, numel, tally):
         return rules.naive_async(updates[0], args.zeno_alpha) \
             if args.aggregate == "naive-async" and not args.validators else updates[0]
     if args.validators:
-        return validators.accepted_mean(updates, numel, tally["tensor_of"])
-    return rules.aggregate(args.aggregate, updates, args.zeno_b, tally["clipping"], args.trim_ratio)
+        return validators.accepted_mean(updates, numel, tally.tensor_of)
+    return rules.aggregate(args.aggregate, updates, args.zeno_b, tally.clipping, args.trim_ratio)
 
 
 def apply(args, shard, optimizer, update, tally):
@@ -46,7 +66,7 @@ def apply(args, shard, optimizer, update, tally):
         optimizer.step()
     else:
         shard.data -= update
-    tally["version"] += 1
+    tally.version += 1
 
 
 def record(run, message, sender, senders, tally):
@@ -59,22 +79,22 @@ def record(run, message, sender, senders, tally):
     run.meter.add(stats[:3], int(stats[3]))
     # the workers' wait for data (a server's own is none): the summary divides by the servers, so that it
     # reports the mean per worker
-    run.meter.data_s += float(stats[4]) * servers / tally["workers"]
-    tally["counts"] += message[pushpull.COUNTS]
+    run.meter.data_s += float(stats[4]) * servers / tally.workers
+    tally.counts += message[pushpull.COUNTS]
     return float(stats[0] / stats[3])
 
 
 def drain(clients, tally, shard, optimizer):
     """Once trained (or at --desired-acc): answer each pull with stop, until every client has left (clients
     that send nothing within --dist-timeout are taken for dead); a push now is not applied."""
-    while len(tally["left"]) < len(clients):
+    while len(tally.left) < len(clients):
         try:
-            message, sender, _ = pushpull.serve(shard.detach(), tally["version"], optimizer.param_groups[0]["lr"],
+            message, sender, _ = pushpull.serve(shard.detach(), tally.version, optimizer.param_groups[0]["lr"],
                                                 stop=True)
         except RuntimeError:
             return
         if message[pushpull.KIND] == pushpull.BYE:
-            tally["left"].add(sender)
+            tally.left.add(sender)
 
 
 def gather(model, view, shard, optimizer, chunks, servers_control):
@@ -111,17 +131,17 @@ def summary_of(args, layout, tally, run):
     """What summary.json adds for the parameter server: the set-up, and the update counts added up (or the most)
     over the servers: CPU numbers, over their gloo group (run.control; run.group, on the device, is NCCL's on
     GPUs)."""
-    dist.all_reduce(tally["counts"], group=run.control)
+    dist.all_reduce(tally.counts, group=run.control)
     counts = {}  # by pushes (rejected: shares of pushes), by tensors, by parameters (attacks.counts)
-    for by, values in zip(("", "_tensors", "_params"), tally["counts"][attacks.PUSHED_REJECTED].split(4)):
+    for by, values in zip(("", "_tensors", "_params"), tally.counts[attacks.PUSHED_REJECTED].split(4)):
         honest_pushed, byzantine_pushed, honest_rejected, byzantine_rejected = values.tolist()
         counts.update({f"honest{by}_pushed": round(honest_pushed), f"byzantine{by}_pushed": round(byzantine_pushed),
                        f"honest{by}_rejected": round(honest_rejected, 3),
                        f"byzantine{by}_rejected": round(byzantine_rejected, 3)})
-    most = torch.tensor([tally["stale"], tally["oldest"]])  # (every server drops and applies on its own)
+    most = torch.tensor([tally.stale, tally.oldest])  # (every server drops and applies on its own)
     dist.all_reduce(most, op=dist.ReduceOp.MAX, group=run.control)
     stale, oldest = most.tolist()
-    failed = tally["counts"][attacks.FAILED_TESTS].tolist()
+    failed = tally.counts[attacks.FAILED_TESTS].tolist()
     tests = dict(zip(("honest_params_failed_norm", "honest_params_failed_sign", "byzantine_params_failed_norm",
                       "byzantine_params_failed_sign"), (round(n) for n in failed)))
     return dict(mode=args.mode, aggregate=args.aggregate, attack=args.attack, byzantine=args.byzantine,
@@ -135,15 +155,15 @@ def log_validators(run, tally, epoch):
     added up over the servers (a collective of their gloo group). A push counts the share of its tensors that were
     rejected, so pushes can be fractional. zenops: which of its tests the poisoned parameters failed (one may fail
     both)."""
-    done = tally["counts"].clone()
+    done = tally.counts.clone()
     dist.all_reduce(done, group=run.control)
-    epoch_counts, tally["logged"] = (done - tally["logged"]).tolist(), done
+    epoch_counts, tally.logged = (done - tally.logged).tolist(), done
     pushes, parameters = epoch_counts[:4], epoch_counts[attacks.PARAMS]  # (attacks.counts: pushed and rejected)
     run.log.print(f"epoch {epoch} validators: pushes rejected {round(pushes[2], 3):g} of {pushes[0]:.0f} honest, "
                   f"{round(pushes[3], 3):g} of {pushes[1]:.0f} poisoned; parameters rejected {parameters[2]:,.0f} "
                   f"of {parameters[0]:,.0f} honest, {parameters[3]:,.0f} of {parameters[1]:,.0f} poisoned"
                   + ("; of the poisoned, {2:,.0f} failed the norm test, {3:,.0f} the sign test"
-                     .format(*epoch_counts[attacks.FAILED_TESTS]) if tally["tests"] else ""))
+                     .format(*epoch_counts[attacks.FAILED_TESTS]) if tally.tests else ""))
 
 
 def server_state(model, view, shard, optimizer, server_chunks):

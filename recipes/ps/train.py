@@ -3,7 +3,7 @@ Byzantine workers, Zeno validators between them that drop the updates that would
 
     torchrun --nproc_per_node=9 recipes/ps/train.py data/mnist5k -a lenet --image-size 28 -b 8 --epochs 4
 
-Roles by rank (layout.py): 0..S-1 are servers (--servers S), the next V validators (--validators V), the
+Roles by rank (roles.py): 0..S-1 are servers (--servers S), the next V validators (--validators V), the
 rest workers. The parameters are cut into chunks of about --partition-bytes, dealt to the servers; each
 applies its updates to its chunks, a version per update. Workers pull the chunks that changed, compute
 an update on their shard of train/ and push it: a gradient, which the servers' SGD applies (sync with
@@ -29,7 +29,7 @@ from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DistributedSampler
 
 from recipes.common import cli, data, distributed, faults, launch, models, pushpull, runlog
-from recipes.ps import attacks, layout as roles, steps, validators, worker
+from recipes.ps import attacks, roles, steps, validators, worker
 from recipes.ps.server import (apply, combine, describe, drain, log_validators, new_tally, record, server_run,
                                summary_of)
 
@@ -91,8 +91,8 @@ def sync_step(args, run, shard, optimizer, layout, tally):
     lr = optimizer.param_groups[0]["lr"]
     for client in layout.clients:
         request, _ = pushpull.recv_header(client)
-        pushpull.answer_pull(request, client, shard.detach(), tally["version"], lr)
-    accepted_counts = len(tally["sizes"]) if args.validators else 0  # (validators: per tensor, how many passed)
+        pushpull.answer_pull(request, client, shard.detach(), tally.version, lr)
+    accepted_counts = len(tally.sizes) if args.validators else 0  # (validators: per tensor, how many passed)
     received = []
     for sender in layout.senders:  # (a worker that sits the round out sends no update: a skip)
         message, _ = pushpull.recv_header(sender)
@@ -111,17 +111,17 @@ def async_step(args, run, shard, optimizer, layout, tally):
     computed more than --max-staleness versions ago. Returns the losses this server records."""
     kind = pushpull.PULL
     while kind in (pushpull.PULL, pushpull.BYE):
-        message, sender, u = pushpull.serve(shard.detach(), tally["version"], optimizer.param_groups[0]["lr"])
+        message, sender, u = pushpull.serve(shard.detach(), tally.version, optimizer.param_groups[0]["lr"])
         kind = int(message[pushpull.KIND])
         if kind == pushpull.BYE:  # (or died)
-            tally["left"].add(sender)
+            tally.left.add(sender)
     if kind == pushpull.PUSH:
-        staleness = tally["version"] - int(message[pushpull.VERSION])  # updates since its weights were pulled
+        staleness = tally.version - int(message[pushpull.VERSION])  # updates since its weights were pulled
         if args.max_staleness is not None and staleness > args.max_staleness:
-            tally["stale"] += 1
+            tally.stale += 1
         else:
             apply(args, shard, optimizer, combine(args, [u], shard.numel(), tally), tally)
-            tally["oldest"] = max(tally["oldest"], staleness)
+            tally.oldest = max(tally.oldest, staleness)
     loss = record(run, message, sender, layout.senders, tally)
     return [] if loss is None else [loss]
 

@@ -65,7 +65,7 @@ from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DistributedSampler
 
 from recipes.common import RunFailed, data, faults, pushpull
-from recipes.ps import attacks, layout as roles, rules, steps
+from recipes.ps import attacks, roles, rules, steps
 
 
 def held_out_batches(args, held_out, rank, first_epoch, world_size):

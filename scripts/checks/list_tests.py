@@ -60,7 +60,7 @@ def times():
              f"{total['tests']} tests in {measured['total_s'] / 60:.1f} minutes, "
              f"{measured['collection_s']:.0f} s of them collecting. Each file's seconds are split four ways: "
              "**start-up**, a fresh Python importing torch and the recipes (the tests' ranks are forked from a "
-             "server that imported them once: `tests/forkserver.py`; the tests of launchers start real ones); "
+             "server that imported them once: `scripts/harness/launch.py`; the tests of launchers start real ones); "
              "**training**, the processes past their start-up computing; **waiting**, those processes alive but "
              "idle (a peer, a timeout, a sleep); **pytest**, none of them alive (the tests that compute in "
              "pytest's own process, fixtures). The last column counts the fresh Pythons the file started.\n",

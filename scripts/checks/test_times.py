@@ -12,7 +12,7 @@ started, and gives the wall time since the last sample to one of four parts:
   whatever else the children compute);
 - waiting: while the suite's processes are alive but idle (a peer, a timeout, a sleep);
 - pytest: while no process of the suite's is alive (collection, fixtures, the tests that compute in pytest's
-  own process); the tests' fork server (tests/forkserver.py) counts while it starts, not while it waits.
+  own process); the tests' fork server (scripts/harness/forkserver.py) counts while it starts, not while it waits.
 Where processes starting and processes past their start-up share an interval, it is split by their CPU time.
 """
 

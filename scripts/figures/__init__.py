@@ -9,7 +9,9 @@
     headline.py, timings.py             RESULTS.md's first table, and how long each part took
 A part whose data is missing adds a line to `missing` and returns nothing. Beyond the parts in
 make figures' order: examples (the nd recipe against pytorch/examples, run by hand), the GPU table
-(scripts/gpu/: make gpu-check, make figures-gpu), timings and the headline.
+(scripts/figures/gpu/, its plan and its step timer beside measure.py and render.py: make figures-gpu, and
+scripts/gpu/check.py's make gpu-check), timings and the headline. Nothing here imports scripts/gpu/ (the device
+checks), which runs the GPU table from here.
 """
 
 import importlib
@@ -19,8 +21,8 @@ PARTS = ["cluster", "io", "scaling", "curves", "recovery", "compile", "precision
 OTHERS = ["examples", "timings", "gpu", "gpu_context",
           "headline"]  # rendered after the parts (headline: a line of each)
 MODULES = {**{part: f"scripts.figures.{part}.render" for part in PARTS + ["examples"]},
-           "timings": "scripts.figures.timings", "gpu": "scripts.gpu.render",
-           "gpu_context": "scripts.gpu.render_context",
+           "timings": "scripts.figures.timings", "gpu": "scripts.figures.gpu.render",
+           "gpu_context": "scripts.figures.gpu.render_context",
            "headline": "scripts.figures.headline"}
 
 

@@ -9,7 +9,7 @@ GradScaler in fp16; autocast in fp16 or bf16; channels_last weights and input; t
 and nothing else: one batch that stays on the device, then forward, loss, backward and step, --warmup steps
 and then --steps more. No loader, no copy to the device, no meter, no DDP, no logs, no checks: whatever the
 recipe's images/s lacks of this loop's is what the recipe costs. A mark after each step (a CUDA event, or on
-a CPU the clock) gives the seconds of each timed step, as scripts/gpu/step_times.py gives a recipe's; written to
+a CPU the clock) gives the seconds of each timed step, as scripts/figures/gpu/step_times.py gives a recipe's; written to
 --json with what ran (the dtype the model computed in, the batch's layout) and the modules of this project it
 imported.
 """

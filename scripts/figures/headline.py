@@ -1,6 +1,6 @@
 """headline: RESULTS.md's first table, a user's questions each answered by one part, with the machine it ran on.
 
-    reads    what each part reads (its module's headline(data)), the GPU table's (scripts/gpu/render.py), and
+    reads    what each part reads (its module's headline(data)), the GPU table's (scripts/figures/gpu/render.py), and
              the machine each part's data records (rendering.measured_on)
     draws    none
     writes   RESULTS.md's headline
@@ -8,7 +8,7 @@
 
 from scripts.figures import renderer
 from scripts.figures.rendering import measured_on, table
-from scripts.gpu import render as gpu
+from scripts.figures.gpu import render as gpu
 
 # the questions a user comes with, first those the page is for; each answered by one part (its section's anchor)
 QUESTIONS = [("gpu", "What does mixed precision buy on a GPU?", "gpus"),

@@ -3,25 +3,21 @@ command that launches a run on 1 or N processes, a run that a stopped `make figu
 skips when it starts again, the set-up of the accuracy tables, and the CSVs they write."""
 
 import argparse
-import atexit
 import csv
 import json
 import os
 import platform
-import runpy
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
-from recipes.common import workers
 from recipes.common.cli import usable_cores  # (the cores a run may use, as the recipes count them)
+from scripts.harness import launch as launching  # (`launch`, in train(), is what launch.json keeps of a run)
 
 ROOT = Path(__file__).resolve().parents[2]
 # the demo's model and augmentation (as `make demo`), and a small stand-in for tests and QUICK=1;
@@ -123,82 +119,45 @@ def kill_tree(process):
 
 def python_command(processes):
     """python for one process, torchrun --standalone for several: prefix it to a script and its flags."""
-    if processes == 1:
-        return [sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    return launching.python_command(None if processes == 1 else processes)
 
 
-def run(processes, script_and_flags, threads, env=None, check=True, echo=None):
-    """Run a script on `processes` processes of `threads` threads each (with env's variables added);
-    exit with its error if it fails (unless check is False: then the caller reads the result). echo: print
-    the run's output lines as they come, each after "[echo] " (its stderr then comes in its stdout)."""
-    command = [*python_command(processes), *script_and_flags]
+def environment(threads, env=None):
+    """This process's environment for a run of `threads` threads a process, with env's variables added."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1", **(env or {}))
     # the recipes import the package `recipes` from this checkout, installed (make setup) or not (PY=python3)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    if echo is None:
-        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    else:
-        lines = []
-        with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) as process:
-            for line in process.stdout:
-                lines.append(line)
-                print(f"[{echo}] {line}", end="", flush=True)
-        output = "".join(lines)
-        result = subprocess.CompletedProcess(command, process.returncode, output, output)
+    return env
+
+
+def run(processes, script_and_flags, threads, env=None, check=True, echo=None):
+    """Run a script on `processes` processes of `threads` threads each (with env's variables added), each a
+    fresh interpreter (torchrun's workers for several); exit with its error if it fails (unless check is False:
+    then the caller reads the result). echo: print the run's output lines as they come, each after "[echo] "
+    (its stderr then comes in its stdout)."""
+    command = [*python_command(processes), *script_and_flags]
+    result = launching.run(command, environment(threads, env), forked=False, echo=echo)
     if check and result.returncode != 0:
         sys.exit(f"error: {' '.join(command)} failed:\n{result.stderr[-3000:]}")
     return result
 
 
 def run_forked(processes, script_and_flags, threads, env=None):
-    """run(), with each process forked from a server that has imported torch and the recipes once, not started
-    by torchrun as a fresh interpreter: on 2 cores, the 9 to 11 processes of a parameter-server run spend
-    about 25 s importing torch and torchvision, longer than a short run trains. The recipe sees what torchrun
-    gives it: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT and a store that this process
-    holds (as torchrun's agent does). The processes die with the server, and the server with this process."""
-    if forkserver_threads.setdefault("threads", threads) != threads:
+    """run(), with each process forked as the tests fork their ranks (scripts/harness/launch.py, whose docstring
+    lists what a forked rank is promised), not started by torchrun as a fresh interpreter: on 2 cores, the 9 to 11
+    processes of a parameter-server run spend about 25 s importing torch and torchvision, longer than a short run
+    trains. The recipe sees what torchrun gives it, a store that this process holds (as torchrun's agent does)
+    included. The ranks' stdout and stderr come as one stream, in the result's stdout; its returncode is the first
+    failing rank's exit code (0 when none failed). The processes die with the fork server, and the server with
+    this process."""
+    if forkserver_threads.setdefault("threads", threads) != threads:  # (numpy's BLAS reads them as it loads)
         raise ValueError(f"forked runs have the threads of the first one ({forkserver_threads['threads']})")
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # read when the server imports torch
-    workers.start_server(FORKSERVER_PRELOAD)  # once: later runs find it running
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    env = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(processes),
-           "LOCAL_WORLD_SIZE": str(processes), "TORCHELASTIC_USE_AGENT_STORE": "True",
-           "TORCHELASTIC_RESTART_COUNT": "0"}
-    with tempfile.NamedTemporaryFile("w+") as log:
-        try:
-            mp.start_processes(_forked_rank, (script_and_flags, env, log.name), processes, start_method="forkserver")
-            returncode, error = 0, ""
-        except mp.ProcessExitedException as exited:  # the others are stopped; the output says why
-            returncode, error = exited.exit_code or 1, ""
-        except mp.ProcessRaisedException as raised:  # a traceback, which torch hands over here
-            returncode, error = 1, str(raised)
-        output = log.read() + error
-    return subprocess.CompletedProcess(script_and_flags, returncode, output, "")
+    result = launching.launch_ranks([sys.executable, *script_and_flags], processes, environment(threads, env),
+                                    server_env=environment(threads), one_stream=True)
+    return subprocess.CompletedProcess(script_and_flags, result.first_failure or 0, result.stdout, "")
 
 
-# what the recipes import, byzfl included (the parameter server's robust rules and attacks: 2.6 s per process)
-FORKSERVER_PRELOAD = ["recipes.common.workers", "torch", "torchvision", "byzfl", "recipes.common.bookkeeping",
-                      "torch.distributed.pipelining",
-                      "scripts.figures.measuring"]
 forkserver_threads = {}  # the server starts on the first forked run, with its threads, and serves every later one
-
-
-def _forked_rank(rank, script_and_flags, env, log):
-    workers.die_with_the_server()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server ignores and blocks SIGTERM; a rank takes it as
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # under torchrun
-    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
-    output = os.open(log, os.O_WRONLY | os.O_APPEND)
-    os.dup2(output, 1)
-    os.dup2(output, 2)
-    sys.stdout.reconfigure(line_buffering=True)  # PYTHONUNBUFFERED is read at start-up only
-    sys.argv = list(script_and_flags)
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    finally:  # a forked process ends without them (os._exit)
-        atexit._run_exitfuncs()
 
 
 counts = {"trained": 0, "reused": 0, "reused_s": 0.0}  # this script's runs: trained now, or kept from before
@@ -226,7 +185,7 @@ def train(recipe, processes, flags, out, threads, env=None, check=True, forked=F
     what it has. A run that did not finish starts afresh. Returns its summary (None when it failed and check
     is False: its output is then in OUT/failed.log). forked: the processes start as run_forked() starts them;
     echo: their output is printed as it comes (run()); launcher: a script and its flags that run the recipe
-    (scripts/checks/inject_fault.py's way: it takes the recipe's path and flags after them)."""
+    (scripts/harness/inject_fault.py's way: it takes the recipe's path and flags after them)."""
     out, launch = Path(out), launch_of(recipe, processes, flags, env, threads, launcher)
     summary = finished_summary(out, launch)
     if summary is not None:

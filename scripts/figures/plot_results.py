@@ -25,7 +25,8 @@ benchmark scripts write:
                         (scripts/figures/sharding/measure.py)
   timings.csv           how long each part of make figures took (every script above)
   gpu/table.csv, profiles.json, compression.csv   the GPU table, its profiles, and on a node with more GPUs
-                        the compression hooks over NCCL (scripts/gpu/measure.py: make gpu-check, make figures-gpu)
+                        the compression hooks over NCCL (scripts/figures/gpu/measure.py: make gpu-check,
+                        make figures-gpu)
   gpu/smoke.json, preflight.json   the one-GPU check and the node it ran on (scripts/gpu/check.py)
 Accuracy over several seeds is reported as the mean and the min-max range; two
 results differ by more than the seed-to-seed spread when their ranges do not

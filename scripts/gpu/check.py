@@ -12,7 +12,7 @@
    figures/data/gpu/smoke.json holds as passed on a GPU of the same compute capability and
    the same torch are left out (--smoke runs them all again): an H100's passes hold on an
    H200, and a smoke cut at the deadline goes on in the next command.
-3. The GPU table (scripts/gpu/measure.py --parts table): its set-ups not yet measured on this
+3. The GPU table (scripts/figures/gpu/measure.py --parts table): its set-ups not yet measured on this
    GPU and torch that the model says fit in the minutes left (data/imagenet-like-gpu written
    first on every core, once), then, once all are measured, a profile of each speed target
    that missed, in the minutes left; the whole cut at the deadline whatever the model said.
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from scripts.checks import check_python  # noqa: E402
-from scripts.gpu import plan as gpu_plan  # noqa: E402
+from scripts.figures.gpu import plan as gpu_plan  # noqa: E402
 from scripts.figures import measuring  # noqa: E402
 
 OUT = ROOT / "runs" / "gpu-check"
@@ -160,7 +160,7 @@ def command_plan(minutes=9):
 
 def rehearsed_in_full(gpu_data):
     """Whether a rehearsal measured every set-up of the table and profiled every target; if not, says what not."""
-    from scripts.gpu.measure import machine
+    from scripts.figures.gpu.measure import machine
 
     here = machine(stand_in=True)
     table = gpu_data / "table.csv"
@@ -218,8 +218,9 @@ def main(argv=None):
             subprocess.run([sys.executable, str(ROOT / "scripts" / "make_demo_data.py"), "--imagenet-like", str(jpeg),
                             *JPEG_SIZE["stand-in" if args.stand_in else "gpu"], "--jobs", "0"], check=True)
             (jpeg / ".complete").touch()
-        table = [sys.executable, str(ROOT / "scripts" / "gpu" / "measure.py"), "--parts", "table", "--jpeg", str(jpeg),
-                 "--skip-measured", "--minutes", f"{(deadline - time.monotonic() - MARGIN_S) / 60:.2f}",
+        table = [sys.executable, str(ROOT / "scripts" / "figures" / "gpu" / "measure.py"), "--parts", "table",
+                 "--jpeg", str(jpeg), "--skip-measured",
+                 "--minutes", f"{(deadline - time.monotonic() - MARGIN_S) / 60:.2f}",
                  "--figures-data", str(gpu_data), "--runs", str(OUT / "runs"),
                  *(["--stand-in", *STAND_IN_RUNS] if args.stand_in else [])]
         code = run_limited(table, deadline - time.monotonic() - MARGIN_S)

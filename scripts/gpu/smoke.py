@@ -5,23 +5,13 @@
     python scripts/gpu/smoke.py --stand-in  # the same checks rehearsed on a CPU
 
 On the first GPU, a small JPEG folder (written once into runs/gpu-smoke/jpeg) and
-ResNet-18 at 64 px, one or two short epochs per check:
-  nd, dp                  the single-device and DataParallel recipes
-  ddp                     --ema-decay, --sync-bn, --accum-steps and mixup/cutmix together;
-                          the JPEG folder under each --decoder (tensor, pil, gpu)
-  apex                    --opt-level O0-O3 (fp16), each with and without --channels-last
-  compression             every --compress method, and fp8 with --error-feedback
-  fsdp                    every --shard mode at O0 and O1 fp16, with --channels-last; and
-                          a --sharded-checkpoint resumed by a second run
+ResNet-18 at 64 px, one or two short epochs per check: first each recipe's GPU checks, as the
+catalogue lists them (recipes/__init__.py; a recipe that lists none runs once at its defaults;
+those marked run under scripts/harness/nccl_rules.py: ddp's first, the pipeline's, ps's), then:
+  fsdp                    a --sharded-checkpoint resumed by a second run
   vit                     the small vision transformer (vit_tiny at 56 px) in bf16: fsdp --shard full,
                           each encoder block its own unit; apex O1 with --channels-last (one line: only
                           its patch projection is a convolution)
-  pipeline                --stages 1
-  ps                      one server and two workers sharing the GPU (their push and pull
-                          go over gloo on the CPU; NCCL takes one GPU per process, so
-                          --dist-backend gloo makes the default group gloo too: ps over
-                          NCCL needs a GPU per process, and only nccl_rules checks it here)
-                          (ddp's first check, the pipeline and ps run under scripts/gpu/nccl_rules.py)
   faults                  a SIGTERM ends in exit 75, and --auto-resume then finishes
   syncs                   ddp in fp32, and apex at O1 fp16 (GradScaler) with --ema-decay, under
                           torch.cuda.set_sync_debug_mode("warn"): the host synchronisations
@@ -56,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from recipes import RECIPES, gpu_checks  # noqa: E402
 from scripts.checks import check_python  # noqa: E402
 from scripts.figures import measuring  # noqa: E402
 
@@ -65,15 +56,12 @@ STAND_IN_SMALL = ["-a", "lenet", "--image-size", "16", "-b", "8", "--lr", "0.01"
 # what only a GPU runs, and what the stand-in runs instead: {flag: replacement, None to leave it out}
 STAND_IN_FLAGS = {("--sync-bn",): None, ("--decoder", "gpu"): ("--decoder", "tensor")}
 HUNG = "stand-in-hung-check"
-AMP = ["O0", "O1", "O2", "O3"]
-COMPRESS = ["none", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "powersgd"]
-SHARDS = ["none", "optimizer", "grad-op", "full"]
 
 
 def under_nccl_rules(recipe):
-    """The recipe, run under scripts/gpu/nccl_rules.py: where tensors' devices differ, a CPU tensor on a device group
-    or a CUDA tensor on the control group ends the run."""
-    return [str(ROOT / "scripts" / "gpu" / "nccl_rules.py"), str(ROOT / "recipes" / recipe / "train.py")]
+    """The recipe, run under scripts/harness/nccl_rules.py: where tensors' devices differ, a CPU tensor on a device
+    group or a CUDA tensor on the control group ends the run."""
+    return [str(ROOT / "scripts" / "harness" / "nccl_rules.py"), str(ROOT / "recipes" / recipe / "train.py")]
 
 
 def checks(data="{data}", small=SMALL, stand_in=False):
@@ -82,22 +70,9 @@ def checks(data="{data}", small=SMALL, stand_in=False):
     def one(recipe, *flags, processes=1):
         return recipe, processes, [data, *small, "--epochs", "1", *flags], 0
 
-    mixed = ["--ema-decay", "0.99", "--sync-bn", "--accum-steps", "2", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0"]
-    found = [("nd", "nd", [one("nd")]), ("dp", "dp", [one("dp")]),
-             ("ddp-ema-syncbn-accum-mix", "ddp", [one(under_nccl_rules("ddp"), *mixed)])]
-    found += [(f"ddp-decoder-{decoder}", "ddp", [one("ddp", "--decoder", decoder)]) for decoder in ("pil", "gpu")]
-    for level in AMP:
-        for channels_last in (False, True):
-            found.append((f"apex-{level}{'-cl' if channels_last else ''}", "apex",
-                          [one("apex", "--opt-level", level, *(["--channels-last"] if channels_last else []))]))
-    found += [(f"compression-{m}", "compression", [one("compression", "--compress", m)]) for m in COMPRESS]
-    found.append(("compression-fp8-e4m3-ef", "compression",
-                  [one("compression", "--compress", "fp8-e4m3", "--error-feedback")]))
-    for shard in SHARDS:
-        for level in ("O0", "O1"):
-            found.append((f"fsdp-{shard}-{level}", "fsdp",
-                          [one("fsdp", "--shard", shard, "--opt-level", level, "--amp-dtype", "fp16",
-                               "--channels-last")]))
+    found = [(check.name, entry.name, [one(under_nccl_rules(entry.name) if check.nccl_rules else entry.name,
+                                            *check.flags, processes=check.processes)])
+             for entry in RECIPES for check in gpu_checks(entry)]
     found.append(("fsdp-sharded-checkpoint", "fsdp", [
         one("fsdp", "--shard", "full", "--opt-level", "O1", "--amp-dtype", "bf16", "--sharded-checkpoint",
             "--out", "{out}/first"),
@@ -107,11 +82,7 @@ def checks(data="{data}", small=SMALL, stand_in=False):
     found.append(("vit-tiny-fsdp-full-and-apex-bf16", "vit", [  # (each run its own --out: a second would clash)
         one("fsdp", *vit, "--shard", "full", "--out", "{out}/fsdp"),
         one("apex", *vit, "--channels-last", "--out", "{out}/apex")]))
-    found.append(("pipeline-stages-1", "pipeline", [one(under_nccl_rules("pipeline"), "--stages", "1",
-                                                        "--microbatches", "2")]))
-    found.append(("ps-1-server-2-workers", "ps", [one(under_nccl_rules("ps"), "--servers", "1", "--aggregate",
-                                                      "median", "--dist-backend", "gloo", "-b", "16", processes=3)]))
-    injected = [str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", "term", "--step", "3", "--",
+    injected = [str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", "term", "--step", "3", "--",
                 str(ROOT / "recipes" / "ddp" / "train.py")]
     found.append(("faults-sigterm-then-resume", "faults", [
         (injected, 1, [data, *small, "--epochs", "2", "--auto-resume", "--out", "{out}/run"], 75),
@@ -122,7 +93,7 @@ def checks(data="{data}", small=SMALL, stand_in=False):
         found.append((f"syncs-per-step-{recipe}{'-fp16-ema' if flags else ''}", "syncs",
                       [(counted, 1, [data, *small, "--epochs", "2", "-p", "1000", *flags], 0)]))
     if stand_in:  # a check that hangs: the limit must cut it, and the next check start
-        stopped = [str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", "stop", "--step", "2", "--times",
+        stopped = [str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", "stop", "--step", "2", "--times",
                    "{out}/times.jsonl", "--", str(ROOT / "recipes" / "ddp" / "train.py")]
         found.append((HUNG, "faults", [(stopped, 1, [data, *small, "--epochs", "1"], "cut")]))
     return found

@@ -20,11 +20,11 @@ which warms up, autotunes and compiles) from its metrics.csv. The set-ups run in
 of them, so that a slow spell on a shared machine falls on every set-up alike; the results take the median per
 set-up and its ratio to O0 at the same number of processes. --compile runs share one TorchInductor cache
 (the first round compiles cold). On CUDA the runs load with 4 workers (collating 38 MB of uint8 images per
-step in the training process would slow it, as in scripts/gpu/measure.py), and a GPU with too little memory for -b
-needs a lower one. The runs go to runs/figures/precision/<set-up>-<N>p/round<R>; a run whose summary.json
+step in the training process would slow it, as in scripts/figures/gpu/measure.py), and a GPU with too little
+memory for -b needs a lower one. The runs go to runs/figures/precision/<set-up>-<N>p/round<R>; a run whose summary.json
 is complete is not trained again. The CSV and JSON are written after every run.
 
-On a GPU lent for minutes, the GPU table (scripts/gpu/measure.py, make gpu-check) answers the same question
+On a GPU lent for minutes, the GPU table (scripts/figures/gpu/measure.py, make gpu-check) answers the same question
 in one run of each set-up, timing its steps on the GPU; docs/results/precision.md's GPU form of this table is drawn
 from it.
 """
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from scripts.figures import measuring  # noqa: E402
-from scripts.gpu.measure import SYNTHETIC_WORKERS, visible_gpus  # noqa: E402
+from scripts.figures.gpu.measure import SYNTHETIC_WORKERS, visible_gpus  # noqa: E402
 
 FIELDS = ["setup", "recipe", "opt_level", "precision", "channels_last", "compile", "processes", "threads", "round",
           "images_per_s", "epoch_s", "arch", "image_size", "batch_size", "steps", "workers", "cpu", "cores",

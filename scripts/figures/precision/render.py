@@ -1,7 +1,7 @@
 """precision: the apex recipe's images/s at each --opt-level, beside ddp (scripts/figures/precision/measure.py).
 
-    reads    figures/data/precision.csv and precision.json (the GPU form of the table: scripts/gpu/render.py, from
-             the GPU table)
+    reads    figures/data/precision.csv and precision.json (the GPU form of the table:
+             scripts/figures/gpu/render.py, from the GPU table)
     draws    none
     writes   sections precision
 """

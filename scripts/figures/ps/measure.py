@@ -4,11 +4,15 @@
     python scripts/figures/ps/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
     python scripts/figures/ps/measure.py --only 'zeno++/*/*' 'sync-*/*/ALIE*'   # these rows; ps.csv keeps the rest
 
-  table.py            the table: each of the authors' figures in their regime, scaled down (its docstring says how)
-  byzfl_reference.py  ByzFL's own benchmark on the same digits, the outside reference
-  why.py              why the targets that miss do: the recipe under probe.py
+The folder, study by study (each measured by <study>.py, rendered by render_<study>.py; render.py, the part's
+render(), renders the table and calls the others):
+  table.py            the table: each of the authors' figures in their regime, scaled down (its docstring says how);
+                      render.py with table_plot.py (its figures), render_targets.py (its targets, its batch
+                      part) and table_rows.py (ps.csv's rows, read by every render_*.py)
+  byzfl_reference.py  ByzFL's own benchmark on the same digits, the outside reference; render_byzfl_reference.py
+  why.py              why the targets that miss do: the recipe under why_probe.py; render_why.py
   cluster.py          ZenoPS's sync runs on the virtual cluster, each role on a node of its own (--parts
-                      cluster; it needs root)
+                      cluster; it needs root); render_cluster.py
 Each step keeps what an earlier, stopped run finished; the part's time counts them all. --only PART/RULE/ATTACK
 patterns (fnmatch) measure the table's runs that match and keep every other row of ps.csv, and skip the other two
 steps.
@@ -52,7 +56,7 @@ def main():
         return
     # the outside reference, in the same part (its time counts in the part's)
     byzfl_reference.run(args.data, Path(args.runs).parent / "byzfl", args.figures_data, quick=args.quick)
-    # why the targets that miss do: the recipe under probe.py
+    # why the targets that miss do: the recipe under why_probe.py
     why.run(args.data, Path(args.runs).parent / "ps-why", args.figures_data, args.seeds, args.epochs, args.quick)
     if "cluster" in args.parts:
         cluster.measure(args)

@@ -1,20 +1,22 @@
 """ps: the parameter server against Byzantine workers, per figure of its authors, run and seed
-(scripts/figures/ps/table.py), its targets and ByzFL's benchmark beside it (scripts/figures/ps/render_targets.py).
+(scripts/figures/ps/table.py), with its figures (table_plot.py) and targets (render_targets.py); the part's other
+studies each by its render_<study>.py (ByzFL's benchmark, why the misses miss, ZenoPS on the virtual cluster).
 
-    reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (ps_why.py), ps_cluster.csv (render_cluster.py)
-    draws    figures/ps.png, ps_eta.png (scripts/figures/ps/plot.py)
+    reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (render_why.py), ps_cluster.csv (render_cluster.py)
+    draws    figures/ps.png, ps_eta.png (table_plot.py)
     writes   sections ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
-             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (ps_why.py), ps-cluster (render_cluster.py)
+             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (render_why.py), ps-cluster (render_cluster.py)
 """
 
 import statistics
 
 from scripts.figures.ps import render_cluster  # (ZenoPS on the virtual cluster)
-from scripts.figures.ps.plot import plot_ps  # (its figures)
-from scripts.figures.ps.render_targets import ps_batch, ps_byzfl_table, ps_targets  # (the part's second half)
+from scripts.figures.ps.render_byzfl_reference import ps_byzfl_table  # (ByzFL's benchmark beside the table)
+from scripts.figures.ps.render_targets import ps_batch, ps_targets  # (the table's targets and its batch part)
 from scripts.figures.ps.render_why import why_sections  # (and why its misses miss)
-from scripts.figures.ps.rows import (INBOUND, MATRICES, VALIDATED, finished, naive_in_validators, params_shares,
-                                     ps_groups, ps_top1, rejected, sign_only, top1_or_chance)
+from scripts.figures.ps.table_plot import plot_ps  # (the table's figures)
+from scripts.figures.ps.table_rows import (INBOUND, MATRICES, VALIDATED, finished, naive_in_validators,
+                                           params_shares, ps_groups, ps_top1, rejected, sign_only, top1_or_chance)
 from scripts.figures.rendering import beyond_spread, read_csv, spread, table, targets_held, with_range
 
 

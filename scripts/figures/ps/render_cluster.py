@@ -5,7 +5,7 @@ every role on a node of its own, beside the same runs on loopback (ps.csv's sync
     writes   section ps-cluster; headline()
 """
 
-from scripts.figures.ps.rows import finished, ps_groups, ps_top1
+from scripts.figures.ps.table_rows import finished, ps_groups, ps_top1
 from scripts.figures.rendering import beyond_spread, read_csv, spread, table, with_range
 
 

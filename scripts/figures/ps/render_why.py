@@ -1,14 +1,14 @@
 """ps, second half: why the targets that miss do, measured by scripts/figures/ps/why.py (the recipe under
-scripts/figures/ps/probe.py, on scripts/figures/ps/table.py's flags).
+scripts/figures/ps/why_probe.py, on scripts/figures/ps/table.py's flags).
 
-    reads    figures/data/ps_why.csv, and ps.csv's rows from ps.py (the attacks that leave the plain rule as it was)
+    reads    figures/data/ps_why.csv, and ps.csv's rows (the attacks that leave the plain rule as it was)
     writes   sections ps-why-rejections, ps-why-zeno-pp, ps-why-signflip, ps-why-async, ps-why-unbroken
 """
 
 import statistics
 
 from scripts.figures.rendering import beyond_spread, fisher, read_csv, spread, table, with_range
-from scripts.figures.ps.rows import naive_in_validators, ps_groups, top1_or_chance
+from scripts.figures.ps.table_rows import naive_in_validators, ps_groups, top1_or_chance
 
 
 def by_label(rows, study):

@@ -1,5 +1,5 @@
 """Why three kinds of the parameter server's targets miss (scripts/figures/ps/table.py's table), each measured on the
-table's own flags with the recipe run under scripts/figures/ps/probe.py, which writes down every judgement of its
+table's own flags with the recipe run under scripts/figures/ps/why_probe.py, which writes down every judgement of its
 validators.
 
     python scripts/figures/ps/why.py     # figures/data/ps_why.csv (scripts/figures/ps/measure.py runs it too, after
@@ -27,7 +27,7 @@ validators.
               ||v_t||, times cos where cos < eta) against naive-async's alpha u: by norm, and projected on alpha u;
               and naive-async at alpha times that mean projection: naive-async's direction at zenops' mean step
               along it; zenops at eta -1, which reverses nothing (cos >= -1): its clipping alone; and alpha u
-              forwarded by zenops' validators (scripts/figures/ps/probe.py --zenops-async-step alpha-u): their path,
+              forwarded by zenops' validators (scripts/figures/ps/why_probe.py --zenops-async-step alpha-u): their path,
               not their rule.
 Every row for each seed (3 by default); --studies: only those, the others' rows kept as ps_why.csv holds them.
 Run directories go to runs/figures/ps-why/<name>-seed<S> (with the probe's lines under probe/); a run whose
@@ -198,7 +198,8 @@ def run(data, runs, figures_data, seeds, epochs, quick=False, studies=None):
                 flags += ["--zeno-alpha", str(alpha)]
             name = f"{study}-{label}".replace("||", "").replace("'", "")
             out = Path(runs) / f"{''.join(c if c.isalnum() or c in '.+-' else '_' for c in name)}-seed{seed}"
-            launcher = [ROOT / "scripts" / "figures" / "ps" / "probe.py", "--judgements", out / "probe", *probe, "--"]
+            launcher = [ROOT / "scripts" / "figures" / "ps" / "why_probe.py", "--judgements", out / "probe", *probe,
+                        "--"]
             summary = measuring.train("ps", processes, flags, out, threads=1, forked=True, check=False,
                                       launcher=launcher)
             row = {"study": study, "label": label, "seed": seed, "epochs": epochs * more, "alpha": alpha,

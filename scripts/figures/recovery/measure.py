@@ -6,7 +6,7 @@
 1. Seconds per checkpoint save: the recipes' own checkpoint.save on the demo
    model with its optimizer state, repeated, median taken.
 2. A 2-process ddp run under `torchrun --max-restarts=1 ... --auto-resume` whose
-   rank 1 is SIGKILLed in epoch 2 (scripts/checks/inject_fault.py): the time from the
+   rank 1 is SIGKILLed in epoch 2 (scripts/harness/inject_fault.py): the time from the
    kill to the first training step of the restarted workers, the epoch time, and
    whether the run then finished.
 3. What the per-step stop check costs (faults.StopCheck.after_step: did any rank
@@ -126,7 +126,7 @@ def seconds_per_stop_check(calls):
 def killed_run(data, flags, out, steps_per_epoch, into_epoch_2):
     times = out / "times.jsonl"
     command = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "--max-restarts=1", str(ROOT / "scripts" / "checks" / "inject_fault.py"), "--fault", "kill",
+               "--max-restarts=1", str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", "kill",
                "--step", str(steps_per_epoch + into_epoch_2), "--rank", "1", "--times", str(times), "--",
                str(ROOT / "recipes" / "ddp" / "train.py"), str(data), *flags, "--epochs", "2", "--auto-resume",
                "--out", str(out / "run")]
@@ -199,7 +199,7 @@ def killed_recipe(data, flags, case, out, victim_steps_per_epoch):
     fault = ["--fault", "kill", "--step", str(victim_steps_per_epoch + victim_steps_per_epoch // 3), "--rank",
              str(victim), "--times", str(times), *(["--by-version"] if recipe == "ps" and "async" in extra else [])]
     command = [*measuring.python_command(processes)[1:], "--max-restarts=1",
-               str(ROOT / "scripts" / "checks" / "inject_fault.py"),
+               str(ROOT / "scripts" / "harness" / "inject_fault.py"),
                *fault, "--", str(ROOT / "recipes" / recipe / "train.py"), str(data), *flags, *extra, "--auto-resume",
                "--out", str(out / "run")]
     launch = measuring.launch_of(recipe, processes, command, threads=1)

@@ -19,7 +19,7 @@ With several processes it also runs that many unconnected copies of the plain
 bare loop at once ("independent"): their summed images/s is what the machine
 gives that many processes at all, the ceiling that DDP's scaling is judged by.
 On CUDA the runs use the apex recipe's mixed precision (--opt-level O1) and
-channels_last, with ResNet-50 at 224 px unless told otherwise (scripts/gpu/measure.py
+channels_last, with ResNet-50 at 224 px unless told otherwise (scripts/figures/gpu/measure.py
 is the GPU table, and its scaling over GPUs). The recipe runs go to runs/figures/scaling/; a run whose
 summary.json is complete is not trained again (the bare loops are always measured).
 

@@ -1,6 +1,6 @@
 """Run a recipe and inject a fault after a given training step, to test recovery.
 
-    torchrun --standalone --nproc_per_node=2 --max-restarts=1 scripts/checks/inject_fault.py \\
+    torchrun --standalone --nproc_per_node=2 --max-restarts=1 scripts/harness/inject_fault.py \\
         --fault kill --step 7 --rank 1 -- recipes/ddp/train.py data/mnist5k --auto-resume ...
 
 Faults, each after the optimizer step numbered --step (counted from 1 in this process):

@@ -1,18 +1,14 @@
-"""The tests' Python processes, forked from a server that has imported torch, torchvision, byzfl and the recipes
-once: a rank starts in milliseconds, where a fresh interpreter spends about 2.5 s importing on 2 cores (more
-with byzfl), most of the suite's time before (docs/tests.md: where the time goes).
+"""The fork server of scripts/harness/launch.py: a server that has imported torch, torchvision, byzfl and the recipes
+once, and forks a process for each request, which then makes itself what `python SCRIPT ARGS` started fresh would
+be (launch.py's docstring lists what it is promised, and tests/test_forked.py checks each promise). A process
+starts in milliseconds, where a fresh interpreter spends about 2.5 s importing on 2 cores (more with byzfl): most
+of the test suite's time before (docs/tests.md: where the time goes), and 25 s of a short parameter-server run.
 
-A forked process sees what `python SCRIPT ARGS` started fresh in the same environment sees, and test_forked.py
-checks it against fresh ones and torchrun's workers: its environment exactly, its argv and working folder,
-sys.path from its script's folder and PYTHONPATH, a session of its own (as torchrun's workers have), the signal
-handlers a fresh Python starts with (the signals the tests' process ignores stay ignored, as across exec) and the
-tests' process's signal mask, stdin on /dev/null, stdout and stderr on the files given (unbuffered,
-as PYTHONUNBUFFERED=1 makes them), fresh random seeds, and the exit code Python gives (SystemExit's code; 1 after
-an uncaught exception, its traceback on stderr; -N when signal N ended it). What it cannot see afresh: a module
-the server imported is not imported again (a PYTHONPATH entry does not replace it; a test that needs that starts
-a real interpreter), and the server's interpreter flags and hash seed are its own.
+The server is started by the first request of the process that launches (start()), with that process's stdin as
+its lifeline: when the launching process ends, SIGKILL included, the server reads the end of its stdin and ends,
+and each process it forked has asked the kernel to SIGKILL it when the server ends (Linux's PR_SET_PDEATHSIG).
 
-    python tests/forkserver.py SOCKET    # the server (start() runs it, once a pytest session)
+    python scripts/harness/forkserver.py SOCKET    # the server (start() runs it, once a launching process)
 """
 
 import atexit
@@ -34,14 +30,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import traceback
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# what the recipes, their wrappers (scripts/gpu/nccl_rules.py, scripts/checks/inject_fault.py) and the tests' scripts
-# import
+ROOT = Path(__file__).resolve().parents[2]
+# what the recipes, their wrappers (scripts/harness/nccl_rules.py, scripts/harness/inject_fault.py) and the tests'
+# scripts import
 PRELOAD = ["numpy", "PIL.Image", "torch", "torchvision", "torch.distributed.pipelining", "torch.utils.tensorboard",
            "torch.distributed.elastic.multiprocessing.errors", "tqdm", "byzfl"]
 FDS = 2  # stdout, stderr
@@ -81,7 +76,7 @@ def serve(path):
     running = {}  # pid -> the client's connection, which gets the exit code
     while True:
         for key, _ in selector.select():
-            if key.fileobj is sys.stdin:  # the tests' process is gone: so are the processes forked here
+            if key.fileobj is sys.stdin:  # the launching process is gone: so are the processes forked here
                 return
             if key.fileobj is wakeup_r:
                 os.read(wakeup_r, 4096)
@@ -180,13 +175,14 @@ def run_child(message, fds, base_path):
         os.environ.update(request["env"])
         # PYTHONPATH's folders, absolute (from the working folder) and each once, as site.py leaves sys.path
         python_path = [os.path.abspath(p) for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-        if request["call"]:  # spawn(): function(rank, *args), from a test module
-            sys.path[:] = dict.fromkeys([str(ROOT / "tests"), str(ROOT), *python_path, *base_path])
+        script, *args = request["argv"]
+        folder = os.path.dirname(os.path.abspath(script))
+        if request["call"]:  # launch.spawn(): function(rank, *args), from the module SCRIPT (and the clone's packages)
+            sys.path[:] = dict.fromkeys([folder, str(ROOT), *python_path, *base_path])
             function, args = pickle.loads(base64.b64decode(request["call"]))
             main = functools.partial(function, int(request["env"]["RANK"]), *args)
         else:  # `python SCRIPT ARGS`
-            script, *args = request["argv"]
-            sys.path[:] = dict.fromkeys([os.path.dirname(os.path.abspath(script)), *python_path, *base_path])
+            sys.path[:] = dict.fromkeys([folder, *python_path, *base_path])
             sys.argv = [script, *args]
             main = functools.partial(run_script, script)
         torch = sys.modules["torch"]
@@ -223,14 +219,14 @@ def run_child(message, fds, base_path):
             os._exit(code)
 
 
-# ---- the tests' side ------------------------------------------------------------------------------------------
+# ---- the launching process's side -------------------------------------------------------------------------------
 
-server = {}  # the one server of this pytest session: its process and its socket's path
+server = {}  # the one server of this process: its process and its socket's path
 
 
 def start(env):
-    """The server, started on the first call with env (the suite's child_env()), then the same one (started
-    again should it have ended)."""
+    """The server, started on the first call with env (the tests' child_env(), the measuring's environment), then
+    the same one (started again should it have ended)."""
     if "process" not in server or server["process"].poll() is not None:
         folder = tempfile.mkdtemp(prefix="forkserver-")
         server["path"] = os.path.join(folder, "socket")
@@ -238,13 +234,27 @@ def start(env):
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if server["process"].stdout.readline().strip() != "ready":
             raise RuntimeError(f"the fork server did not start (exit code {server['process'].wait()})")
-        atexit.register(server["process"].stdin.close)  # its end of file ends it
+        atexit.register(stop, server["process"])
     return server["path"]
 
 
+def stop(process):
+    """At the launching process's exit: the server's stdin closed, whose end of file ends it, and the server
+    waited for."""
+    process.stdin.close()
+    process.stdout.close()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def forkable(command):
-    """Whether command is `python SCRIPT ...` with this Python: what a fork can stand for."""
-    return len(command) >= 2 and command[0] == sys.executable and str(command[1]).endswith(".py")
+    """Whether command is `python SCRIPT ...` with this Python, on Linux: what a fork can stand for (the server
+    stands on Linux's sockets and parent-death signal)."""
+    return (sys.platform.startswith("linux") and len(command) >= 2 and command[0] == sys.executable
+            and str(command[1]).endswith(".py"))
 
 
 class Forked:
@@ -252,8 +262,9 @@ class Forked:
     kill, returncode."""
 
     def __init__(self, command, cwd, env, stdout, stderr, server_env, call=None, handled=()):
-        """handled: signals its launcher handles (torchrun: SIGTERM, SIGINT, SIGHUP, SIGQUIT), which its
-        process then starts with at their default even where the tests' process ignores them."""
+        """call: launch.spawn()'s function and arguments, pickled (command[1] is then the function's module).
+        handled: signals its launcher handles (torchrun: SIGTERM, SIGINT, SIGHUP, SIGQUIT), which its process then
+        starts with at their default even where the launching process ignores them."""
         self.args, self.returncode = command, None
         self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.connection.connect(start(server_env))
@@ -321,48 +332,6 @@ def signal_group(process, number):
             pass
 
 
-def spawn(function, args, nprocs, env, timeout=300):
-    """torch.multiprocessing.spawn(function, args, nprocs) with forked processes: function(rank, *args) in each
-    (function and args pickled; function from a test module), RANK set in each one's env. When a process fails,
-    the others are killed and AssertionError carries its exit code and stderr, as spawn's exception does."""
-    call = base64.b64encode(pickle.dumps((function, args))).decode()
-    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(nprocs)]
-    deadline, failed, processes = time.monotonic() + timeout, None, []
-    try:
-        for rank, (out, err) in enumerate(files):
-            processes.append(Forked([sys.executable, function.__module__], ROOT, {**env, "RANK": str(rank)}, out, err,
-                                    env, call=call))
-        while failed is None and None in [process.poll() for process in processes]:  # (each one polled)
-            failed = next((rank for rank, process in enumerate(processes) if process.returncode), None)
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(function.__name__, timeout)
-            time.sleep(0.01)
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
-    failed = next((rank for rank, process in enumerate(processes) if process.returncode), None) \
-        if failed is None else failed
-    if failed is not None:
-        files[failed][1].seek(0)
-        raise AssertionError(f"process {failed} of {function.__name__} exited with {processes[failed].returncode}:"
-                             f"\n{files[failed][1].read()[-5000:]}")
-
-
-def run(command, cwd, env, timeout, server_env):
-    """subprocess.run(command, capture_output=True, text=True, timeout=timeout), forked."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = Forked(command, cwd, env, out, err, server_env)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise
-        out.seek(0), err.seek(0)
-        return subprocess.CompletedProcess(command, process.returncode, out.read(), err.read())
-
-
 if __name__ == "__main__":
     preload()
     import argparse  # (after the imports: scripts/checks/test_times.py counts the server's start-up up to parse_args)
@@ -370,3 +339,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="the fork server: see the module's docstring")
     parser.add_argument("socket")
     serve(parser.parse_args().socket)
+    os._exit(0)  # (at once: nothing of its own to tear down, and the processes it forked end with it)

@@ -2,10 +2,10 @@
 scaling over GPUs and the compression hooks over NCCL.
 
     make figures-gpu [ONLY=table]           # data/imagenet-like-gpu, this script's parts, plot_results.py
-    python scripts/gpu/measure.py --jpeg DIR [--parts table scaling compression] [--gpus 2 4 8] [--list]
-    python scripts/gpu/measure.py --jpeg DIR --skip-measured --minutes 7      # a lease's share (scripts/gpu/check.py)
+    python scripts/figures/gpu/measure.py --jpeg DIR [--parts table scaling compression] [--gpus 2 4 8] [--list]
+    python scripts/figures/gpu/measure.py --jpeg DIR --skip-measured --minutes 7  # as scripts/gpu/check.py runs it
 
-  table        at 1 GPU, scripts/gpu/plan.py's set-ups in turn (--list: with the model's seconds): ddp fp32,
+  table        at 1 GPU, scripts/figures/gpu/plan.py's set-ups in turn (--list: with the model's seconds): ddp fp32,
                apex O0 + channels_last, O1 fp16 and bf16 with channels_last with and without --compile, on
                --synthetic images; the bare loop (scripts/figures/bare_loop.py) in fp32 and at the fastest of those;
                that fastest on the JPEG folder under --decoder tensor and pil (every core but one decoding)
@@ -15,7 +15,7 @@ scaling over GPUs and the compression hooks over NCCL.
                powersgd, the fp8s and powersgd with --error-feedback too (on one GPU, it and scaling say in
                one line that there is nothing to measure)
 
-A recipe run trains 2 epochs through scripts/gpu/step_times.py, which times each step on the GPU: the first
+A recipe run trains 2 epochs through scripts/figures/gpu/step_times.py, which times each step on the GPU: the first
 warms up (cuDNN's autotuning, compiling, the loader's start), the row is the second's steps after its first
 (--synthetic epochs: 30 steps per GPU; the JPEG folder: all of it). The bare loop times 30 steps after 10.
 A row: the median step and its 10th and 90th percentiles, images/s from the median step (all GPUs), the
@@ -39,14 +39,14 @@ STARTED = time.time()  # (--minutes counts from here, before torch is imported)
 import argparse, json, os, re, shutil, sys  # noqa: E401,E402 (after the clock)
 from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from scripts.checks import check_python  # noqa: E402
-from scripts.gpu import plan as gpu_plan  # noqa: E402
+from scripts.figures.gpu import plan as gpu_plan  # noqa: E402
 from scripts.figures import measuring  # noqa: E402
-from scripts.gpu import step_times  # noqa: E402
-from scripts.gpu.plan import (BARE_STEPS, COMPRESSION, PARTS, PROFILE_STEPS,  # noqa: E402
+from scripts.figures.gpu import step_times  # noqa: E402
+from scripts.figures.gpu.plan import (BARE_STEPS, COMPRESSION, PARTS, PROFILE_STEPS,  # noqa: E402
                               SYNTHETIC_STEPS, Setup, compressed, graph, mine)
 
 SYNTHETIC_WORKERS = 4  # enough to collate in-memory images; they decode nothing
@@ -130,8 +130,9 @@ def run_setup(args, name, setup, gpus, cores, extra=(), profile=False, batch=Non
             flags = [*data, "-j", workers, "-a", args.arch, "--image-size", args.image_size, "-b", batch, "--lr",
                      0.01, "--epochs", 2, "-p", 1000, *gpu_plan.recipe_flags(setup), *extra,
                      *(["--profile", PROFILE_STEPS] if profile else [])]
-            launcher = [ROOT / "scripts" / "gpu" / "step_times.py", "--epoch-images", SYNTHETIC_STEPS * batch * gpus,
-                        "--val-images", batch * gpus, *(["--profile-last-epoch"] if profile else [])]
+            launcher = [ROOT / "scripts" / "figures" / "gpu" / "step_times.py", "--epoch-images",
+                        SYNTHETIC_STEPS * batch * gpus, "--val-images", batch * gpus,
+                        *(["--profile-last-epoch"] if profile else [])]
             ok = measuring.train(setup.recipe, gpus, flags, out, max(1, cores // gpus), env, check=False, echo=name,
                                  launcher=launcher) is not None
         if ok:

@@ -1,5 +1,5 @@
-"""The GPU table's plan (scripts/gpu/measure.py): its set-ups, the flags each runs with, the speed targets, and the
-model of the seconds each takes on one H100, from which scripts/gpu/check.py --plan fits a lease.
+"""The GPU table's plan (scripts/figures/gpu/measure.py): its set-ups, the flags each runs with, the speed targets,
+and the model of the seconds each takes on one H100, from which scripts/gpu/check.py --plan fits a lease.
 
 The table, at 1 GPU, in the order it is measured: the set-ups a user chooses between on --synthetic images
 (ddp in fp32; apex at O0 with channels_last; O1 fp16 and O1 bf16, each with channels_last, with and without
@@ -182,8 +182,8 @@ def table_plan(cores, decode, jpeg, measured=(), warm=()):
 
 
 def print_plan(cores, decode, jpeg, counts):
-    """scripts/gpu/measure.py --list: the table's runs as planned, each with the model's seconds; then the parts beyond
-    one GPU, on `counts` GPUs."""
+    """scripts/figures/gpu/measure.py --list: the table's runs as planned, each with the model's seconds; then the
+    parts beyond one GPU, on `counts` GPUs."""
     runs = table_plan(cores, decode, jpeg)
     print(f"table, about {sum(seconds for *_, seconds in runs) / 60:.1f} min by the model (an H100), the fastest set-up"
           f" the model's ({setup_name(assumed_fastest())}); then the profiles of the targets missed:")

@@ -1,5 +1,6 @@
 """ps.csv's rows by run: each part's groups of seeds, a group's top-1 and its shares rejected, and which rows are
-one measurement (render.py, render_targets.py, render_why.py and plot.py all read them so)."""
+one measurement (render.py, table_plot.py, render_targets.py, render_byzfl_reference.py, render_why.py and
+render_cluster.py all read them so)."""
 
 from scripts.figures.rendering import spread, with_range
 

@@ -1,7 +1,7 @@
 """Run the parameter-server recipe and write down what its validators decide, push by push: to find out why
 a rule rejects honest updates or trains worse than the plain mean (scripts/figures/ps/why.py).
 
-    torchrun --nproc_per_node=10 scripts/figures/ps/probe.py --judgements runs/why/probe -- recipes/ps/train.py
+    torchrun --nproc_per_node=10 scripts/figures/ps/why_probe.py --judgements runs/why/probe -- recipes/ps/train.py
     data/mnist5k ...
 
 Each validator appends JSON lines to <judgements>/rank<R>.jsonl, one for each judgement of rules.py:

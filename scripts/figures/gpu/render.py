@@ -1,6 +1,6 @@
-"""gpu: the GPU table (scripts/gpu/measure.py, make gpu-check or make figures-gpu; not a part of make figures).
+"""gpu: the GPU table (scripts/figures/gpu/measure.py, make gpu-check or make figures-gpu; not a part of make figures).
 
-    reads    figures/data/gpu/table.csv, profiles.json, timings.csv (scripts/gpu/measure.py); preflight.json and
+    reads    figures/data/gpu/table.csv, profiles.json, timings.csv (scripts/figures/gpu/measure.py); preflight.json and
              smoke.json (scripts/gpu/check.py)
     draws    figures/gpu_throughput.png
     writes   sections gpu-hardware, gpu-check, gpu-table, gpu-targets, gpu-precision; and the headline's
@@ -9,9 +9,9 @@
 
 import json
 
-from scripts.gpu.plan import BARE_STEPS, SYNTHETIC_STEPS, TABLE, TARGETS, setup_name, targets_of
+from scripts.figures.gpu.plan import BARE_STEPS, SYNTHETIC_STEPS, TABLE, TARGETS, setup_name, targets_of
 from scripts.figures.rendering import plt, read_csv, save, table
-from scripts.gpu.render_context import earlier_headline
+from scripts.figures.gpu.render_context import earlier_headline
 
 
 def machines(rows):
@@ -40,7 +40,7 @@ def gpu_table(rows):
             f"batch over the median step. A recipe trains two epochs (of {SYNTHETIC_STEPS} steps on --synthetic "
             f"images, of the whole folder on the JPEGs) and the second's steps after its first are timed on the GPU; "
             f"the bare loop times {BARE_STEPS['timed']} steps after {BARE_STEPS['warmup']}. The last column: the "
-            f"plan's model of the run's seconds (scripts/gpu/plan.py), and the run's own, start-up included."
+            f"plan's model of the run's seconds (scripts/figures/gpu/plan.py), and the run's own, start-up included."
             + (f" Not measured yet: {'; '.join(left)} (the next `make gpu-check` goes on with them)." if left else ""))
 
 

@@ -1,7 +1,7 @@
-"""The GPU table's context: what it is read beside (scripts/gpu/render.py renders the table itself).
+"""The GPU table's context: what it is read beside (scripts/figures/gpu/render.py renders the table itself).
 
-    reads    figures/data/gpu/table.csv and compression.csv (scripts/gpu/measure.py on a node with 2 GPUs or more);
-             scaling.csv (the CPU's); anchors.csv and cluster/seed_throughput.csv (published figures, each with
+    reads    figures/data/gpu/table.csv and compression.csv (scripts/figures/gpu/measure.py on a node with 2 GPUs or
+             more); scaling.csv (the CPU's); anchors.csv and cluster/seed_throughput.csv (published figures, each with
              its source: not measured here);
              gpu/earlier/ (the sweep the table replaced)
     draws    none

@@ -1,6 +1,6 @@
 """Run a recipe with NCCL's rules checked at every collective and point-to-point call, whatever the backend.
 
-    torchrun --nproc_per_node=4 scripts/gpu/nccl_rules.py -- recipes/pipeline/train.py DIR --sync adpsgd ...
+    torchrun --nproc_per_node=4 scripts/harness/nccl_rules.py -- recipes/pipeline/train.py DIR --sync adpsgd ...
 
 The recipes send the model's tensors over device groups (NCCL on CUDA) and everything
 else over gloo groups made for it (recipes/common/distributed.py: new_control_group,

@@ -1,8 +1,10 @@
 """A recipe's step times, and where its steps' time goes: the launcher the GPU table runs the recipes through.
 
-    python scripts/gpu/step_times.py --epoch-images 7680 --val-images 256 recipes/apex/train.py --synthetic ... --out
-    OUT python scripts/gpu/step_times.py --profile-last-epoch recipes/apex/train.py DIR ... --profile 5 --out OUT
-    python scripts/gpu/step_times.py --summarize OUT/profile     # a trace's summary, as JSON
+    python scripts/figures/gpu/step_times.py --epoch-images 7680 --val-images 256 recipes/apex/train.py \\
+        --synthetic ... --out OUT
+    python scripts/figures/gpu/step_times.py --profile-last-epoch recipes/apex/train.py DIR ... --profile 5 \\
+        --out OUT
+    python scripts/figures/gpu/step_times.py --summarize OUT/profile     # a trace's summary, as JSON
 
 The recipe runs unchanged, in this process, with a mark after each optimizer step (where Run.step_done calls
 EpochMeter.optimizer_step): on CUDA an event recorded on the stream, which makes the host wait for nothing;
@@ -27,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of what the GPU runs

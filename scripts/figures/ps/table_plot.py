@@ -1,4 +1,4 @@
-"""The ps part's figures: top-1 per rule and attack, one grid per figure of the authors, and ZenoPS's eta sweep.
+"""The ps table's figures: top-1 per rule and attack, one grid per figure of the authors, and ZenoPS's eta sweep.
 
     reads    figures/data/ps.csv (through render.py)
     draws    figures/ps.png, ps_eta.png
@@ -6,7 +6,7 @@
 
 import statistics
 
-from scripts.figures.ps.rows import MATRICES, finished, ps_groups
+from scripts.figures.ps.table_rows import MATRICES, finished, ps_groups
 from scripts.figures.rendering import plt, save, spread
 
 
