@@ -34,8 +34,9 @@ GPU_PY := $(if $(filter command line,$(origin PY)),$(PY),$(if $(wildcard $(VENV)
 COMPAT_VENV := .venv-2.11
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_PACKAGES := torch==2.11.0 torchvision==0.26.0 tensorboard tqdm matplotlib numpy pillow scipy seaborn pandas pytest
-COMPAT_TESTS := tests/test_commands.py tests/test_compression.py tests/test_forked.py tests/test_fsdp.py tests/test_ps.py \
-	tests/test_pipeline.py tests/test_gpu_check.py
+# the documented commands, the forked ranks against torchrun's, the device check's rehearsal, and every recipe's tests
+COMPAT_TESTS := tests/common/test_commands.py tests/tools/test_forked.py tests/tools/test_gpu_check.py \
+	$(wildcard tests/recipes/test_*.py)
 WHEELS := .wheels
 STAND_IN ?=
 # one process per GPU, else 2 CPU processes (evaluated only once the environment exists)
@@ -191,7 +192,7 @@ test-compat: setup $(DEMO_DATA)/.complete $(COMPAT_VENV)/.installed gpu-wheels
 # the slowest 15 tests are printed; scripts/checks/test_times.py measures where the time goes, into docs/tests.md)
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q --durations=15 --ignore=tests/test_gpu_check.py
+	$(PY) -m pytest -q --durations=15 --ignore=tests/tools/test_gpu_check.py
 
 test-mutations: setup
 	$(PY) scripts/checks/mutations.py

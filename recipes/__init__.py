@@ -25,7 +25,7 @@ class Recipe:
     lesson: str  # what it teaches, in one line (README.md's table)
     read_against: str = ""  # the recipe its diff is read against ("": read it whole, then its modules)
     diff_shows: str = ""  # what that diff shows, in a few words (README.md's diff commands)
-    diff_at_most: int = 0  # the most lines that diff may change, removed plus added (tests/test_shape.py)
+    diff_at_most: int = 0  # the most lines that diff may change, removed plus added (tests/recipes/test_shape.py)
     processes: int | None = None  # how the tests launch it: None as one plain process, else that many processes
     evaluated_on: int | None = None  # the processes the tests evaluate its checkpoints on (another layout)
     trained_with: tuple = ()  # the flags of those tests' training run and of their evaluation

@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny learnable image folder and a helper that runs a recipe."""
 
+import csv
 import json
 import os
 import socket
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from scripts.harness import launch
@@ -93,6 +95,55 @@ def launch_ranks(command, nproc, env, timeout):
     """nproc ranks of command as torchrun starts its workers, forked from the suite's fork server
     (scripts/harness/launch.py)."""
     return launch.launch_ranks(command, nproc, env, timeout, server_env=child_env())
+
+
+SUMMARY_KEYS = {"recipe", "arch", "epochs", "world_size", "device", "top1", "top5", "loss",
+                "images_per_s", "wall_s", "torch"}
+CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr"]
+
+
+def assert_complete_run_dir(out, recipe, world_size, epochs=1):
+    for name in ("args.json", "metrics.csv", "checkpoint.pt", "best.pt", "summary.json"):
+        assert (out / name).is_file(), f"{name} missing from {out}"
+    assert list(out.glob("events.out.tfevents.*")), "no TensorBoard event file"
+    with open(out / "metrics.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == CSV_FIELDS
+        rows = list(reader)
+    assert [(int(r["epoch"]), r["split"]) for r in rows] == [
+        (e, s) for e in range(1, epochs + 1) for s in ("train", "val")]
+    summary = read_summary(out)
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["recipe"] == recipe and summary["world_size"] == world_size
+    assert summary["epochs"] == epochs and summary["val_images"] == 23
+    assert summary["images_per_s"] > 0 and 0 <= summary["top1"] <= 100
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == epochs and state["num_classes"] == 3
+    return summary
+
+
+def assert_one_clear_line(result, *phrases):
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
+def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_args=(), timeout=300,
+             torchrun=("-m", "torch.distributed.run"), **popen):
+    """Run a recipe under scripts/harness/inject_fault.py (under torchrun when nproc is given)."""
+    inject = [str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", fault, "--step", str(step),
+              *inject_args, "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
+    if nproc is None and not popen:
+        return run_python([sys.executable, *inject], timeout=timeout)  # (forked: no launcher in the test)
+    if nproc is None:
+        command = [sys.executable, *inject]
+    else:
+        command = [sys.executable, *torchrun, "--standalone", f"--nproc_per_node={nproc}", *torchrun_args, *inject]
+    return subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout,
+                          **popen)
 
 
 def read_summary(out):

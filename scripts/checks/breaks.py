@@ -1,163 +1,164 @@
 """The breaks of the mutation check (scripts/checks/mutations.py): name, the file, the text switched off, what replaces
 it, the tests that must catch it."""
 
-PRECISION_TEST = ("tests/test_benchmarks.py::test_bench_precision_runs_each_precision_it_names_and_says_what_the_"
+PRECISION_TEST = ("tests/tools/test_benchmarks.py::test_bench_precision_runs_each_precision_it_names_and_says_what_the_"
                   "cpu_has")
-PRECISION_GPU_TEST = ("tests/test_gpu_plan.py::test_the_precision_part_on_gpus_runs_fp16_and_bf16_and_a_process_"
+PRECISION_GPU_TEST = ("tests/tools/test_gpu_plan.py::test_the_precision_part_on_gpus_runs_fp16_and_bf16_and_a_process_"
                       "per_gpu")
-PIPEDREAM_TEST = ("tests/test_pipeline.py::test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_plain_"
-                  "reference_does")
-NAIVE_ASYNC_TEST = ("tests/test_ps.py::test_local_steps_with_one_worker_train_nds_model_and_naive_async_moves_alpha_"
-                    "of_it")
-GPU_TABLE_TEST = ("tests/test_gpu_plan.py::test_bench_gpu_measures_each_set_up_once_per_gpu_and_torch_and_profiles_"
-                  "the_targets_it_misses")
-BARE_LOOP_TEST = "tests/test_gpu_plan.py::test_the_bare_loop_is_plain_pytorch_in_the_set_up_it_is_given"
-FLAG_TESTS = "tests/test_training.py::test_"  # the training flags' reference tests (each against a plain computation)
+PIPEDREAM_TEST = ("tests/recipes/test_pipeline.py::test_pipedream_updates_per_minibatch_with_stashed_weights_as_a_"
+                  "plain_reference_does")
+NAIVE_ASYNC_TEST = ("tests/recipes/test_ps.py::test_local_steps_with_one_worker_train_nds_model_and_naive_async_moves_"
+                    "alpha_of_it")
+GPU_TABLE_TEST = ("tests/tools/test_gpu_plan.py::test_bench_gpu_measures_each_set_up_once_per_gpu_and_torch_and_"
+                  "profiles_the_targets_it_misses")
+BARE_LOOP_TEST = "tests/tools/test_gpu_plan.py::test_the_bare_loop_is_plain_pytorch_in_the_set_up_it_is_given"
+# the training flags' reference tests (each against a plain computation)
+FLAG_TESTS = "tests/common/test_training.py::test_"
 HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives"
-FORKED_PROCESS_TEST = "tests/test_forked.py::test_a_forked_process_sees_exits_and_prints_as_a_fresh_one[0-0]"
-FORKED_RANKS_TEST = "tests/test_forked.py::test_forked_ranks_see_what_torchrun_gives_its_workers"
+FORKED_PROCESS_TEST = "tests/tools/test_forked.py::test_a_forked_process_sees_exits_and_prints_as_a_fresh_one[0-0]"
+FORKED_RANKS_TEST = "tests/tools/test_forked.py::test_forked_ranks_see_what_torchrun_gives_its_workers"
 
 # name, the file, the text switched off, what replaces it, the tests that must catch it
 BREAKS = [
     # features a test could miss by checking only exit codes, files and rows: each test now sees the feature act
     dict(name="autocast-off", file="recipes/common/amp.py", old="enabled=use_autocast)", new="enabled=False)",
-         tests=["tests/test_amp.py::test_low_precision_loss_curves_follow_fp32"]),
+         tests=["tests/recipes/test_apex.py::test_low_precision_loss_curves_follow_fp32"]),
     dict(name="compile-returns-the-model", file="recipes/common/models.py",
          old="    return torch.compile(module)", new="    return module",
-         tests=["tests/test_benchmarks.py::test_bench_compile_runs_eager_cold_and_warm"]),
+         tests=["tests/tools/test_benchmarks.py::test_bench_compile_runs_eager_cold_and_warm"]),
     dict(name="compression-no-sync-removed", file="recipes/compression/train.py",
          old="with model.no_sync() if i < run.accum_steps - 1 else contextlib.nullcontext():",
          new="with contextlib.nullcontext():",
-         tests=["tests/test_training.py::test_accumulation_keeps_one_allreduce_per_step_in_the_compression_recipe"]),
+         tests=["tests/common/test_training.py::test_accumulation_keeps_one_allreduce_per_step_in_the_compression_recipe"]),
     dict(name="scaler-not-restored", file="recipes/common/checkpoint.py",
          old="            scaler.load_state_dict(state[\"scaler\"])", new="            pass",
-         tests=["tests/test_common.py::test_a_checkpoint_saves_and_resumes_every_training_object_in_one_call_each"]),
+         tests=["tests/common/test_common.py::test_a_checkpoint_saves_and_resumes_every_training_object_in_one_call_each"]),
     dict(name="best-top1-reset-on-resume", file="recipes/common/checkpoint.py",
          old="    return state[\"epoch\"], step, state[\"best_top1\"]", new="    return state[\"epoch\"], step, 0.0",
-         tests=["tests/test_recipes.py::test_resume_matches_an_uninterrupted_run"]),
+         tests=["tests/recipes/test_recipes.py::test_resume_matches_an_uninterrupted_run"]),
     dict(name="ddp-without-label-smoothing", file="recipes/ddp/train.py",
          old="nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)", new="nn.CrossEntropyLoss()",
-         tests=["tests/test_training.py::test_mixup_cutmix_and_label_smoothing_train_end_to_end"]),
+         tests=["tests/common/test_training.py::test_mixup_cutmix_and_label_smoothing_train_end_to_end"]),
     dict(name="error-feedback-off", file="recipes/compression/hooks.py",
          old="hook = with_error_feedback(hook, roundtrip)", new="hook = hook",
-         tests=["tests/test_compression.py::test_error_feedback_runs_end_to_end"]),
+         tests=["tests/recipes/test_compression.py::test_error_feedback_runs_end_to_end"]),
     dict(name="ddp-optimizer-step-dropped", file="recipes/ddp/train.py",
          old="        optimizer.step()\n", new="        pass\n",
-         tests=["tests/test_training.py::test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step"
+         tests=["tests/common/test_training.py::test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step"
                 "[ddp]"]),
     dict(name="bf16-sent-as-fp16", file="recipes/compression/hooks.py",
          old="\"bf16\": (default_hooks.bf16_compress_hook,", new="\"bf16\": (default_hooks.fp16_compress_hook,",
-         tests=[f"tests/test_compression.py::{HOOK_TEST}[bf16]"]),
+         tests=[f"tests/recipes/test_compression.py::{HOOK_TEST}[bf16]"]),
     dict(name="fp8-e5m2-sent-as-e4m3", file="recipes/compression/hooks.py",
          old="\"fp8-e5m2\": torch.float8_e5m2}", new="\"fp8-e5m2\": torch.float8_e4m3fn}",
-         tests=[f"tests/test_compression.py::{HOOK_TEST}[fp8-e5m2]"]),
+         tests=[f"tests/recipes/test_compression.py::{HOOK_TEST}[fp8-e5m2]"]),
     # one per lesson the README claims
     dict(name="ddp-wrapper-removed", file="recipes/ddp/train.py",
          old="    ddp_model = DDP(model, device_ids=[device.index] if device.type == \"cuda\" else None)",
          new="    ddp_model = model",
-         tests=["tests/test_recipes.py::test_ddp_two_processes_match_nd_with_double_batch"]),
+         tests=["tests/recipes/test_recipes.py::test_ddp_two_processes_match_nd_with_double_batch"]),
     dict(name="sampler-set-epoch-removed", file="recipes/ddp/train.py",
          old="        train_sampler.set_epoch(epoch)  # a new shuffle each epoch\n", new="",
-         tests=["tests/test_recipes.py::test_ddp_two_processes_match_nd_with_double_batch"]),
+         tests=["tests/recipes/test_recipes.py::test_ddp_two_processes_match_nd_with_double_batch"]),
     dict(name="evaluation-leftover-dropped", file="recipes/common/data.py",
          old="range(rank, len(dataset), world_size)", new="range(rank, len(dataset) - len(dataset) % world_size, "
                                                           "world_size)",
-         tests=["tests/test_recipes.py::test_evaluation_counts_every_image_once_for_any_world_size"]),
+         tests=["tests/recipes/test_recipes.py::test_evaluation_counts_every_image_once_for_any_world_size"]),
     dict(name="checkpoint-written-in-place", file="recipes/common/checkpoint.py",
          old="    tmp = path.with_name(f\".{path.name}.{os.getpid()}.tmp\")\n    try:\n"
              "        with open(tmp, \"wb\") as f:\n            write(f)\n            f.flush()\n"
              "            os.fsync(f.fileno())\n"
              "        os.replace(tmp, path)\n    finally:\n        tmp.unlink(missing_ok=True)\n",
          new="    with open(path, \"wb\") as f:\n        write(f)\n",
-         tests=["tests/test_common.py::test_checkpoint_write_is_atomic"]),
+         tests=["tests/common/test_common.py::test_checkpoint_write_is_atomic"]),
     dict(name="weights-only-dropped", file="recipes/common/checkpoint.py",
          old="            state = torch.load(path, map_location=device, weights_only=True, mmap=mmap)",
          new="            state = torch.load(path, map_location=device, weights_only=False, mmap=mmap)",
-         tests=["tests/test_bad_input.py::test_checkpoint_carrying_code_is_not_run"]),
+         tests=["tests/common/test_bad_input.py::test_checkpoint_carrying_code_is_not_run"]),
     dict(name="full-shard-keeps-weights-gathered", file="recipes/fsdp/train.py",
          old="fully_shard(block, mp_policy=policy, reshard_after_forward=args.shard == \"full\")",
          new="fully_shard(block, mp_policy=policy, reshard_after_forward=False)",
-         tests=["tests/test_fsdp.py::test_the_measured_bytes_per_rank_are_what_each_mode_shards"]),
+         tests=["tests/recipes/test_fsdp.py::test_the_measured_bytes_per_rank_are_what_each_mode_shards"]),
     dict(name="fsdp-transformer-blocks-not-sharded-each", file="recipes/fsdp/train.py",
          old="if list(block.parameters()) and block in set(", new="if False and block in set(",
-         tests=["tests/test_fsdp.py::test_each_transformer_block_is_its_own_unit_so_one_is_gathered_at_a_time"]),
+         tests=["tests/recipes/test_fsdp.py::test_each_transformer_block_is_its_own_unit_so_one_is_gathered_at_a_time"]),
     dict(name="attention-flops-not-counted", file="recipes/pipeline/stages.py",
          old="torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_attention_flops", new="",
-         tests=["tests/test_pipeline.py::test_a_transformer_splits_by_blocks_into_stages_of_equal_flops_that_compose_"
+         tests=["tests/recipes/test_pipeline.py::test_a_transformer_splits_by_blocks_into_stages_of_equal_flops_that_compose_"
                 "to_it"]),
     dict(name="pipeline-stage-output-not-contiguous", file="recipes/pipeline/train.py",
          old="nn.Sequential(*parts[stage], stages.Contiguous())", new="nn.Sequential(*parts[stage])",
-         tests=["tests/test_recipes.py::test_recipe_writes_complete_run_directory[pipeline]"]),
+         tests=["tests/recipes/test_recipes.py::test_recipe_writes_complete_run_directory[pipeline]"]),
     dict(name="zero1-optimizer-not-sharded", file="recipes/fsdp/train.py",
          old="ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, **sgd)",
          new="torch.optim.SGD(model.parameters(), **sgd)",
-         tests=["tests/test_fsdp.py::test_the_measured_bytes_per_rank_are_what_each_mode_shards"]),
+         tests=["tests/recipes/test_fsdp.py::test_the_measured_bytes_per_rank_are_what_each_mode_shards"]),
     dict(name="fsdp-accumulation-not-averaged", file="recipes/fsdp/train.py",
          old="scaler.scale(loss / run.accum_steps).backward()", new="scaler.scale(loss).backward()",
-         tests=["tests/test_fsdp.py::test_each_mode_ends_with_ddps_weights[full]"]),
+         tests=["tests/recipes/test_fsdp.py::test_each_mode_ends_with_ddps_weights[full]"]),
     dict(name="fsdp-accumulation-reduces-every-micro-batch", file="recipes/fsdp/train.py",
          old="return contextlib.nullcontext() if sync else model.no_sync()", new="return contextlib.nullcontext()",
-         tests=["tests/test_training.py::test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step"
+         tests=["tests/common/test_training.py::test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step"
                 "[fsdp]"]),
     dict(name="cpu-without-native-bf16-taken-as-native", file="recipes/common/amp.py",
          old="slow_cpu = device.type == \"cpu\" and not cpu_has_native_bf16()", new="slow_cpu = False",
-         tests=["tests/test_amp.py::test_cpu_default_is_fp32_without_native_bf16"]),
+         tests=["tests/recipes/test_apex.py::test_cpu_default_is_fp32_without_native_bf16"]),
     dict(name="compression-never-steps", file="recipes/compression/train.py",
          old="        optimizer.step()\n", new="        optimizer.zero_grad()\n",
-         tests=["tests/test_compression.py::test_a_two_process_run_writes_a_complete_run_directory[fp8-e4m3]"]),
+         tests=["tests/recipes/test_compression.py::test_a_two_process_run_writes_a_complete_run_directory[fp8-e4m3]"]),
     # the parameter server: its rules and its average
     dict(name="ps-mean-takes-the-first-push", file="recipes/ps/rules.py",
          old="return stacked.mean(dim=0)", new="return stacked[0]",
-         tests=["tests/test_ps.py::test_sync_mean_ends_with_ddps_weights[1]"]),
+         tests=["tests/recipes/test_ps.py::test_sync_mean_ends_with_ddps_weights[1]"]),
     dict(name="local-steps-push-the-last-gradient", file="recipes/ps/steps.py",
          old="        if steps == 1:\n", new="        if True:\n",
-         tests=["tests/test_ps.py::test_local_steps_push_the_change_of_the_weights_and_keep_the_momentum",
+         tests=["tests/recipes/test_ps.py::test_local_steps_push_the_change_of_the_weights_and_keep_the_momentum",
                 NAIVE_ASYNC_TEST]),
     dict(name="zenops-sync-accepts-all", file="recipes/ps/rules.py",
          old="tests.append((bool((u_t * v_t).mean() > eta * v2), bool((u_t * u_t).mean() < (1 + rho) * v2)))",
          new="tests.append((True, True))",
-         tests=["tests/test_ps.py::test_zenops_sync_judges_each_tensor_exactly_where_its_formula_says",
-                "tests/test_ps.py::test_validators_count_what_they_reject[zenops-sync-extra0]"]),
+         tests=["tests/recipes/test_ps.py::test_zenops_sync_judges_each_tensor_exactly_where_its_formula_says",
+                "tests/recipes/test_ps.py::test_validators_count_what_they_reject[zenops-sync-extra0]"]),
     dict(name="zenops-sign-test-off", file="recipes/ps/rules.py",
          old="tests.append((bool((u_t * v_t).mean() > eta * v2),", new="tests.append((True,",
-         tests=["tests/test_ps.py::test_a_liar_built_to_pass_the_norm_test_is_rejected_by_the_sign_test[attack0]"]),
+         tests=["tests/recipes/test_ps.py::test_a_liar_built_to_pass_the_norm_test_is_rejected_by_the_sign_test[attack0]"]),
     dict(name="alie-liar-sitting-out-skips-the-gather", file="recipes/ps/worker.py",
          old="if pushes or attacker.shares_updates:", new="if pushes:",
-         tests=["tests/test_ps.py::test_an_alie_liar_shares_its_update_in_every_round_it_sits_out_too"]),
+         tests=["tests/recipes/test_ps.py::test_an_alie_liar_shares_its_update_in_every_round_it_sits_out_too"]),
     dict(name="naive-async-without-its-hop", file="recipes/ps/roles.py",
          old='VALIDATED + ["naive-async"]:', new="VALIDATED:",
-         tests=["tests/test_ps.py::test_naive_async_in_the_validators_moves_alpha_of_the_push_once"]),
+         tests=["tests/recipes/test_ps.py::test_naive_async_in_the_validators_moves_alpha_of_the_push_once"]),
     dict(name="naive-async-scaled-twice", file="recipes/ps/server.py",
          old='if args.aggregate == "naive-async" and not args.validators else',
          new='if args.aggregate == "naive-async" else',
-         tests=["tests/test_ps.py::test_naive_async_in_the_validators_moves_alpha_of_the_push_once"]),
+         tests=["tests/recipes/test_ps.py::test_naive_async_in_the_validators_moves_alpha_of_the_push_once"]),
     dict(name="alie-pushes-the-mean-alone", file="recipes/ps/attacks.py",
          old="byzfl.ALittleIsEnough(float(self.scale))(torch.stack(every))", new="torch.stack(every).mean(dim=0)",
-         tests=["tests/test_ps.py::test_alie_pushes_the_mean_plus_s_std_of_the_liars_own_updates"]),
+         tests=["tests/recipes/test_ps.py::test_alie_pushes_the_mean_plus_s_std_of_the_liars_own_updates"]),
     dict(name="zeno-keeps-all", file="recipes/ps/rules.py",
          old="return sorted(ranked[:len(scores) - b])", new="return sorted(ranked)",
-         tests=["tests/test_ps.py::test_zeno_scores_with_a_penalty_scaled_by_lr_and_dimension_and_keeps_the_n_minus_b_best",
-                "tests/test_ps.py::test_validators_count_what_they_reject[zeno-sync-extra1]"]),
+         tests=["tests/recipes/test_ps.py::test_zeno_scores_with_a_penalty_scaled_by_lr_and_dimension_and_keeps_the_n_minus_b_best",
+                "tests/recipes/test_ps.py::test_validators_count_what_they_reject[zeno-sync-extra1]"]),
     dict(name="zenops-async-accepts-all", file="recipes/ps/rules.py",
          old="pieces.append(alpha * u_t if score >= eta else alpha * score * u_t)", new="pieces.append(alpha * u_t)",
-         tests=["tests/test_ps.py::test_zenops_async_clips_and_scales_each_tensor_as_its_formula_says"]),
+         tests=["tests/recipes/test_ps.py::test_zenops_async_clips_and_scales_each_tensor_as_its_formula_says"]),
     dict(name="zeno-plus-plus-accepts-all", file="recipes/ps/rules.py",
          old="return rescaled, base_lr * (rescaled @ v).item() - rho * g_squared + base_lr * eps >= 0",
          new="return rescaled, True",
-         tests=["tests/test_ps.py::test_validators_count_what_they_reject[zeno++-async-extra3]"]),
+         tests=["tests/recipes/test_ps.py::test_validators_count_what_they_reject[zeno++-async-extra3]"]),
     dict(name="attack-prob-ignored", file="recipes/ps/attacks.py",
          old="generator=self.generator) < self.prob", new="generator=self.generator) < 0",
-         tests=["tests/test_ps.py::test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability"]),
+         tests=["tests/recipes/test_ps.py::test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability"]),
     dict(name="validators-line-counts-every-epoch-so-far", file="recipes/ps/server.py",
          old="epoch_counts, tally.logged = (done - tally.logged).tolist(), done",
          new="epoch_counts = done.tolist()",
-         tests=["tests/test_ps.py::test_validators_count_what_they_reject"]),
+         tests=["tests/recipes/test_ps.py::test_validators_count_what_they_reject"]),
     dict(name="attacks-drawn-per-push-again", file="recipes/ps/attacks.py",
          old='self.per_tensor = args.attack_draw == "tensor" and', new='self.per_tensor = False and',
-         tests=["tests/test_ps.py::test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability"]),
+         tests=["tests/recipes/test_ps.py::test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability"]),
     dict(name="worker-subsample-ignored", file="recipes/ps/steps.py",
          old="return args.worker_subsample >= 1 or", new="return True or",
-         tests=["tests/test_ps.py::test_a_worker_pushes_in_a_round_with_the_subsample_probability_seeded"]),
+         tests=["tests/recipes/test_ps.py::test_a_worker_pushes_in_a_round_with_the_subsample_probability_seeded"]),
     dict(name="subsample-without-the-residual", file="recipes/ps/worker.py",
          old="if pushes or args.local_steps == 1 else u\n", new="if True else u\n", tests=[NAIVE_ASYNC_TEST]),
     dict(name="subsample-pushes-the-sat-out-change-too", file="recipes/ps/worker.py",
@@ -168,30 +169,30 @@ BREAKS = [
          tests=[NAIVE_ASYNC_TEST]),
     dict(name="trim-ratio-ignored", file="recipes/ps/rules.py", old="    if trim_ratio is not None:\n",
          new="    if False:\n",
-         tests=["tests/test_ps.py::test_the_trim_ratio_draws_b_from_each_rounds_pushes_as_zenops_validators"]),
+         tests=["tests/recipes/test_ps.py::test_the_trim_ratio_draws_b_from_each_rounds_pushes_as_zenops_validators"]),
     dict(name="clean-epochs-ignored", file="recipes/ps/attacks.py", old="if round_ < self.clean_rounds:",
          new="if False:",
-         tests=["tests/test_ps.py::test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability"]),
+         tests=["tests/recipes/test_ps.py::test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability"]),
     dict(name="validation-split-only-with-validators", file="recipes/ps/train.py",
          old="if args.validation_split \\", new="if args.validators \\",
-         tests=["tests/test_ps.py::test_a_validation_split_without_validators_is_held_out_all_the_same"]),
+         tests=["tests/recipes/test_ps.py::test_a_validation_split_without_validators_is_held_out_all_the_same"]),
     dict(name="zeno-plus-plus-v-refreshed-per-validator", file="recipes/ps/validators.py",
          old='if args.aggregate == "zeno++":\n        counted', new='if False:\n        counted',
-         tests=["tests/test_ps.py::test_zeno_plus_plus_refreshes_v_every_k_pushes_of_all_validators"]),
+         tests=["tests/recipes/test_ps.py::test_zeno_plus_plus_refreshes_v_every_k_pushes_of_all_validators"]),
     dict(name="phocas-keeps-all", file="recipes/ps/rules.py",
          old=".argsort(dim=0)[:n - b]", new=".argsort(dim=0)[:n]",
-         tests=["tests/test_ps.py::test_phocas_rejects_a_sign_flip"]),
+         tests=["tests/recipes/test_ps.py::test_phocas_rejects_a_sign_flip"]),
     # the pipeline: partial reduce and the stragglers
     dict(name="preduce-never-connects", file="recipes/pipeline/preduce.py",
          old="while not connects_all(parents):", new="while False:",
-         tests=["tests/test_pipeline.py::test_once_the_updates_cross_a_multiple_of_ten_r_the_next_group_connects_every_"
+         tests=["tests/recipes/test_pipeline.py::test_once_the_updates_cross_a_multiple_of_ten_r_the_next_group_connects_every_"
                 "replica"]),
     dict(name="preduce-fixed-deadline", file="recipes/pipeline/preduce.py",
          old="return min(2 * wait, LONGEST_WAIT) if size < 2 else max(0.9 * wait, SHORTEST_WAIT)", new="return wait",
-         tests=["tests/test_pipeline.py::test_the_deadline_doubles_after_a_group_of_one_and_shrinks_otherwise"]),
+         tests=["tests/recipes/test_pipeline.py::test_the_deadline_doubles_after_a_group_of_one_and_shrinks_otherwise"]),
     dict(name="stragglers-ignore-the-seed", file="recipes/pipeline/stragglers.py",
          old="random.Random(f\"{delays.seed}/{rank}/{epoch}/{step}\")", new="random.Random(f\"{rank}/{epoch}/{step}\")",
-         tests=["tests/test_pipeline.py::test_stragglers_are_drawn_per_slot_from_the_seed"]),
+         tests=["tests/recipes/test_pipeline.py::test_stragglers_are_drawn_per_slot_from_the_seed"]),
     # the precision part of make figures: what each row ran in, and what the CPU has (caught on a CPU with native
     # bf16, where the low-precision rows run; elsewhere they are left out and the first has nothing to break)
     dict(name="precision-rows-silently-fp32", file="scripts/figures/precision/measure.py",
@@ -205,20 +206,20 @@ BREAKS = [
     dict(name="pipedream-weights-not-stashed", file="recipes/pipeline/pipedream.py",
          old="    weights = stashed_weights(stage, dream)\n",
          new="    weights = stashed_weights(stage, dream) and dream.named\n",
-         tests=[PIPEDREAM_TEST, "tests/test_pipeline.py::test_pipedream_at_three_stages_stashes_as_the_plain_reference_"
-                                "does"]),
+         tests=[PIPEDREAM_TEST, "tests/recipes/test_pipeline.py::test_pipedream_at_three_stages_stashes_as_the_plain_"
+                                "reference_does"]),
     dict(name="pipedream-two-in-flight-at-most", file="recipes/pipeline/pipedream.py",
          old="    while forward < min(first + stages - stage, end.step):",
          new="    while forward < min(first + min(2, stages - stage), end.step):",
-         tests=["tests/test_pipeline.py::test_pipedream_at_three_stages_stashes_as_the_plain_reference_does"]),
+         tests=["tests/recipes/test_pipeline.py::test_pipedream_at_three_stages_stashes_as_the_plain_reference_does"]),
     dict(name="schedule-past-the-runs-end", file="recipes/common/schedule.py",
          old="    step = min(step, args.epochs * steps_per_epoch - 1)\n", new="",
-         tests=["tests/test_training.py::test_warmup_then_cosine",
-                "tests/test_pipeline.py::test_the_schedule_stops_at_the_runs_end_for_a_replica_past_its_share"]),
+         tests=["tests/common/test_training.py::test_warmup_then_cosine",
+                "tests/recipes/test_pipeline.py::test_the_schedule_stops_at_the_runs_end_for_a_replica_past_its_share"]),
     dict(name="progress-lr-of-the-checkpoints-optimizer", file="recipes/common/bookkeeping.py",
          old="        return self.scheduler.get_last_lr()[0]",
          new="        return self.optimizer.param_groups[0][\"lr\"]",
-         tests=["tests/test_pipeline.py::test_the_schedule_stops_at_the_runs_end_for_a_replica_past_its_share"]),
+         tests=["tests/recipes/test_pipeline.py::test_the_schedule_stops_at_the_runs_end_for_a_replica_past_its_share"]),
     dict(name="pipedream-an-update-every-other-minibatch", file="recipes/pipeline/train.py",
          old="    optimizer.step()\n    tally.updates += 1  #",
          new="    if step % 2:\n        optimizer.step()\n    tally.updates += 1  #", tests=[PIPEDREAM_TEST]),
@@ -226,18 +227,18 @@ BREAKS = [
     # and its pairs beyond 8 replicas, which connect no one for the staleness bound
     dict(name="preduce-pairs-join-the-union", file="recipes/pipeline/preduce.py",
          old="if replicas <= PAIRS_BEYOND:  # (pairs", new="if True:  # (pairs",
-         tests=["tests/test_pipeline.py::test_once_the_updates_cross_a_multiple_of_ten_r_the_next_group_connects_every_"
+         tests=["tests/recipes/test_pipeline.py::test_once_the_updates_cross_a_multiple_of_ten_r_the_next_group_connects_every_"
                 "replica"]),
     dict(name="preduce-not-inside-the-backward", file="recipes/pipeline/train.py",
          old="    waited |= replicas.sync.after_step(",
          new="    if stage.schedule is not None or not replicas.sync.counts_updates:\n"
              "        waited |= replicas.sync.after_step(",
-         tests=["tests/test_pipeline.py::test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_"
+         tests=["tests/recipes/test_pipeline.py::test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_"
                 "updates_once_a_minibatch"]),
     # HetPipe as SD-PIPE runs it: no bound on the pulls unless --staleness asks for one
     dict(name="hetpipe-with-a-barrier", file="recipes/pipeline/hetpipe.py",
          old='bound = float("inf") if args.staleness is None', new='bound = 0 if args.staleness is None',
-         tests=["tests/test_pipeline.py::test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked"]),
+         tests=["tests/recipes/test_pipeline.py::test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked"]),
     # the same part on GPUs (make figures on a CUDA machine): fp16 where every CUDA GPU runs it, a GPU per process
     dict(name="precision-gpu-without-fp16", file="scripts/figures/precision/measure.py",
          old='return dtype == "fp16" or torch.cuda.is_bf16_supported()',
@@ -248,11 +249,11 @@ BREAKS = [
     # capability, a bare loop that is bare and runs its set-up, the timed epoch, the fastest set-up
     dict(name="gpu-table-leaves-a-set-up-out", file="scripts/figures/gpu/plan.py",
          old='         Setup("recipe", "apex", "", "bf16", True, True),\n', new="",
-         tests=["tests/test_gpu_plan.py::test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command"]),
+         tests=["tests/tools/test_gpu_plan.py::test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command"]),
     dict(name="smoke-again-on-a-gpu-of-the-same-capability", file="scripts/gpu/smoke.py",
          old='(report.get("capability"), report.get("torch")) != (capability', new='(report.get("device"), '
          'report.get("torch")) != (capability',
-         tests=["tests/test_gpu_plan.py::test_the_smoke_s_passes_hold_on_a_gpu_of_the_same_compute_capability_and_"
+         tests=["tests/tools/test_gpu_plan.py::test_the_smoke_s_passes_hold_on_a_gpu_of_the_same_compute_capability_and_"
                 "torch"]),
     dict(name="bare-loop-goes-through-the-recipes", file="scripts/figures/bare_loop.py",
          old="from recipes.common.models import build_model  # (the model only",
@@ -269,7 +270,7 @@ BREAKS = [
          new='else found["epochs"][0]', tests=[GPU_TABLE_TEST]),
     dict(name="fastest-set-up-is-the-slowest", file="scripts/figures/gpu/plan.py",
          old='return setup_of(max(candidates,', new='return setup_of(min(candidates,', tests=[GPU_TABLE_TEST]),
-    # the training flags, each caught by its test against a plain computation (tests/test_training.py)
+    # the training flags, each caught by its test against a plain computation (tests/common/test_training.py)
     dict(name="label-smoothing-halved", file="recipes/ddp/train.py",
          old="nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)",
          new="nn.CrossEntropyLoss(label_smoothing=args.label_smoothing / 2)",
@@ -308,41 +309,41 @@ BREAKS = [
     # what a user meets beyond the recipes: another recipe's evaluation, the install, the pages of results
     dict(name="evaluation-precision-unsaid", file="recipes/common/runlog.py",
          old='if recorded.get("opt_level", "O0") == "O0":', new="if True:",
-         tests=["tests/test_amp.py::test_nd_says_it_evaluates_in_fp32_a_run_that_evaluated_in_bf16"]),
+         tests=["tests/recipes/test_apex.py::test_nd_says_it_evaluates_in_fp32_a_run_that_evaluated_in_bf16"]),
     dict(name="byzfl-rule-without-byzfl-unchecked", file="recipes/ps/roles.py",
          old='if args.aggregate in BYZFL_RULES and importlib.util.find_spec("byzfl") is None:', new="if False:",
-         tests=["tests/test_ps.py::test_a_byzfl_rule_without_byzfl_is_one_line_naming_the_extra"]),
+         tests=["tests/recipes/test_ps.py::test_a_byzfl_rule_without_byzfl_is_one_line_naming_the_extra"]),
     dict(name="long-forms-not-rewritten", file="scripts/figures/plot_results.py",
          old='return [results, *sorted((results.parent / "docs" / "results").glob("*.md"))]', new="return [results]",
-         tests=["tests/test_results.py::test_the_committed_data_redraws_results_md_and_every_figure_as_committed"]),
+         tests=["tests/tools/test_results.py::test_the_committed_data_redraws_results_md_and_every_figure_as_committed"]),
     dict(name="scripts-importing-each-other", file="scripts/figures/ps/table_rows.py",
          old="from scripts.figures.rendering import spread, with_range",
          new="from scripts.figures.rendering import spread, with_range\n"
              "from scripts.figures.ps import render_why  # noqa",
-         tests=["tests/test_shape.py::test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder"]),
+         tests=["tests/recipes/test_shape.py::test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder"]),
     dict(name="data-checked-after-the-out-clash", file="recipes/common/runlog.py",
          old='        if getattr(args, "data", None) and not getattr(args, "synthetic", False):\n'
              '            data.check_folder(args)',
          new="        pass",
-         tests=["tests/test_bad_input.py::test_bad_input_says_its_own_reason_where_an_earlier_run_left_a_checkpoint"]),
+         tests=["tests/common/test_bad_input.py::test_bad_input_says_its_own_reason_where_an_earlier_run_left_a_checkpoint"]),
     dict(name="evaluation-reads-train", file="recipes/common/data.py",
          old='    return ("val",) if getattr(args, "evaluate", False) else ("train", "val")',
          new='    return ("train", "val")',
-         tests=["tests/test_own_data.py::test_best_checkpoint_evaluates_on_val_alone_without_a_batch_size[ps]"]),
+         tests=["tests/common/test_own_data.py::test_best_checkpoint_evaluates_on_val_alone_without_a_batch_size[ps]"]),
     dict(name="evaluation-fills-a-training-batch", file="recipes/common/data.py",
          old="    if len(loader) == 0 and not getattr(args, \"evaluate\", False):", new="    if len(loader) == 0:",
-         tests=["tests/test_own_data.py::test_docs_data_commands_run_as_written_on_a_folder_of_ones_own"]),
+         tests=["tests/common/test_own_data.py::test_docs_data_commands_run_as_written_on_a_folder_of_ones_own"]),
     dict(name="best-pt-epoch-taken-as-the-last", file="recipes/common/runlog.py",
          old='best = next((row["epoch"] for row in val if abs(float(row["top1"]) - best_top1) < 1e-3), None)',
          new='best = val[-1]["epoch"] if val else None',
-         tests=["tests/test_common.py::test_the_last_line_names_the_last_epoch_and_the_epoch_best_pt_holds"]),
+         tests=["tests/common/test_common.py::test_the_last_line_names_the_last_epoch_and_the_epoch_best_pt_holds"]),
     # what scripts/harness/launch.py promises a launched process, each promise dropped
     dict(name="forked-processes-share-the-servers-seeds", file="scripts/harness/forkserver.py",
          old="random.seed(), sys.modules[\"numpy\"].random.seed(), torch.seed()", new="None",
          tests=[FORKED_RANKS_TEST]),
     dict(name="forked-processes-outlive-the-server", file="scripts/harness/forkserver.py",
          old="ctypes.CDLL(None).prctl(1, signal.SIGKILL)", new="None",
-         tests=["tests/test_measuring.py::test_no_forked_rank_outlives_the_script_that_forked_it"]),
+         tests=["tests/tools/test_measuring.py::test_no_forked_rank_outlives_the_script_that_forked_it"]),
     dict(name="forked-processes-in-the-servers-session", file="scripts/harness/forkserver.py",
          old="        os.setsid()\n", new="", tests=[FORKED_PROCESS_TEST]),
     dict(name="forked-processes-with-the-servers-threads", file="scripts/harness/forkserver.py",
@@ -352,9 +353,9 @@ BREAKS = [
          old="server_env or env, handled=HANDLED))", new="server_env or env))", tests=[FORKED_RANKS_TEST]),
     dict(name="first-failure-sends-no-sigterm", file="scripts/harness/launch.py",
          old="forkserver.signal_group(rank, signal.SIGTERM)", new="None",
-         tests=["tests/test_forked.py::test_the_first_failing_rank_stops_the_others_with_sigterm_then_sigkill"]),
+         tests=["tests/tools/test_forked.py::test_the_first_failing_rank_stops_the_others_with_sigterm_then_sigkill"]),
     dict(name="ranks-left-running-past-the-timeout", file="scripts/harness/launch.py",
          old="            forkserver.signal_group(rank, signal.SIGKILL)\n            rank.wait()\n",
          new="            rank.poll()\n",
-         tests=["tests/test_forked.py::test_a_launch_past_its_timeout_leaves_no_rank_running"]),
+         tests=["tests/tools/test_forked.py::test_a_launch_past_its_timeout_leaves_no_rank_running"]),
 ]

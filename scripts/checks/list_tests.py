@@ -68,23 +68,31 @@ def times():
              "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for name, row in sorted(files.items(), key=lambda item: -sum(item[1][part] for part in parts)):
         seconds = sum(row[part] for part in parts)
-        lines.append(f"| [{Path(name).name}](../{name}) | {row['tests']} | {seconds:.0f} | " + " | ".join(
+        shown = Path(name).relative_to("tests").as_posix()
+        lines.append(f"| [{shown}](../{name}) | {row['tests']} | {seconds:.0f} | " + " | ".join(
             f"{row[part]:.0f}" for part in parts) + f" | {row['interpreters']} |")
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
-        if f"tests/{path.name}" not in files:
-            lines.append(f"| [{path.name}](../tests/{path.name}) | not measured | | | | | | |")
+    for path in test_files():
+        name = path.relative_to(ROOT).as_posix()
+        if name not in files:
+            lines.append(f"| [{path.relative_to(ROOT / 'tests').as_posix()}](../{name}) | not measured | | | | | | |")
     lines.append(f"| all | {total['tests']} | {wall:.0f} | " + " | ".join(
         f"{total[part]:.0f} ({total[part] / wall:.0%})" for part in parts) + f" | {total['interpreters']} |")
     return lines
 
 
+def test_files():
+    """tests/<what they test>/test_*.py, folder by folder (tests/README.md: recipes, common, tools)."""
+    return sorted((ROOT / "tests").glob("*/test_*.py"))
+
+
 def page():
     lines = [HEADER, *times()]
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in test_files():
         module = ast.parse(path.read_text())
         tests = [node for node in module.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
         docstring = (ast.get_docstring(module) or "").split("\n\n")[0].replace("\n", " ")
-        lines.append(f"\n## [{path.name}](../tests/{path.name}): {docstring}\n")
+        name = path.relative_to(ROOT / "tests").as_posix()
+        lines.append(f"\n## [{name}](../tests/{name}): {docstring}\n")
         lines += [f"- {test.name[len('test_'):].replace('_', ' ')}{decorations(test)}{how(test)}" for test in tests]
     return "\n".join(lines) + "\n"
 

@@ -2,7 +2,7 @@
 into docs/tests.md.
 
     python scripts/checks/test_times.py                      # the suite as `make test` runs it, then the page
-    python scripts/checks/test_times.py tests/test_ps.py     # these files again; the other files' rows are kept
+    python scripts/checks/test_times.py tests/recipes/test_ps.py     # these files again; the other files' rows are kept
 
 pytest runs in this process. Every 0.1 s a sampler reads, from /proc, the CPU time of each process the suite
 started, and gives the wall time since the last sample to one of four parts:
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TIMES = ROOT / "tests" / "times.json"
 SITE = Path(__file__).resolve().parent / "test_times_site"  # its sitecustomize.py marks each Python's start-up
-MAKE_TEST = ["-q", "-p", "no:cacheprovider", "--ignore=tests/test_gpu_check.py"]  # as the Makefile's `test` runs
+MAKE_TEST = ["-q", "-p", "no:cacheprovider", "--ignore=tests/tools/test_gpu_check.py"]  # as the Makefile's `test` runs
 PARTS = ("startup", "training", "waiting", "pytest")
 TICK = os.sysconf("SC_CLK_TCK")
 IDLE = 0.15  # below this many CPU seconds per wall second, the suite's processes count as waiting

@@ -17,7 +17,7 @@ checks), which runs the GPU table from here.
 import importlib
 
 PARTS = ["cluster", "io", "scaling", "curves", "recovery", "compile", "precision", "compression", "ps", "pipeline",
-         "sharding"]  # make figures' order: the Makefile's PARTS is this list (tests/test_results.py checks it)
+         "sharding"]  # make figures' order: the Makefile's PARTS is this list (tests/tools/test_results.py checks it)
 OTHERS = ["examples", "timings", "gpu", "gpu_context",
           "headline"]  # rendered after the parts (headline: a line of each)
 MODULES = {**{part: f"scripts.figures.{part}.render" for part in PARTS + ["examples"]},

@@ -1,6 +1,6 @@
 """The fork server of scripts/harness/launch.py: a server that has imported torch, torchvision, byzfl and the recipes
 once, and forks a process for each request, which then makes itself what `python SCRIPT ARGS` started fresh would
-be (launch.py's docstring lists what it is promised, and tests/test_forked.py checks each promise). A process
+be (launch.py's docstring lists what it is promised, and tests/tools/test_forked.py checks each promise). A process
 starts in milliseconds, where a fresh interpreter spends about 2.5 s importing on 2 cores (more with byzfl): most
 of the test suite's time before (docs/tests.md: where the time goes), and 25 s of a short parameter-server run.
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, TINY, alive, child_env, free_port, read_summary, recipe_command, run_python, run_recipe
+from conftest import (ROOT, TINY, alive, child_env, free_port, injected, read_summary, recipe_command, run_recipe)
 
 # random flips make the comparison sensitive to the random state a resume restores
 # -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps. A SIGTERM after step 9
@@ -26,21 +26,6 @@ FLAGS = [*TINY, "--hflip", "0.5", "--epochs", "3", "-p", "100"]
 ND = [*FLAGS, "-b", "8"]
 DDP = [*FLAGS, "-b", "4"]
 FINAL = ("top1", "top1_correct", "loss", "best_top1")
-
-
-def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_args=(), timeout=300,
-             torchrun=("-m", "torch.distributed.run"), **popen):
-    """Run a recipe under scripts/harness/inject_fault.py (under torchrun when nproc is given)."""
-    inject = [str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", fault, "--step", str(step),
-              *inject_args, "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
-    if nproc is None and not popen:
-        return run_python([sys.executable, *inject], timeout=timeout)  # (forked: no launcher in the test)
-    if nproc is None:
-        command = [sys.executable, *inject]
-    else:
-        command = [sys.executable, *torchrun, "--standalone", f"--nproc_per_node={nproc}", *torchrun_args, *inject]
-    return subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout,
-                          **popen)
 
 
 def load(path):

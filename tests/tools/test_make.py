@@ -105,9 +105,10 @@ def test_the_mutation_check_catches_a_break_and_tells_a_missed_one():
     assert [line.split()[:2] for line in result.stdout.splitlines()[1:3]] == [
         ["caught", "scaler-not-restored"], ["caught", "checkpoint-written-in-place"]]
     assert "2 of 2 breaks caught" in result.stdout
-    assert "FAILED tests/test_common.py::test_checkpoint_write_is_atomic" in result.stdout  # (each names its test)
+    # (each names its test)
+    assert "FAILED tests/common/test_common.py::test_checkpoint_write_is_atomic" in result.stdout
     unseen = dict(name="a-comment", file="recipes/common/schedule.py", old="#", new="# (changed)",
-                  tests=["tests/test_training.py::test_warmup_then_cosine"])
+                  tests=["tests/common/test_training.py::test_warmup_then_cosine"])
     unseen["old"] = next(line for line in (ROOT / unseen["file"]).read_text().splitlines() if "#" in line)
     unseen["new"] = unseen["old"] + " (a comment changed)"
     assert mutations.check(unseen)[0] == "missed"

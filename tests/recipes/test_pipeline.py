@@ -9,10 +9,8 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, TINY, child_env, free_port, read_summary, run_recipe
+from conftest import ROOT, TINY, assert_one_clear_line, child_env, free_port, injected, read_summary, run_recipe
 from scripts.harness import launch
-from test_bad_input import assert_one_clear_line
-from test_faults import injected
 from torch.utils.data import DistributedSampler
 
 from recipes.common import RecipeError, data, models, schedule

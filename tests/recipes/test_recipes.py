@@ -8,36 +8,11 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, TINY, child_env, free_port, read_summary, recipe_command, run_recipe
+from conftest import ROOT, TINY, assert_complete_run_dir, child_env, free_port, read_summary, recipe_command, run_recipe
 
 from recipes import RECIPES
 from recipes import recipe as catalogue
 from recipes.common import models
-
-SUMMARY_KEYS = {"recipe", "arch", "epochs", "world_size", "device", "top1", "top5", "loss",
-                "images_per_s", "wall_s", "torch"}
-CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr"]
-
-
-def assert_complete_run_dir(out, recipe, world_size, epochs=1):
-    for name in ("args.json", "metrics.csv", "checkpoint.pt", "best.pt", "summary.json"):
-        assert (out / name).is_file(), f"{name} missing from {out}"
-    assert list(out.glob("events.out.tfevents.*")), "no TensorBoard event file"
-    with open(out / "metrics.csv", newline="") as f:
-        reader = csv.DictReader(f)
-        assert reader.fieldnames == CSV_FIELDS
-        rows = list(reader)
-    assert [(int(r["epoch"]), r["split"]) for r in rows] == [
-        (e, s) for e in range(1, epochs + 1) for s in ("train", "val")]
-    summary = read_summary(out)
-    assert SUMMARY_KEYS <= summary.keys()
-    assert summary["recipe"] == recipe and summary["world_size"] == world_size
-    assert summary["epochs"] == epochs and summary["val_images"] == 23
-    assert summary["images_per_s"] > 0 and 0 <= summary["top1"] <= 100
-    state = torch.load(out / "checkpoint.pt", weights_only=True)
-    assert state["epoch"] == epochs and state["num_classes"] == 3
-    return summary
-
 
 ARCH = {"nd": "lenet", "dp": "resnet18", "ddp": "lenet"}  # the others: vit_tiny
 

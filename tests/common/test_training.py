@@ -15,9 +15,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from conftest import TINY, child_env, free_port, read_summary, run_recipe
+from conftest import TINY, assert_complete_run_dir, child_env, free_port, read_summary, run_recipe
 from scripts.harness import launch
-from test_recipes import assert_complete_run_dir
 from recipes.common import bookkeeping, checkpoint, cli, data, models, runlog, schedule
 
 WORLD_SIZE, STEPS, MICRO_BATCH = 2, 3, 4

@@ -8,8 +8,7 @@ from scripts.harness import launch
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import TINY, child_env, free_port, read_summary, run_recipe
-from test_bad_input import assert_one_clear_line
+from conftest import TINY, assert_one_clear_line, child_env, free_port, read_summary, run_recipe
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 

@@ -7,22 +7,13 @@ import shutil
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import ROOT, TINY, run_recipe, write_tiny_folder
+from conftest import ROOT, TINY, assert_one_clear_line, run_recipe, write_tiny_folder
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from recipes import RECIPES as CATALOGUE
 from recipes.common import RecipeError, models
 
 RECIPES = [entry.name for entry in CATALOGUE]
-
-
-def assert_one_clear_line(result, *phrases):
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and "Traceback" not in result.stderr
-    for phrase in phrases:
-        assert phrase in lines[0], lines[0]
 
 
 def test_bad_input_under_torchrun_is_as_the_faq_says(tmp_path):
@@ -376,8 +367,8 @@ def documented_as_taken(recipe, flags):
     ("grad-op", ["--sharded-checkpoint"]), ("full", ["--sharded-checkpoint"])])
 def test_the_combinations_a_mode_takes_train(tiny_data, tmp_path, shard, flags):
     """What test_every_refused_combination_of_flags_and_modes_is_one_line finds taken runs: each --shard mode with
-    every walked flag it takes at once (--compile aside: tests/test_training.py compiles), fp16 with loss scaling,
-    on 2 processes (ps and the pipeline take none of them)."""
+    every walked flag it takes at once (--compile aside: tests/common/test_training.py compiles), fp16 with loss
+    scaling, on 2 processes (ps and the pipeline take none of them)."""
     run_recipe("fsdp", [tiny_data, *TINY, "-b", "4", "--epochs", "1", "--out", tmp_path, "--shard", shard,
                         "--channels-last", "--opt-level", "O1", "--amp-dtype", "fp16", "--accum-steps", "2", *flags],
                nproc=2)

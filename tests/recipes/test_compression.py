@@ -10,12 +10,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import TINY, child_env, free_port, read_summary, run_recipe
+from conftest import TINY, assert_complete_run_dir, child_env, free_port, read_summary, run_recipe
 from scripts.harness import launch
 
 from recipes.common import compat
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_recipes import assert_complete_run_dir
 from recipes.compression import hooks
 
 WORLD_SIZE = 2
@@ -129,7 +128,7 @@ def test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_th
             for got, want in zip(results[0]["averaged"][step], hooked_average(method, grads[step])):
                 assert torch.equal(got, want), (step, (got - want).abs().max())
 
-    sent, fp32 = results[0]["traffic"]  # (bytes per optimizer step: tests/test_training.py's accumulation test)
+    sent, fp32 = results[0]["traffic"]  # (bytes per optimizer step: tests/common/test_training.py's accumulation test)
     assert sent == sum(results[0]["handed"])  # the bytes of the tensors the collectives were handed
     assert fp32 == steps * sum(math.prod(shape) for shape in SHAPES) * 4
     if method in ("none", "fp16", "bf16"):

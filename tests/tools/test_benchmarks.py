@@ -22,8 +22,8 @@ from scripts.figures.ps import table as ps_table
 def test_bench_recovery_measures_a_save_and_a_restart(tiny_data, tmp_path):
     out = tmp_path / "recovery.json"
     command = [sys.executable, "scripts/figures/recovery/measure.py", "--quick", str(tiny_data), "--json", str(out),
-               "--runs",
-               str(tmp_path / "runs"), "--cases", "ps-async-a-server-killed"]  # (every case: tests/test_faults.py)
+               "--runs", str(tmp_path / "runs"), "--cases",
+               "ps-async-a-server-killed"]  # (every case: tests/common/test_faults.py)
     result = run_python(command, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     measured = json.loads(out.read_text())
@@ -132,7 +132,7 @@ def test_bench_scaling_measures_recipes_and_the_bare_loop_side_by_side(tmp_path)
     out = tmp_path / "scaling.csv"
     command = [sys.executable, "scripts/figures/scaling/measure.py", "-a", "lenet", "--image-size", "16", "-b", "128",
                "--processes", "1", "--steps", "5", "--warmup", "1", "--csv", str(out), "--runs", str(tmp_path / "runs"),
-               "--parts", "machine"]  # (the cluster's rows: tests/test_cluster.py)
+               "--parts", "machine"]  # (the cluster's rows: tests/tools/test_cluster.py)
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
@@ -150,7 +150,7 @@ def test_bench_compression_trains_serial_and_ddp_and_a_restart_trains_only_what_
     command = [sys.executable, "scripts/figures/compression/measure.py", "--data", str(tiny_data), "--quick",
                "--epochs", "1",
                "--global-batch", "16", "--processes", "2", "--methods", "fp8-e5m2", "--seeds", "0", "--runs", runs,
-               "--figures-data", data, "--parts", "accuracy"]  # (the cluster's rows: tests/test_cluster.py)
+               "--figures-data", data, "--parts", "accuracy"]  # (the cluster's rows: tests/tools/test_cluster.py)
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "(3 run(s) trained now, 0 kept from an earlier start)" in result.stdout

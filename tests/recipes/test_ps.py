@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import ROOT, TINY, child_env, free_port, read_summary, recipe_command, run_recipe
-from test_bad_input import assert_one_clear_line
+from conftest import ROOT, TINY, assert_one_clear_line, child_env, free_port, read_summary, recipe_command, run_recipe
 
 from recipes.common import RecipeError, models, pushpull
 from recipes.ps import attacks, roles, rules, steps, validators
