@@ -146,6 +146,12 @@ def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_arg
                           **popen)
 
 
+def spawn(function, args, nprocs):
+    """function(rank, *args) in nprocs forked processes (scripts/harness/launch.py's spawn), in the suite's
+    environment, where the test module that holds function imports conftest as pytest's own process does."""
+    launch.spawn(function, args, nprocs, child_env({"PYTHONPATH": str(Path(__file__).resolve().parent)}))
+
+
 def read_summary(out):
     return json.loads((Path(out) / "summary.json").read_text())
 

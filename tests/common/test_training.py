@@ -15,8 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from conftest import TINY, assert_complete_run_dir, child_env, free_port, read_summary, run_recipe
-from scripts.harness import launch
+from conftest import TINY, assert_complete_run_dir, free_port, read_summary, run_recipe, spawn
 from recipes.common import bookkeeping, checkpoint, cli, data, models, runlog, schedule
 
 WORLD_SIZE, STEPS, MICRO_BATCH = 2, 3, 4
@@ -78,7 +77,7 @@ def accumulation_worker(rank, port, recipe, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["ddp", "apex", "compression", "fsdp"])
 def test_accumulated_micro_batches_equal_one_big_batch_with_one_allreduce_per_step(tmp_path, recipe):
-    launch.spawn(accumulation_worker, (free_port(), recipe, tmp_path), WORLD_SIZE, child_env())
+    spawn(accumulation_worker, (free_port(), recipe, tmp_path), WORLD_SIZE)
     for rank in range(WORLD_SIZE):
         results = torch.load(tmp_path / f"{rank}.pt")
         for big, accumulated in zip(results[1]["weights"], results[4]["weights"]):

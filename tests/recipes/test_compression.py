@@ -10,8 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conftest import TINY, assert_complete_run_dir, child_env, free_port, read_summary, run_recipe
-from scripts.harness import launch
+from conftest import TINY, assert_complete_run_dir, free_port, read_summary, run_recipe, spawn
 
 from recipes.common import compat
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -78,7 +77,7 @@ def record_payloads():
 
 
 def run_hook(tmp_path, method, grads_per_step, **options):
-    launch.spawn(hook_worker, (free_port(), method, grads_per_step, options, tmp_path), WORLD_SIZE, child_env())
+    spawn(hook_worker, (free_port(), method, grads_per_step, options, tmp_path), WORLD_SIZE)
     return [torch.load(tmp_path / f"{rank}.pt") for rank in range(WORLD_SIZE)]
 
 

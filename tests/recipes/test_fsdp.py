@@ -4,11 +4,10 @@ bad input."""
 import json
 import types
 
-from scripts.harness import launch
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import TINY, assert_one_clear_line, child_env, free_port, read_summary, run_recipe
+from conftest import TINY, assert_one_clear_line, free_port, read_summary, run_recipe, spawn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
@@ -103,7 +102,7 @@ def test_each_transformer_block_is_its_own_unit_so_one_is_gathered_at_a_time(tmp
     block's forward the whole weights held are the root's and that block's (not the model's, as one unit would
     gather); each rank keeps half of the weights, to 1 % (FSDP2 splits a tensor by its first dimension: the class
     token and position embeddings, whose first dimension is 1, stay whole on rank 0)."""
-    launch.spawn(_gathered_in_forward, (free_port(), tmp_path), 2, child_env())
+    spawn(_gathered_in_forward, (free_port(), tmp_path), 2)
     for rank in range(2):
         sizes = json.loads((tmp_path / f"{rank}.json").read_text())
         assert all(sizes["wrapped"]) and len(sizes["wrapped"]) == 9, sizes["wrapped"]

@@ -9,8 +9,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, TINY, assert_one_clear_line, child_env, free_port, injected, read_summary, run_recipe
-from scripts.harness import launch
+from conftest import ROOT, TINY, assert_one_clear_line, free_port, injected, read_summary, run_recipe, spawn
 from torch.utils.data import DistributedSampler
 
 from recipes.common import RecipeError, data, models, schedule
@@ -211,7 +210,7 @@ def _average_in_pairs(rank, world_size, port, results):
 
 
 def test_an_adpsgd_round_keeps_the_replicas_average(tmp_path):
-    launch.spawn(_average_in_pairs, (5, free_port(), tmp_path), 5, child_env())
+    spawn(_average_in_pairs, (5, free_port(), tmp_path), 5)
     found = sorted(json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(5))
     assert all(change_of_sum < 1e-5 for _, change_of_sum, _ in found), found
     assert sum(moved > 0 for _, _, moved in found) == 4  # two pairs averaged; the fifth replica sat out
@@ -242,7 +241,7 @@ def _split_and_compare(rank, world_size, port, schedule, results):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_the_pipelined_model_has_the_unsplit_models_loss_and_gradients(tmp_path, schedule):
-    launch.spawn(_split_and_compare, (2, free_port(), schedule, tmp_path), 2, child_env())
+    spawn(_split_and_compare, (2, free_port(), schedule, tmp_path), 2)
     found = sorted(json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2))
     assert sum(n for _, n, _, _ in found) == len(list(models.build_model("lenet", 3).parameters()))
     assert all(gap < 1e-6 and loss_gap < 1e-6 for _, _, gap, loss_gap in found), found
