@@ -67,6 +67,7 @@ def test_legacy_launcher_passes_local_rank(tiny_data, tmp_path):
     out, wrapper = tmp_path / "legacy", tmp_path / "legacy_wrapper.py"
     recipe = ROOT / "recipes/ddp/train.py"
     wrapper.write_text(f"""import os, runpy, sys
+sys.path.insert(0, {str(ROOT)!r})  # (the clone's recipes, installed or not, as the recipes put it first)
 from recipes.ddp.train import parse_args
 print(f"parsed local rank {{parse_args(sys.argv[1:]).local_rank}}, LOCAL_RANK {{os.environ.pop('LOCAL_RANK')}}")
 sys.argv[0] = {str(recipe)!r}

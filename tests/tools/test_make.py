@@ -85,13 +85,20 @@ def test_a_torch_older_than_the_recipes_is_told_in_one_line(monkeypatch, capsys)
 
 def test_every_break_of_the_mutation_check_applies_and_names_tests_that_exist():
     """scripts/checks/mutations.py's list kept in step with the code: each break's text occurs once where it says, and
-    each test it names is a test of that file (the whole check runs outside make test: make test-mutations)."""
+    each test it names is a test of that file, and a case of it that pytest collects where it names one (the whole
+    check runs outside make test: make test-mutations)."""
     assert len({brk["name"] for brk in mutations.BREAKS}) == len(mutations.BREAKS)
+    cases = []
     for brk in mutations.BREAKS:
         assert (ROOT / brk["file"]).read_text().count(brk["old"]) == 1, brk["name"]
         for test in brk["tests"]:
             path, name = test.split("::")
             assert f"def {name.split('[')[0]}(" in (ROOT / path).read_text(), (brk["name"], test)
+            cases += [(brk["name"], test)] if "[" in name else []
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                *sorted({test.split("::")[0] for _, test in cases})], cwd=ROOT, env=child_env(),
+                               capture_output=True, text=True, timeout=300).stdout.splitlines()
+    assert [(name, test) for name, test in cases if test not in collected] == []
 
 
 def test_the_mutation_check_catches_a_break_and_tells_a_missed_one():
