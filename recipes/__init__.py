@@ -31,6 +31,8 @@ class Recipe:
     trained_with: tuple = ()  # the flags of those tests' training run and of their evaluation
     evaluated_with: tuple = ()  # the evaluation's own flags beside them
     gpu_checks: tuple = ()  # its one-GPU checks (GpuCheck); none listed: one run at its defaults, named for it
+    # its many groups and point-to-point messages run under NCCL's rules in every test, on gloo as on NCCL
+    tested_under_nccl_rules: bool = False
 
 
 MIXED = ("--ema-decay", "0.99", "--sync-bn", "--accum-steps", "2", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0")
@@ -68,13 +70,14 @@ RECIPES = [
     # share it: push and pull go over gloo on the CPU, and --dist-backend gloo makes the default group gloo too
     # (NCCL takes a GPU per process)
     Recipe("ps", "a parameter server: servers, Zeno validators and workers push and pull; sync and async; "
-                 "Byzantine workers", processes=3, evaluated_on=5,
+                 "Byzantine workers", processes=3, evaluated_on=5, tested_under_nccl_rules=True,
            evaluated_with=("--servers", "2", "--validators", "1", "--aggregate", "zenops"),
            gpu_checks=(GpuCheck("ps-1-server-2-workers", ("--servers", "1", "--aggregate", "median", "--dist-backend",
                                                           "gloo", "-b", "16"), processes=3, nccl_rules=True),)),
     # 2 stages of 1 replica; evaluated by 2 stages of 2 replicas
     Recipe("pipeline", "pipeline stages x data-parallel replicas: allreduce, SD-PIPE's partial reduce, AD-PSGD, "
                        "HetPipe; stragglers", processes=2, evaluated_on=4, trained_with=("--stages", "2"),
+           tested_under_nccl_rules=True,
            gpu_checks=(GpuCheck("pipeline-stages-1", ("--stages", "1", "--microbatches", "2"), nccl_rules=True),)),
 ]
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from recipes import RECIPES
 from scripts.harness import launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,8 +60,9 @@ def child_env(extra=None):
 
 
 # recipes whose many groups and point-to-point messages run under NCCL's rules in every test, on gloo as on NCCL
-# (scripts/harness/nccl_rules.py: a call NCCL would refuse ends the run with one line naming it)
-UNDER_NCCL_RULES = ("ps", "pipeline")
+# (scripts/harness/nccl_rules.py: a call NCCL would refuse ends the run with one line naming it), as the catalogue
+# says
+UNDER_NCCL_RULES = {entry.name for entry in RECIPES if entry.tested_under_nccl_rules}
 
 
 def recipe_command(recipe, args, nproc=None):
