@@ -189,11 +189,12 @@ test-compat: setup $(DEMO_DATA)/.complete $(COMPAT_VENV)/.installed gpu-wheels
 	$(MAKE) --no-print-directory gpu-check PY=$(COMPAT_PY) STAND_IN=1
 	PYTHONPATH=$(CURDIR)/runs/gpu-check/site $(COMPAT_PY) -m pytest -q -p no:cacheprovider --durations=10 $(COMPAT_TESTS)
 
-# (test_gpu_check.py runs in make test-compat, under torch 2.11: the suite must stay under 15 minutes on 2 cores;
-# the slowest 15 tests are printed; scripts/checks/test_times.py measures where the time goes, into docs/tests.md)
+# (test_gpu_check.py runs in make test-compat, under torch 2.11: the suite must stay under 15 minutes on 2 cores,
+# on 2 pytest-xdist workers, the tests of an xdist_group on one of them; the slowest 15 tests are printed;
+# scripts/checks/test_times.py measures where the time goes, into docs/tests.md)
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q --durations=15 --ignore=tests/tools/test_gpu_check.py
+	$(PY) -m pytest -q --durations=15 -n 2 --dist loadgroup --ignore=tests/tools/test_gpu_check.py
 
 test-mutations: setup
 	$(PY) scripts/checks/mutations.py

@@ -42,6 +42,13 @@ def tiny_data(tmp_path_factory):
     return write_tiny_folder(tmp_path_factory.mktemp("tiny"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """On pytest-xdist's workers (make test: 2), the tests of an xdist_group run on one worker one after another,
+    minutes in all: sent first, they run beside the others rather than after them."""
+    if getattr(config.option, "dist", "no") != "no":
+        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,6 +98,12 @@ def run_python(command, cwd=ROOT, env=None, timeout=300):
     variables): forked from the suite's fork server when command is `python SCRIPT ...` with this Python
     (scripts/harness/launch.py)."""
     return launch.run(command, child_env(env), cwd, timeout, server_env=child_env())
+
+
+def start_python(command, output, cwd=ROOT):
+    """subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT) with the suite's environment, in a
+    session of its own: forked from the suite's fork server where run_python forks (scripts/harness/launch.py)."""
+    return launch.start(command, child_env(), output, output, cwd, server_env=child_env())
 
 
 def launch_ranks(command, nproc, env, timeout):
@@ -170,7 +183,7 @@ def plot_results(data, figures, results, pngs):
     """Run plot_results.py on data; check that it drew the figures named; return RESULTS.md's text."""
     command = [sys.executable, "scripts/figures/plot_results.py", "--data", data, "--figures", figures, "--results",
                results]
-    result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+    result = run_python(command, timeout=120)  # (forked)
     assert result.returncode == 0, result.stderr[-3000:]
     for name in pngs:
         with Image.open(Path(figures) / f"{name}.png") as image:

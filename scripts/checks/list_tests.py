@@ -54,9 +54,16 @@ def times():
     files, parts = measured["files"], ("startup_s", "training_s", "waiting_s", "pytest_s")
     total = {key: sum(row[key] for row in files.values()) for key in ("tests", "interpreters", *parts)}
     wall = sum(total[part] for part in parts)
+    make_test = measured.get("make_test")
+    timed = ("`make test` has not been timed on its workers yet (`python scripts/checks/test_times.py --workers`). "
+             if make_test is None else
+             f"`make test` on {make_test['cores']} cores ({make_test['cpu']}; torch {make_test['torch']}, Python "
+             f"{make_test['python']}), timed by `scripts/checks/test_times.py --workers` on {make_test['measured']}: "
+             f"{make_test['tests']} tests in {make_test['total_s'] / 60:.1f} minutes on {make_test['workers']} "
+             "pytest-xdist workers, two tests at a time. ")
     lines = ["\n## Where the time goes\n",
-             f"`make test` on {measured['cores']} cores ({measured['cpu']}; torch {measured['torch']}, Python "
-             f"{measured['python']}), measured by `scripts/checks/test_times.py` on {measured['measured']}: "
+             timed + f"One test at a time, on {measured['cores']} cores ({measured['cpu']}; torch {measured['torch']}, "
+             f"Python {measured['python']}), measured by `scripts/checks/test_times.py` on {measured['measured']}: "
              f"{total['tests']} tests in {measured['total_s'] / 60:.1f} minutes, "
              f"{measured['collection_s']:.0f} s of them collecting. Each file's seconds are split four ways: "
              "**start-up**, a fresh Python importing torch and the recipes (the tests' ranks are forked from a "

@@ -3,6 +3,10 @@ into docs/tests.md.
 
     python scripts/checks/test_times.py                      # the suite as `make test` runs it, then the page
     python scripts/checks/test_times.py tests/recipes/test_ps.py     # these files again; the other files' rows are kept
+    python scripts/checks/test_times.py --workers                    # make test's own time, on its workers
+
+`make test` runs the tests on 2 pytest-xdist workers (WORKERS), two at a time; here, file by file, they run one
+at a time, so that each second has one file to go to.
 
 pytest runs in this process. Every 0.1 s a sampler reads, from /proc, the CPU time of each process the suite
 started, and gives the wall time since the last sample to one of four parts:
@@ -30,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TIMES = ROOT / "tests" / "times.json"
 SITE = Path(__file__).resolve().parent / "test_times_site"  # its sitecustomize.py marks each Python's start-up
-MAKE_TEST = ["-q", "-p", "no:cacheprovider", "--ignore=tests/tools/test_gpu_check.py"]  # as the Makefile's `test` runs
+MAKE_TEST = ["-q", "-p", "no:cacheprovider", "--ignore=tests/tools/test_gpu_check.py"]  # as the Makefile's `test` runs,
+WORKERS = ["-n", "2", "--dist", "loadgroup"]  # on its workers
 PARTS = ("startup", "training", "waiting", "pytest")
 TICK = os.sysconf("SC_CLK_TCK")
 IDLE = 0.15  # below this many CPU seconds per wall second, the suite's processes count as waiting
@@ -127,12 +132,42 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
+def time_make_test(pytest, torch):
+    """The suite as make test runs it, on its workers: its wall time and the tests run, into tests/times.json's
+    make_test."""
+    finished = []
+
+    class Count:
+        def pytest_runtest_logfinish(self, nodeid, location):
+            finished.append(nodeid)
+
+    started = time.monotonic()
+    code = pytest.main([*MAKE_TEST, *WORKERS], plugins=[Count()])
+    total = time.monotonic() - started
+    measured = json.loads(TIMES.read_text()) if TIMES.is_file() else {"files": {}}
+    measured["make_test"] = {
+        "measured": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+        "python": platform.python_version(), "workers": int(WORKERS[1]), "pytest_exit": int(code),
+        "tests": len(set(finished)), "total_s": round(total, 1)}
+    TIMES.write_text(json.dumps(measured, indent=1) + "\n")
+    print(f"wrote {TIMES.relative_to(ROOT)}: make test in {total / 60:.1f} minutes on {WORKERS[1]} workers, "
+          f"pytest's exit code {int(code)}")
+    from list_tests import main as write_page
+    write_page([])
+    return int(code)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="*", help="test files to measure again (default: the whole of make test)")
+    parser.add_argument("--workers", action="store_true",
+                        help="time the whole of make test on its workers instead; the files' rows are kept")
     args = parser.parse_args(argv)
     import pytest  # (here: the sitecustomize below reaches only the processes pytest starts)
     import torch
+
+    if args.workers:
+        return time_make_test(pytest, torch)
 
     marks = Path(tempfile.mkdtemp(prefix="test-times-"))
     os.environ.update(TEST_TIMES_MARKS=str(marks), PYTHONPATH=os.pathsep.join(
@@ -144,7 +179,8 @@ def main(argv=None):
     sampler.stop.set()
     sampler.thread.join()
     total = time.monotonic() - started
-    old = json.loads(TIMES.read_text()) if args.files and TIMES.is_file() else {"files": {}}
+    kept = json.loads(TIMES.read_text()) if TIMES.is_file() else {}
+    old = kept if args.files else {"files": {}}
     files = {**old["files"], **{
         file: {"tests": sampler.tests[file], "interpreters": sampler.started[file],
                **{f"{part}_s": round(sampler.seconds[file][part], 1) for part in PARTS}}
@@ -154,7 +190,8 @@ def main(argv=None):
         "python": platform.python_version(), "pytest_exit": int(code),
         "total_s": round(total, 1) if not args.files else old.get("total_s"),
         "collection_s": round(sampler.collected - started, 1) if not args.files else old.get("collection_s"),
-        "files": dict(sorted(files.items()))}, indent=1) + "\n")
+        "files": dict(sorted(files.items())), **({"make_test": kept["make_test"]} if "make_test" in kept else {})},
+        indent=1) + "\n")
     print(f"wrote {TIMES.relative_to(ROOT)}: {total / 60:.1f} minutes, pytest's exit code {int(code)}")
     from list_tests import main as write_page
     write_page([])

@@ -96,6 +96,15 @@ def run(command, env, cwd=ROOT, timeout=None, server_env=None, forked=True, echo
     return subprocess.CompletedProcess(command, process.returncode, output, output)
 
 
+def start(command, env, out, err, cwd=ROOT, server_env=None):
+    """subprocess.Popen(command, stdout=out, stderr=err) in env, in a session of its own, without waiting: forked
+    from the fork server (started with server_env, else env) when command is `python SCRIPT ...` with this
+    Python, else started afresh. out and err are files (the same one for both: stderr=subprocess.STDOUT)."""
+    if forkserver.forkable(command):
+        return forkserver.Forked(command, cwd, env, out, err, server_env or env)
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True)
+
+
 def torchrun_env(rank, nproc, port, run_id, errors):
     """What torchrun --standalone --nproc_per_node=nproc adds to rank's environment (test_forked.py compares)."""
     return {"RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",

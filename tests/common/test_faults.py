@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (ROOT, TINY, alive, child_env, free_port, injected, read_summary, recipe_command, run_recipe)
+from conftest import (ROOT, TINY, alive, child_env, free_port, injected, read_summary, recipe_command, run_recipe,
+                      start_python)
 
 # random flips make the comparison sensitive to the random state a resume restores
 # -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps. A SIGTERM after step 9
@@ -361,11 +362,11 @@ def test_a_worker_killed_on_one_node_while_its_peer_hangs_restarts_both_nodes(ti
 
 
 def rank_by_rank(recipe, args, world_size, tmp_path):
-    """One process per rank, joined by --dist-url in args (no launcher to signal the others when one ends); each
-    rank's output in tmp_path/rank<r>.out. Returns (the processes, their output files)."""
+    """One process per rank, joined by --dist-url in args (no launcher to signal the others when one ends), each
+    forked from the suite's fork server; each rank's output in tmp_path/rank<r>.out. Returns (the processes, their
+    output files)."""
     outputs = [tmp_path / f"rank{rank}.out" for rank in range(world_size)]
-    ranks = [subprocess.Popen(recipe_command(recipe, [*map(str, args), "--rank", str(rank)]), cwd=ROOT,
-                              env=child_env(), stdout=open(output, "w"), stderr=subprocess.STDOUT)
+    ranks = [start_python(recipe_command(recipe, [*map(str, args), "--rank", str(rank)]), open(output, "w"))
              for rank, output in enumerate(outputs)]
     return ranks, outputs
 

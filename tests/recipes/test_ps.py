@@ -4,11 +4,12 @@ attacks, async, bad input."""
 import argparse
 import re
 import signal
-import subprocess
+import time
 
 import pytest
 import torch
-from conftest import ROOT, TINY, assert_one_clear_line, child_env, free_port, read_summary, recipe_command, run_recipe
+from conftest import (TINY, assert_one_clear_line, free_port, read_summary, recipe_command, run_recipe,
+                      start_python)
 
 from recipes.common import RecipeError, models, pushpull
 from recipes.ps import attacks, roles, rules, steps, validators
@@ -562,15 +563,20 @@ def test_async_goes_on_when_a_worker_is_killed(tiny_data, tmp_path):
     out, port = tmp_path / "ps", free_port()
     args = [tiny_data, *TINY, "-b", "4", "--epochs", "8", "--out", out, "--mode", "async", "--dist-timeout", "10",
             "--dist-url", f"tcp://127.0.0.1:{port}", "--world-size", "4"]
-    processes = [subprocess.Popen(recipe_command("ps", [str(a) for a in [*args, "--rank", rank]]), cwd=ROOT,
-                                  env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for rank in range(4)]
-    for line in processes[0].stdout:  # rank 0 prints each step: kill worker rank 3 in epoch 2
-        if line.startswith("epoch 2 step"):
-            processes[3].send_signal(signal.SIGKILL)
-            break
-    output = processes[0].stdout.read()
-    returncodes = [process.wait(timeout=120) for process in processes]
+    outputs = [tmp_path / f"rank{rank}.out" for rank in range(4)]
+    processes = [start_python(recipe_command("ps", [str(a) for a in [*args, "--rank", rank]]), open(output, "w"))
+                 for rank, output in enumerate(outputs)]  # (each forked from the suite's fork server)
+    try:
+        deadline = time.monotonic() + 240
+        while not re.search("^epoch 2 step", outputs[0].read_text(), re.M) and processes[0].poll() is None \
+                and time.monotonic() < deadline:  # rank 0 prints each step: kill worker rank 3 in epoch 2
+            time.sleep(0.05)
+        processes[3].send_signal(signal.SIGKILL)
+        returncodes = [process.wait(timeout=120) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    output = outputs[0].read_text()
     assert returncodes[:3] == [0, 0, 0], output
     summary = read_summary(out)
     assert summary["epochs"] == 8 and summary["honest_pushed"] == 8 * 3 * 4  # the others trained its share

@@ -30,6 +30,10 @@ def write_digit_folder(root, seed=0):
     return root
 
 
+# one worker runs them all: its module's fixture runs the benchmark once for every test it serves
+pytestmark = pytest.mark.xdist_group("bench_ps_byzfl")
+
+
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     return write_digit_folder(tmp_path_factory.mktemp("digits"))

@@ -5,7 +5,6 @@ import csv
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 
 import pytest
@@ -102,8 +101,8 @@ def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
 
 def test_bench_io_measures_both_decoders(tmp_path):
     jpegs, out = tmp_path / "jpegs", tmp_path / "io.csv"
-    subprocess.run([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", jpegs,
-                    "--classes", "2", "--images", "40"], check=True, capture_output=True)
+    assert run_python([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", jpegs, "--classes", "2",
+                       "--images", "40"]).returncode == 0
     command = [sys.executable, "scripts/figures/io/measure.py", str(jpegs), "--workers", "0", "1", "--repeats", "1",
                "-b", "8", "--image-size", "64", "--csv", str(out)]
     result = run_python(command, timeout=300)

@@ -16,6 +16,8 @@ from scripts.cluster import network
 
 PROBLEM = network.require()
 needs_namespaces = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+# one worker runs them all, one at a time: --clean removes every cluster of the machine, and links are timed
+pytestmark = pytest.mark.xdist_group("cluster")
 RUN = [sys.executable, str(ROOT / "scripts" / "cluster" / "run.py")]
 
 # every rank all-reduces 8 MB three times and prints the bus bandwidth; with --hang, writes its pid and waits

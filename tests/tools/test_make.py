@@ -143,7 +143,7 @@ def test_pip_install_brings_what_the_recipes_need_and_no_more(tmp_path):
         installs[extras] = {item["metadata"]["name"].lower() for item in json.loads(result.stdout)["install"]}
     assert {"torch", "torchvision", "tqdm", "tensorboard"} <= installs[""]
     assert not installs[""] & {"mlxtend", "byzfl", "pandas", "scikit-learn", "seaborn", "matplotlib", "pytest", "ruff"}
-    assert {"mlxtend", "byzfl", "matplotlib", "pytest", "ruff"} <= installs["[ps,digits,figures,test]"]
+    assert {"mlxtend", "byzfl", "matplotlib", "pytest", "pytest-xdist", "ruff"} <= installs["[ps,digits,figures,test]"]
 
 
 def test_make_with_no_target_lists_the_targets_and_installs_nothing(tmp_path):

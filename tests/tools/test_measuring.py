@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, child_env, alive
+from conftest import ROOT, alive, child_env, run_python
 from PIL import Image
 
 sys.path.insert(0, str(ROOT))
@@ -17,8 +17,7 @@ from scripts.figures import measuring
 
 def test_digits_folder(tmp_path):
     out = tmp_path / "mnist5k"
-    subprocess.run([sys.executable, ROOT / "scripts/make_demo_data.py", "--out", out], check=True,
-                   capture_output=True)
+    assert run_python([sys.executable, ROOT / "scripts/make_demo_data.py", "--out", out]).returncode == 0
     for split, per_class in (("train", 400), ("val", 100)):
         folders = sorted(p.name for p in (out / split).iterdir())
         assert folders == [str(d) for d in range(10)]
@@ -31,8 +30,8 @@ def test_digits_folder(tmp_path):
 
 def test_imagenet_like_folder(tmp_path):
     out = tmp_path / "imagenet-like"
-    subprocess.run([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", out,
-                    "--classes", "3", "--images", "5"], check=True, capture_output=True)
+    assert run_python([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", out, "--classes", "3",
+                       "--images", "5"]).returncode == 0
     for split, n in (("train", 4), ("val", 1)):
         assert sorted(p.name for p in (out / split).iterdir()) == ["class0000", "class0001", "class0002"]
         jpegs = list((out / split).glob("*/*.jpg"))

@@ -5,10 +5,9 @@ import itertools
 import json
 import re
 import shutil
-import subprocess
 import sys
 
-from conftest import ROOT, plot_results
+from conftest import ROOT, plot_results, run_python
 
 sys.path.insert(0, str(ROOT))
 from scripts.figures.compile import measure as compile_measure
@@ -98,8 +97,9 @@ def test_the_committed_data_redraws_results_md_and_every_figure_as_committed(tmp
     for page in pages:
         (tmp_path / page.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(page, tmp_path / page.relative_to(ROOT))
-    subprocess.run([sys.executable, "scripts/figures/plot_results.py", "--figures", tmp_path, "--results",
-                    tmp_path / "RESULTS.md"], cwd=ROOT, check=True, capture_output=True)
+    result = run_python([sys.executable, "scripts/figures/plot_results.py", "--figures", tmp_path, "--results",
+                         tmp_path / "RESULTS.md"])
+    assert result.returncode == 0, result.stderr[-3000:]
     for page in pages:
         assert (tmp_path / page.relative_to(ROOT)).read_bytes() == page.read_bytes(), page.name
     drawn = sorted(tmp_path.glob("*.png"))
