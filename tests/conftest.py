@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,14 @@ def start_python(command, output, cwd=ROOT):
     """subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT) with the suite's environment, in a
     session of its own: forked from the suite's fork server where run_python forks (scripts/harness/launch.py)."""
     return launch.start(command, child_env(), output, output, cwd, server_env=child_env())
+
+
+def wait_for_line(output, text, running=()):
+    """Until text is in the output file (at most 240 s), asserting meanwhile that the processes in running run."""
+    deadline = time.monotonic() + 240
+    while text not in output.read_text() and time.monotonic() < deadline:
+        assert all(process.poll() is None for process in running), output.read_text()[-3000:]
+        time.sleep(0.05)
 
 
 def launch_ranks(command, nproc, env, timeout):

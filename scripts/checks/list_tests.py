@@ -60,7 +60,7 @@ def times():
              f"`make test` on {make_test['cores']} cores ({make_test['cpu']}; torch {make_test['torch']}, Python "
              f"{make_test['python']}), timed by `scripts/checks/test_times.py --workers` on {make_test['measured']}: "
              f"{make_test['tests']} tests in {make_test['total_s'] / 60:.1f} minutes on {make_test['workers']} "
-             "pytest-xdist workers, two tests at a time. ")
+             "pytest-xdist workers. ")
     lines = ["\n## Where the time goes\n",
              timed + f"One test at a time, on {measured['cores']} cores ({measured['cpu']}; torch {measured['torch']}, "
              f"Python {measured['python']}), measured by `scripts/checks/test_times.py` on {measured['measured']}: "

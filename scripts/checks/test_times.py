@@ -5,7 +5,7 @@ into docs/tests.md.
     python scripts/checks/test_times.py tests/recipes/test_ps.py     # these files again; the other files' rows are kept
     python scripts/checks/test_times.py --workers                    # make test's own time, on its workers
 
-`make test` runs the tests on 2 pytest-xdist workers (WORKERS), two at a time; here, file by file, they run one
+`make test` runs the tests on pytest-xdist workers (WORKERS), as many at a time; here, file by file, they run one
 at a time, so that each second has one file to go to.
 
 pytest runs in this process. Every 0.1 s a sampler reads, from /proc, the CPU time of each process the suite

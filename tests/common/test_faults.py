@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import (ROOT, TINY, alive, child_env, free_port, injected, read_summary, recipe_command, run_recipe,
-                      start_python)
+                      start_python, wait_for_line)
 
 # random flips make the comparison sensitive to the random state a resume restores
 # -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps. A SIGTERM after step 9
@@ -369,14 +369,6 @@ def rank_by_rank(recipe, args, world_size, tmp_path):
     ranks = [start_python(recipe_command(recipe, [*map(str, args), "--rank", str(rank)]), open(output, "w"))
              for rank, output in enumerate(outputs)]
     return ranks, outputs
-
-
-def wait_for_line(output, text, running=()):
-    """Until text is in the output file (at most 240 s), asserting meanwhile that the processes in running run."""
-    deadline = time.monotonic() + 240
-    while text not in output.read_text() and time.monotonic() < deadline:
-        assert all(process.poll() is None for process in running), output.read_text()[-3000:]
-        time.sleep(0.05)
 
 
 # a rank (or a replica: all its ranks) that stops, as a hung node does, and what its peers wait on then

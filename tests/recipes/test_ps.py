@@ -4,12 +4,11 @@ attacks, async, bad input."""
 import argparse
 import re
 import signal
-import time
 
 import pytest
 import torch
 from conftest import (TINY, assert_one_clear_line, free_port, read_summary, recipe_command, run_recipe,
-                      start_python)
+                      start_python, wait_for_line)
 
 from recipes.common import RecipeError, models, pushpull
 from recipes.ps import attacks, roles, rules, steps, validators
@@ -566,11 +565,8 @@ def test_async_goes_on_when_a_worker_is_killed(tiny_data, tmp_path):
     outputs = [tmp_path / f"rank{rank}.out" for rank in range(4)]
     processes = [start_python(recipe_command("ps", [str(a) for a in [*args, "--rank", rank]]), open(output, "w"))
                  for rank, output in enumerate(outputs)]  # (each forked from the suite's fork server)
-    try:
-        deadline = time.monotonic() + 240
-        while not re.search("^epoch 2 step", outputs[0].read_text(), re.M) and processes[0].poll() is None \
-                and time.monotonic() < deadline:  # rank 0 prints each step: kill worker rank 3 in epoch 2
-            time.sleep(0.05)
+    try:  # rank 0 prints each step (its first line is no step of epoch 2): kill worker rank 3 in epoch 2
+        wait_for_line(outputs[0], "\nepoch 2 step", running=processes)
         processes[3].send_signal(signal.SIGKILL)
         returncodes = [process.wait(timeout=120) for process in processes]
     finally:
