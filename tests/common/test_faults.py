@@ -487,11 +487,11 @@ def test_a_sigterm_while_a_slow_but_living_peer_computes_still_saves(tiny_data, 
     job = subprocess.Popen(recipe_command("pipeline", [str(a) for a in args], nproc=4), cwd=ROOT, env=child_env(),
                            stdout=open(output, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for_line(output, "epoch 1 step 5/")
+        wait_for_line(output, "epoch 1 step 3/")
         os.killpg(job.pid, signal.SIGTERM)  # (torchrun and every rank, as SLURM signals a job)
         job.wait(timeout=120)
     finally:
         job.kill()
     said = output.read_text()
     assert "preempted: SIGTERM received; saved " in said and "did not come within" not in said, said[-3000:]
-    assert load(tmp_path / "run" / "checkpoint.pt")["step"] >= 5
+    assert load(tmp_path / "run" / "checkpoint.pt")["step"] >= 3
