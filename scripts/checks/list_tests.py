@@ -61,11 +61,14 @@ def times():
              f"{make_test['python']}), timed by `scripts/checks/test_times.py --workers` on {make_test['measured']}: "
              f"{make_test['tests']} tests in {make_test['total_s'] / 60:.1f} minutes on {make_test['workers']} "
              "pytest-xdist workers. ")
+    again = measured.get("measured_again")
+    again = (f" (the rows of {', '.join(Path(name).relative_to('tests').as_posix() for name in again)} measured again "
+             "since, those files alone)" if again else "")
     lines = ["\n## Where the time goes\n",
              timed + f"One test at a time, on {measured['cores']} cores ({measured['cpu']}; torch {measured['torch']}, "
              f"Python {measured['python']}), measured by `scripts/checks/test_times.py` on {measured['measured']}: "
              f"{total['tests']} tests in {measured['total_s'] / 60:.1f} minutes, "
-             f"{measured['collection_s']:.0f} s of them collecting. Each file's seconds are split four ways: "
+             f"{measured['collection_s']:.0f} s of them collecting{again}. Each file's seconds are split four ways: "
              "**start-up**, a fresh Python importing torch and the recipes (the tests' ranks are forked from a "
              "server that imported them once: `scripts/harness/launch.py`; the tests of launchers start real ones); "
              "**training**, the processes past their start-up computing; **waiting**, those processes alive but "

@@ -190,6 +190,7 @@ def main(argv=None):
         "python": platform.python_version(), "pytest_exit": int(code),
         "total_s": round(total, 1) if not args.files else old.get("total_s"),
         "collection_s": round(sampler.collected - started, 1) if not args.files else old.get("collection_s"),
+        "measured_again": sorted(set(old.get("measured_again", [])) | set(sampler.tests)) if args.files else [],
         "files": dict(sorted(files.items())), **({"make_test": kept["make_test"]} if "make_test" in kept else {})},
         indent=1) + "\n")
     print(f"wrote {TIMES.relative_to(ROOT)}: {total / 60:.1f} minutes, pytest's exit code {int(code)}")
