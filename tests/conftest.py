@@ -115,10 +115,10 @@ def wait_for_line(output, text, running=()):
         time.sleep(0.05)
 
 
-def launch_ranks(command, nproc, env, timeout):
+def launch_ranks(command, nproc, env, timeout, cwd=ROOT):
     """nproc ranks of command as torchrun starts its workers, forked from the suite's fork server
     (scripts/harness/launch.py)."""
-    return launch.launch_ranks(command, nproc, env, timeout, server_env=child_env())
+    return launch.launch_ranks(command, nproc, env, timeout, cwd=cwd, server_env=child_env())
 
 
 SUMMARY_KEYS = {"recipe", "arch", "epochs", "world_size", "device", "top1", "top5", "loss",

@@ -46,6 +46,11 @@ def how(function):
     return f": {sentence}." if sentence else ""
 
 
+def shown(name):
+    """A test file's path as the page shows it: from tests/."""
+    return Path(name).relative_to("tests").as_posix()
+
+
 def times():
     """The table of where the time goes, from tests/times.json."""
     if not TIMES.is_file():
@@ -61,9 +66,8 @@ def times():
              f"{make_test['python']}), timed by `scripts/checks/test_times.py --workers` on {make_test['measured']}: "
              f"{make_test['tests']} tests in {make_test['total_s'] / 60:.1f} minutes on {make_test['workers']} "
              "pytest-xdist workers. ")
-    again = measured.get("measured_again")
-    again = (f" (the rows of {', '.join(Path(name).relative_to('tests').as_posix() for name in again)} measured again "
-             "since, those files alone)" if again else "")
+    again = ", ".join(shown(name) for name in measured.get("measured_again", []))
+    again = f" (the rows of {again} measured again since, those files alone)" if again else ""
     lines = ["\n## Where the time goes\n",
              timed + f"One test at a time, on {measured['cores']} cores ({measured['cpu']}; torch {measured['torch']}, "
              f"Python {measured['python']}), measured by `scripts/checks/test_times.py` on {measured['measured']}: "
@@ -78,8 +82,7 @@ def times():
              "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for name, row in sorted(files.items(), key=lambda item: -sum(item[1][part] for part in parts)):
         seconds = sum(row[part] for part in parts)
-        shown = Path(name).relative_to("tests").as_posix()
-        lines.append(f"| [{shown}](../{name}) | {row['tests']} | {seconds:.0f} | " + " | ".join(
+        lines.append(f"| [{shown(name)}](../{name}) | {row['tests']} | {seconds:.0f} | " + " | ".join(
             f"{row[part]:.0f}" for part in parts) + f" | {row['interpreters']} |")
     for path in test_files():
         name = path.relative_to(ROOT).as_posix()

@@ -26,10 +26,9 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, child_env, free_port, run_python
+from conftest import ROOT, child_env, free_port, launch_ranks, run_python
 
 from recipes import RECIPES
-from scripts.harness import launch
 
 RECIPE_NAMES = [entry.name for entry in RECIPES]
 
@@ -126,9 +125,8 @@ def run_shown(argv, cwd):
         parsed = run.get_args_parser().parse_args(argv[3:])
         given = {token.split("=")[0] for token in argv[3:argv.index(parsed.training_script)]}
         if given <= {"--standalone", "--nproc_per_node", "--nproc-per-node"}:
-            return launch.launch_ranks([sys.executable, parsed.training_script, *parsed.training_script_args],
-                                       int(parsed.nproc_per_node), child_env(), timeout=300, cwd=cwd,
-                                       server_env=child_env())
+            return launch_ranks([sys.executable, parsed.training_script, *parsed.training_script_args],
+                                int(parsed.nproc_per_node), child_env(), timeout=300, cwd=cwd)
     env = {"PET_MASTER_PORT": str(free_port())}  # (torchrun's --master_port, for a plain torchrun)
     return run_python(argv, cwd=cwd, env=env, timeout=300)
 
