@@ -148,16 +148,16 @@ def run_forked(processes, script_and_flags, threads, env=None):
     processes of a parameter-server run spend about 25 s importing torch and torchvision, longer than a short run
     trains. The recipe sees what torchrun gives it, a store that this process holds (as torchrun's agent does)
     included. The ranks' stdout and stderr come as one stream, in the result's stdout; its returncode is the first
-    failing rank's exit code (0 when none failed). The processes die with the fork server, and the server with
-    this process."""
-    if forkserver_threads.setdefault("threads", threads) != threads:  # (numpy's BLAS reads them as it loads)
-        raise ValueError(f"forked runs have the threads of the first one ({forkserver_threads['threads']})")
+    failing rank's exit code (0 when none failed). One process is forked as `python SCRIPT` starts, without
+    torchrun's variables. The processes die with the fork server (one for each number of threads, which numpy's
+    BLAS reads as the server imports it), and the server with this process."""
+    if processes == 1:
+        result = launching.run([sys.executable, *script_and_flags], environment(threads, env),
+                               server_env=environment(threads))
+        return subprocess.CompletedProcess(script_and_flags, result.returncode, result.stdout + result.stderr, "")
     result = launching.launch_ranks([sys.executable, *script_and_flags], processes, environment(threads, env),
                                     server_env=environment(threads), one_stream=True)
     return subprocess.CompletedProcess(script_and_flags, result.first_failure or 0, result.stdout, "")
-
-
-forkserver_threads = {}  # the server starts on the first forked run, with its threads, and serves every later one
 
 
 counts = {"trained": 0, "reused": 0, "reused_s": 0.0}  # this script's runs: trained now, or kept from before

@@ -221,12 +221,15 @@ def run_child(message, fds, base_path):
 
 # ---- the launching process's side -------------------------------------------------------------------------------
 
-server = {}  # the one server of this process: its process and its socket's path
+servers = {}  # this process's servers, one for each OMP_NUM_THREADS: its process and its socket's path
 
 
 def start(env):
-    """The server, started on the first call with env (the tests' child_env(), the measuring's environment), then
-    the same one (started again should it have ended)."""
+    """The server for env's OMP_NUM_THREADS (which numpy's BLAS reads as the server imports it), started on the
+    first call with that number with env (the tests' child_env(), the measuring's environment), then the same one
+    (started again should it have ended). A forked process is given its own env: the server's matters only as
+    it imports."""
+    server = servers.setdefault(env.get("OMP_NUM_THREADS"), {})
     if "process" not in server or server["process"].poll() is not None:
         folder = tempfile.mkdtemp(prefix="forkserver-")
         server["path"] = os.path.join(folder, "socket")

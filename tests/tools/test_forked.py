@@ -208,3 +208,12 @@ def test_the_fork_server_has_imported_what_the_recipes_import(tmp_path):
     result = launch.run([sys.executable, str(tmp_path / "imported.py")], child_env(), ROOT, 60)
     assert result.stdout.split() == ["torch", "torchvision", "byzfl", "recipes.common.data", "recipes.ps.rules",
                                      "recipes.pipeline.stages"]
+
+
+def test_one_fork_server_serves_every_environment_of_the_same_threads(tmp_path):
+    """A launch's environment reaches its process, not its server: launches with other variables share the one
+    server (a server for each would soon hold gigabytes of memory), and another OMP_NUM_THREADS gets its
+    own (tests/tools/test_measuring.py checks the threads each one sees)."""
+    suite = forkserver.start(child_env())
+    assert forkserver.start(child_env({"SOME_VARIABLE": str(tmp_path)})) == suite
+    assert forkserver.start(child_env({"OMP_NUM_THREADS": "2"})) != suite

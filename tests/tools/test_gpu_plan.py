@@ -282,7 +282,8 @@ def test_the_precision_part_on_gpus_runs_fp16_and_bf16_and_a_process_per_gpu(tmp
 
     launched = []
 
-    def fake_train(recipe, processes, flags, out, threads, env=None, launcher=None):
+    def fake_train(recipe, processes, flags, out, threads, env=None, launcher=None, forked=False):
+        assert not forked  # (a timed run starts fresh interpreters; --quick's alone are forked)
         launched.append((recipe, processes, [str(f) for f in flags], env["CUDA_VISIBLE_DEVICES"], launcher))
         out.mkdir(parents=True)
         (out / "metrics.csv").write_text("epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr\n"

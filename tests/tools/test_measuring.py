@@ -75,6 +75,26 @@ def test_forked_runs_get_torchruns_environment_and_a_failing_rank_fails_the_run(
     assert "RuntimeError: a bug in rank 2" in raised  # the traceback reaches the run's output
 
 
+def test_a_forked_run_has_its_own_threads_and_one_process_runs_as_python_does(tmp_path):
+    """Runs of 1 and 2 threads a process, in turn and back (a fork server for each): each sees its own threads,
+    torch's and numpy's BLAS's, which reads them as it loads; one process sees no torchrun variables, as
+    `python SCRIPT` started afresh."""
+    script = tmp_path / "threads.py"
+    script.write_text("import os, numpy, threadpoolctl, torch\n"
+                      "blas = {pool['num_threads'] for pool in threadpoolctl.threadpool_info() if pool['user_api'] == "
+                      "'blas'}\nprint('threads', torch.get_num_threads(), *blas, 'rank', os.environ.get('RANK'))\n")
+    program = ("from scripts.figures import measuring\nif __name__ == '__main__':\n"
+               "    for processes, threads in ((2, 1), (1, 2), (2, 1)):\n"
+               f"        print(measuring.run_forked(processes, [{str(script)!r}], threads).stdout)\n")
+    result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("threads")]
+    assert sorted(lines[:2]) == ["threads 1 1 rank 0", "threads 1 1 rank 1"]
+    assert lines[2] == "threads 2 2 rank None"  # (what one fork server for every run would give: "threads 2 1")
+    assert sorted(lines[3:]) == ["threads 1 1 rank 0", "threads 1 1 rank 1"]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
 def test_no_forked_rank_outlives_the_script_that_forked_it(tmp_path):
     script = tmp_path / "rank.py"

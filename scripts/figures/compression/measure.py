@@ -45,7 +45,8 @@ def main():
     parser.add_argument("--processes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--methods", nargs="+", help="a subset of the --compress values (default: all, and the "
                                                      "fp8s and powersgd with --error-feedback too)")
-    parser.add_argument("--quick", action="store_true", help="lenet at 16 px, for tests and QUICK=1")
+    parser.add_argument("--quick", action="store_true",
+                        help="lenet at 16 px, the processes forked (measuring.run_forked), for tests and QUICK=1")
     parser.add_argument("--runs", default="runs/figures/compression", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where compression.csv goes")
     parser.add_argument("--parts", nargs="+", choices=["accuracy", "cluster"], default=["accuracy", "cluster"],
@@ -69,7 +70,8 @@ def main():
             flags += ["--compress", method, *(["--error-feedback"] if error_feedback else [])]
         threads = max(1, measuring.usable_cores() // processes)
         out = runs / f"{name}-seed{seed}"
-        summary = measuring.train("nd" if method == "serial" else "compression", processes, flags, out, threads)
+        summary = measuring.train("nd" if method == "serial" else "compression", processes, flags, out, threads,
+                                   forked=args.quick)
         train_s = measuring.train_seconds(out)
         rows.append({"method": method, "error_feedback": int(error_feedback), "processes": processes, "seed": seed,
                      "threads": threads, "arch": summary["arch"], "epochs": summary["epochs"],

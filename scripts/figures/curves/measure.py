@@ -44,7 +44,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=measuring.ACCURACY_EPOCHS)
     parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
     parser.add_argument("--global-batch", type=int, default=64, help="split evenly between the processes")
-    parser.add_argument("--quick", action="store_true", help="lenet at 16 px, for tests and QUICK=1")
+    parser.add_argument("--quick", action="store_true",
+                        help="lenet at 16 px, the processes forked (measuring.run_forked), for tests and QUICK=1")
     parser.add_argument("--runs", default="runs/figures/curves", help="where the run directories go")
     parser.add_argument("--figures-data", default="figures/data", help="where the metrics are copied")
     args = parser.parse_args()
@@ -72,7 +73,7 @@ def main():
                      *(VIT_QUICK_SIZE if args.quick and "vit_tiny" in recipe_flags else []),
                      "-b", str(args.global_batch // processes), "--epochs", str(args.epochs), "--seed", str(seed)]
             threads = max(1, measuring.usable_cores() // processes)
-            summary = measuring.train(recipe, processes, flags, out, threads)
+            summary = measuring.train(recipe, processes, flags, out, threads, forked=args.quick)
             print(f"{name} seed {seed}: {processes} process(es), {args.epochs} epochs, top-1 "
                   f"{summary['top1']:.2f} %", flush=True)
             shutil.copy(out / "metrics.csv", copies / f"{name}-seed{seed}.csv")

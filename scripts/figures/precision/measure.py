@@ -95,7 +95,8 @@ def run_name(setup, processes):
 
 def parse_args():
     parser = measuring.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="lenet at 16 px: O0, O1 bf16 and ddp, one round")
+    parser.add_argument("--quick", action="store_true", help="lenet at 16 px: O0, O1 bf16 and ddp, one round, the "
+                        "processes forked (measuring.run_forked)")
     parser.add_argument("--steps", type=int, help="steps per run (default: 12, on CUDA 20, quick 4)")
     parser.add_argument("-b", "--batch-size", type=int, help="per process (default: 32, on CUDA 256, quick 8)")
     parser.add_argument("--repeats", type=int, help="rounds of every set-up (default: 3, quick 1)")
@@ -147,7 +148,8 @@ def main():
         env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), **({"CUDA_VISIBLE_DEVICES": visible_gpus(processes)}
                                                          if cuda else {})}
         out = runs / run_name(name, processes) / f"round{round_}"
-        summary = measuring.train(recipe, processes, flags, out, threads, env=env, launcher=launcher)
+        summary = measuring.train(recipe, processes, flags, out, threads, env=env, launcher=launcher,
+                                   forked=args.quick)
         train = [r for r in measuring.read_csv(out / "metrics.csv") if r["split"] == "train"][0]
         rows.append({"setup": name, "recipe": recipe, "opt_level": summary.get("opt_level", ""),
                      "precision": summary.get("precision", "fp32"), "channels_last": channels_last,
