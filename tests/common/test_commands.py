@@ -17,16 +17,19 @@ The cluster templates (an ImageNet path, several machines, SLURM) cannot run her
 torchrun's by torchrun and the recipe's by the recipe."""
 
 import ast
+import contextlib
 import importlib
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import ROOT, child_env, free_port, launch_ranks, run_python
+from conftest import ROOT, child_env, descendants, free_port, launch_ranks, run_python
 
 from recipes import RECIPES
 
@@ -176,3 +179,80 @@ def test_each_cluster_template_parses(tokens):
     recipe, argv = recipe_argv(tokens)
     args = importlib.import_module(f"recipes.{recipe}.train").parse_args(argv)
     assert str(args.data) == argv[0]
+
+
+def two_node_launches():
+    """{command: the pages showing it} for the two-machine commands of README.md and docs/launching.md, node 0's
+    (README shows it only: "the same command on each")."""
+    launches = {}
+    for where, commands in BLOCKS:
+        if where.split(" block")[0] in ("README.md", "docs/launching.md"):
+            for tokens in commands:
+                if tokens[0] == "torchrun" and "--nnodes=2" in tokens and "--node_rank=0" in tokens:
+                    launches.setdefault(tuple(tokens), []).append(where.split(" block")[0])
+    return launches
+
+
+TWO_NODES = two_node_launches()
+
+
+def on_this_machine(tokens, node, port, data, out):
+    """A two-machine command as node `node` runs it, here: node 0's address this machine's, one process a node,
+    the data and --out given, the model the tests' (its flags after the command's, so they win), 3 epochs."""
+    addresses = {"--nproc_per_node": "1", "--master_addr": "127.0.0.1", "--master_port": str(port),
+                 "--node_rank": str(node)}
+    argv = [f"{t.split('=')[0]}={addresses[t.split('=')[0]]}" if t.split("=")[0] in addresses else t
+            for t in tokens[1:]]
+    recipe = next(i for i, t in enumerate(argv) if RECIPE.match(t))
+    argv[recipe + 1] = str(data)  # (the data set's path)
+    argv[argv.index("--out") + 1] = str(out)
+    warmup = ["--warmup-epochs", "1"] if "--warmup-epochs" in argv else []
+    return [sys.executable, "-m", "torch.distributed.run", *argv, *TINY_FLAGS, *warmup, "--epochs", "3"]
+
+
+TINY_FLAGS = ["-a", "lenet", "-b", "4", "--image-size", "16", "-j", "0", "--seed", "0", "-p", "1"]
+
+
+def test_the_pages_two_machine_launch_is_the_same_command_on_each_node_and_resumable():
+    assert {page for pages in TWO_NODES.values() for page in pages} == {"README.md", "docs/launching.md"}
+    for where, commands in BLOCKS:
+        pair = [tokens for tokens in commands if "--nnodes=2" in tokens and tokens[0] == "torchrun"]
+        if where.startswith("docs/launching.md") and len(pair) == 2:
+            assert [t.replace("--node_rank=1", "--node_rank=0") for t in pair[1]] == pair[0]
+    assert all("--auto-resume" in tokens and "--out" in tokens for tokens in TWO_NODES)
+
+
+@pytest.mark.parametrize("tokens", list(TWO_NODES), ids=[" and ".join(pages) for pages in TWO_NODES.values()])
+def test_the_two_machine_launch_resumes_when_launched_again_after_a_kill(tokens, tiny_data, tmp_path):
+    """Both nodes (torchrun agents on this machine) are SIGKILLed, as a preempted job's are, after the first
+    epoch's checkpoint and before the run ends; the same two commands launched again continue from --out's
+    checkpoint and finish."""
+    out, outputs = tmp_path / "run", []
+    for launch_number in (1, 2):
+        port = free_port()
+        logs = [tmp_path / f"launch{launch_number}-node{node}.out" for node in (0, 1)]
+        nodes = [subprocess.Popen(on_this_machine(tokens, node, port, tiny_data, out), cwd=ROOT, env=child_env(),
+                                  stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+                 for node, log in zip((0, 1), logs)]
+        try:
+            if launch_number == 1:
+                deadline = time.monotonic() + 240
+                while not (out / "checkpoint.pt").exists() and time.monotonic() < deadline:
+                    assert all(node.poll() is None for node in nodes), logs[0].read_text()[-3000:]
+                    time.sleep(0.1)
+                every = [pid for node in nodes for pid in (node.pid, *descendants(node.pid))]
+                for number in (signal.SIGSTOP, signal.SIGKILL):  # every process of both nodes (torchrun's workers
+                    for pid in every:  # are sessions of their own), stopped first so that none reacts
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, number)
+            codes = [node.wait(timeout=240) for node in nodes]
+        finally:
+            for node in nodes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.pid, signal.SIGKILL)
+        outputs.append(logs[0].read_text())
+        if launch_number == 1:
+            assert not (out / "summary.json").exists()  # (killed before the run's end)
+    assert codes == [0, 0], outputs[-1][-3000:]
+    assert "resuming" in outputs[1], outputs[1][-3000:]
+    assert json.loads((out / "summary.json").read_text())["epochs"] == 3

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (ROOT, TINY, alive, child_env, free_port, injected, read_summary, recipe_command, run_recipe,
-                      start_python, wait_for_line)
+from conftest import (ROOT, TINY, alive, child_env, descendants, free_port, injected, read_summary, recipe_command,
+                      run_recipe, start_python, wait_for_line)
 
 # random flips make the comparison sensitive to the random state a resume restores
 # -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps. A SIGTERM after step 9
@@ -118,25 +118,6 @@ def test_sigterm_to_the_whole_process_group_spares_the_loader_workers(tiny_data,
     assert result.returncode == 75, result.stderr[-3000:]
     assert result.stderr == ""
     assert load(out / "checkpoint.pt")["step"] == 4
-
-
-def descendants(pid):
-    """{pid: name} of every living process below pid, read from /proc."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            name, fields = stat.read_text().rsplit(")", 1)
-        except OSError:  # ended meanwhile
-            continue
-        state, parent = fields.split()[:2]
-        if state not in "ZX":  # a zombie has ended; it only waits for its parent to collect it
-            children.setdefault(int(parent), []).append((int(stat.parent.name), name.split("(", 1)[1]))
-    found, todo = {}, [pid]
-    while todo:
-        for child, name in children.get(todo.pop(), []):
-            found[child] = name
-            todo.append(child)
-    return found
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")

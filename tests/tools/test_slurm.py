@@ -10,9 +10,13 @@ import subprocess
 import sys
 import time
 
+from unittest import mock
+
 import pytest
 import torch
 from conftest import ROOT, TINY, child_env
+
+from recipes.common import cli
 
 SBATCH = ROOT / "scripts" / "slurm_ddp.sbatch"
 JOB_ID = 12345
@@ -88,24 +92,40 @@ def sbatch(tmp_path, standins, args=(), job_id=JOB_ID, popen=False, **env):
                           timeout=300)
 
 
+def default_workers(cores, processes, cuda):
+    """What recipes/common/cli.py's default_workers gives a process of `processes` on `cores` cores."""
+    with mock.patch.object(cli, "usable_cores", return_value=cores), \
+            mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": str(processes)}), \
+            mock.patch.object(torch.cuda, "is_available", return_value=cuda):
+        return cli.default_workers(spawns_per_device=False)
+
+
 def calls(tmp_path):
     path = tmp_path / "calls.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.mark.parametrize("slurm_gpus, node_gpus, nproc, workers, why", [
-    ("", "", 1, 8, "no GPU"), ("4", "8", 4, 2, "GPUs allocated by SLURM"),
-    ("", "2", 2, 4, "GPUs on the node, none allocated by SLURM")])
+@pytest.mark.parametrize("slurm_gpus, node_gpus, cpus, nproc, workers, why", [
+    ("", "", {"SLURM_CPUS_PER_TASK": "8"}, 1, 4, "no GPU"),  # a CPU trains: at most 4 workers
+    ("", "", {"SLURM_CPUS_PER_TASK": "2"}, 1, 2, "no GPU"),
+    ("4", "8", {"SLURM_CPUS_PER_TASK": "8"}, 4, 1, "GPUs allocated by SLURM"),  # 8 / 4 less one
+    ("8", "8", {"SLURM_CPUS_PER_TASK": "", "SLURM_CPUS_ON_NODE": "64"}, 8, 7, "GPUs allocated by SLURM"),  # --exclusive
+    ("", "2", {"SLURM_CPUS_PER_TASK": "8"}, 2, 3, "GPUs on the node, none allocated by SLURM")])
 def test_one_torchrun_per_node_with_a_process_per_gpu_and_the_arguments_after_the_defaults(
-        tmp_path, standins, slurm_gpus, node_gpus, nproc, workers, why):
+        tmp_path, standins, slurm_gpus, node_gpus, cpus, nproc, workers, why):
+    """The loader workers follow the recipes' own rule (cli.default_workers, checked beside it below) on the CPUs
+    SLURM gives the task, which srun is told: from Slurm 22.05 to 23.02 a step does not inherit them."""
     result = sbatch(tmp_path, standins, ["-a", "lenet", "--epochs", "3"], SLURM_GPUS_ON_NODE=slurm_gpus,
-                    STANDIN_GPUS=node_gpus)
+                    STANDIN_GPUS=node_gpus, **cpus)
     assert result.returncode == 0, result.stderr
-    assert f"node(s) x {nproc} process(es) ({why}), -j {workers}" in result.stdout
+    given = cpus["SLURM_CPUS_PER_TASK"] or cpus["SLURM_CPUS_ON_NODE"]
+    assert f"node(s) x {nproc} process(es) ({why}), {given} CPUs, -j {workers}" in result.stdout
+    assert workers == default_workers(int(given), nproc, cuda=why != "no GPU")
     [srun] = calls(tmp_path)
     assert srun["cwd"] == str(ROOT)  # submitted from elsewhere, run from the repository
     command = srun["srun"]
-    assert command[:3] == ["--kill-on-bad-exit=1", sys.executable, "scripts/preemptible_torchrun.py"]
+    assert command[:4] == ["--kill-on-bad-exit=1", f"--cpus-per-task={given}", sys.executable,
+                           "scripts/preemptible_torchrun.py"]
     assert "--nnodes=2" in command and f"--nproc_per_node={nproc}" in command
     port = 10000 + JOB_ID % 20000
     assert f"--rdzv_endpoint=node-a:{port}" in command and f"--rdzv_id={JOB_ID}" in command
@@ -121,6 +141,12 @@ def test_jobs_on_one_node_get_different_ports_and_recipe_picks_the_script(tmp_pa
     assert f"--rdzv_endpoint=node-a:{10000 + (JOB_ID + 1) % 20000}" in command
     recipe = command.index("recipes/apex/train.py")
     assert command[recipe + 1] == "/data/x" and command[-2:] == ["--out", "runs/mine"]
+
+
+@pytest.mark.parametrize("out, shown", [("runs/mine", f"{ROOT}/runs/mine"), ("/shared/runs/x", "/shared/runs/x")])
+def test_the_first_line_names_the_run_directory_as_it_is(tmp_path, standins, out, shown):
+    result = sbatch(tmp_path, standins, OUT=out)
+    assert result.stdout.splitlines()[0].endswith(f"run directory {shown}"), result.stdout
 
 
 @pytest.mark.parametrize("env, message", [
