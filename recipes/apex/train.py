@@ -59,7 +59,7 @@ def main(args):
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)
 
     data.set_seed(args.seed)
-    model = models.build_model(args.arch, num_classes, args.image_size).to(device)
+    model = models.build_model(args.arch, num_classes, args.image_size, args.weights).to(device)
     if args.sync_bn:  # BatchNorm statistics over the global batch (CUDA only)
         model = distributed.sync_batchnorm(model, device, log)
     global_batch = args.batch_size * ctx.world_size * args.accum_steps

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from recipes.common import RecipeError, distributed
+from recipes.common import RecipeError, distributed, models
 
 CLASSIC_LR_STEPS = (30, 60, 80)  # epochs of the 90-epoch ImageNet ResNet schedule
 
@@ -77,6 +77,14 @@ def build_parser(recipe, description):
                         help="data loader processes per training process (default: the cores this process may use "
                              "shared out among this node's training processes, one left to each of them on CUDA; "
                              "at most 4 on CPU, where training needs the cores)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--pretrained", dest="weights", action="store_const", const=models.PRETRAINED,
+                       help="start from torchvision's default weights for --arch (ImageNet's), read from torch.hub's "
+                            "cache ($TORCH_HOME/hub/checkpoints) or downloaded; a classifier for another number of "
+                            "classes starts afresh (fine-tuning on a folder of one's own)")
+    start.add_argument("--weights", metavar="FILE",
+                       help="start from this state dict (saved with torch.save(model.state_dict()), or a recipe's "
+                            "checkpoint.pt or best.pt), the classifier as --pretrained's")
     parser.add_argument("--resume", metavar="PATH", help="checkpoint to resume from (or evaluate with -e)")
     parser.add_argument("--auto-resume", action="store_true",
                         help="resume from <out>/checkpoint.pt when it exists, so that a relaunch or a torchrun "

@@ -56,17 +56,67 @@ def check_arch(arch, image_size=224):
                           f"is not a multiple of {vit_patch(arch)}")
 
 
-def build_model(arch, num_classes, image_size=224):
+PRETRAINED = "torchvision"  # --pretrained: args.weights names torchvision's default weights of --arch
+
+
+def build_model(arch, num_classes, image_size=224, weights=None):
     """The model --arch names, for num_classes classes; a vision transformer is built for --image-size (its
-    position embeddings are one per patch)."""
+    position embeddings are one per patch). weights (--weights FILE, or PRETRAINED for --pretrained): its
+    starting weights, the classifier's left as built where the class counts differ (fine-tuning)."""
     check_arch(arch, image_size)
     if arch == "lenet":
-        return lenet(num_classes)
-    if arch == "vit_tiny":
-        return vit_tiny(num_classes, image_size)
-    if vit_patch(arch):  # torchvision's ViTs
-        return torchvision.models.get_model(arch, weights=None, num_classes=num_classes, image_size=image_size)
-    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+        model = lenet(num_classes)
+    elif arch == "vit_tiny":
+        model = vit_tiny(num_classes, image_size)
+    elif vit_patch(arch):  # torchvision's ViTs
+        model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes, image_size=image_size)
+    else:
+        model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    if weights:
+        load_weights(model, *starting_state(arch, weights))
+    return model
+
+
+def starting_state(arch, weights):
+    """(the state dict, where it came from) of --weights FILE (a model's state dict, or a recipe's checkpoint)
+    or --pretrained: torchvision's default weights for arch, from torch.hub's cache, downloaded where online."""
+    if weights == PRETRAINED:
+        if arch in ("lenet", "vit_tiny"):
+            raise RecipeError(f"--pretrained: torchvision has no weights for -a {arch} (use --weights FILE)")
+        entry = torchvision.models.get_model_weights(arch).DEFAULT
+        try:
+            return entry.get_state_dict(progress=False), f"--pretrained ({entry})"
+        except OSError as error:  # (urllib's URLError is one: offline, or no such host)
+            cache = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(entry.url))
+            reason = getattr(error, "reason", error)
+            raise RecipeError(f"--pretrained: {cache} is not there and {entry.url} could not be downloaded "
+                              f"({reason}); put the file there, or pass --weights FILE") from None
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise RecipeError(f"--weights {weights}: no such file") from None
+    except Exception as error:  # (a pickle torch refuses, a file that is no torch file)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RecipeError(f"--weights {weights}: not a state dict torch.load reads ({reason})") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a recipe's checkpoint.pt or best.pt
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
+        raise RecipeError(f"--weights {weights}: not a model's state dict (names to tensors)")
+    return state, f"--weights {weights}"
+
+
+def load_weights(model, state, source):
+    """state into model, but for the classifier (the last Linear layer) where its shape differs: a model for
+    another number of classes keeps its own, newly initialised. Anything else that does not fit is one error."""
+    own = model.state_dict()
+    last = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)][-1:]
+    head = {f"{name}.{part}" for name in last for part in ("weight", "bias")}
+    differ = {key for key in own.keys() & state.keys() if own[key].shape != state[key].shape}
+    wrong = sorted((differ - head) | (own.keys() - state.keys() - head) | (state.keys() - own.keys()))
+    if wrong:
+        raise RecipeError(f"{source} does not fit this model: {len(wrong)} weight(s) missing, extra or of "
+                          f"another shape, {', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}")
+    model.load_state_dict({key: value for key, value in state.items() if key not in differ}, strict=False)
 
 
 class PatchEmbedding(nn.Module):

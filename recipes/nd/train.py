@@ -47,7 +47,7 @@ def main(args):
     val_loader = data.val_loader(val_set, args)
 
     data.set_seed(args.seed)
-    model = models.build_model(args.arch, num_classes, args.image_size).to(device)
+    model = models.build_model(args.arch, num_classes, args.image_size, args.weights).to(device)
     global_batch = args.batch_size * args.accum_steps
     lr = args.lr * global_batch / 256  # linear scaling rule: --lr is for a global batch of 256
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)  # (validation: plain cross-entropy)

@@ -171,7 +171,7 @@ def main(args):
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)  # every rank evaluates a shard
 
     data.set_seed(args.seed)
-    model = models.build_model(args.arch, num_classes, args.image_size)
+    model = models.build_model(args.arch, num_classes, args.image_size, args.weights)
     parts, shapes, costs = stages.split_model(model, args, log)  # (each stage's input: PipeDream's receives)
     model.to(device)
     for tensor in model.state_dict().values():  # every replica starts from rank 0's weights, as with DDP

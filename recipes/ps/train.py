@@ -165,7 +165,7 @@ def main(args):
     roles.check_data(args, layout, len(worker_sampler), held_out)
 
     data.set_seed(args.seed)
-    model = models.build_model(args.arch, num_classes, args.image_size).to(device)
+    model = models.build_model(args.arch, num_classes, args.image_size, args.weights).to(device)
     sync = args.mode == "sync"
     global_batch = args.batch_size * (layout.workers if sync else 1)  # what one update averages over
     lr = args.lr * global_batch / 256  # linear scaling rule: --lr is for a global batch of 256
