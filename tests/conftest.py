@@ -50,25 +50,6 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
-def descendants(pid):
-    """{pid: name} of every living process below pid, read from /proc."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            name, fields = stat.read_text().rsplit(")", 1)
-        except OSError:  # ended meanwhile
-            continue
-        state, parent = fields.split()[:2]
-        if state not in "ZX":  # a zombie has ended; it only waits for its parent to collect it
-            children.setdefault(int(parent), []).append((int(stat.parent.name), name.split("(", 1)[1]))
-    found, todo = {}, [pid]
-    while todo:
-        for child, name in children.get(todo.pop(), []):
-            found[child] = name
-            todo.append(child)
-    return found
-
-
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

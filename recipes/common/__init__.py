@@ -28,3 +28,9 @@ class RunFailed(RecipeError):
     """The run cannot go on (a peer died, training diverged): one line and exit code 1."""
 
     exit_code = 1
+
+
+def first_line(error):
+    """The error's first sentence: what torch found, without its advice (which the line's own words give)."""
+    text = str(error).strip()
+    return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__

@@ -42,7 +42,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from recipes.common import RecipeError, data, distributed, faults, safe_dcp, sharding
+from recipes.common import RecipeError, data, distributed, faults, first_line, safe_dcp, sharding
 
 
 class Checkpoint:
@@ -201,7 +201,7 @@ def load_sharded(path, model, optimizer, arch, num_classes, log, group=None):
         if isinstance(cause, RecipeError):
             raise cause from None
         raise RecipeError(f"sharded checkpoint {path} is corrupt or does not fit this model and optimizer: "
-                          f"{_first_line(cause)}") from None
+                          f"{first_line(cause)}") from None
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
     world_size = dist.get_world_size(group) if dist.is_initialized() else 1
     if meta["world_size"] != world_size:
@@ -217,7 +217,7 @@ def _load_rng(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # (weights_only refuses code; a cut-off file fails to unpickle)
         raise RecipeError(f"{path} is corrupt or not the random states of a sharded checkpoint: "
-                          f"{_first_line(error)}") from None
+                          f"{first_line(error)}") from None
 
 
 def _barrier():
@@ -239,9 +239,9 @@ def load(path, device, mmap=False):
         if "Weights only load failed" in str(error):
             raise RecipeError(f"refusing to load {path}: it holds Python objects other than tensors and "
                               f"plain containers (possibly code), which weights_only loading blocks") from None
-        raise RecipeError(f"checkpoint {path} is corrupt or truncated ({_first_line(error)})") from None
+        raise RecipeError(f"checkpoint {path} is corrupt or truncated ({first_line(error)})") from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
-        raise RecipeError(f"checkpoint {path} is corrupt or truncated ({_first_line(error)})") from None
+        raise RecipeError(f"checkpoint {path} is corrupt or truncated ({first_line(error)})") from None
     if not isinstance(state, dict) or "model" not in state or "arch" not in state:
         raise RecipeError(f"{path} is not a checkpoint of these recipes (no 'model' and 'arch' entries)")
     return state
@@ -323,7 +323,7 @@ def restore(state, path, arch, num_classes, model, optimizer=None, scheduler=Non
         elif ema is not None and state["model"] is not None:
             ema.module.load_state_dict(state["model"])
     except (RuntimeError, KeyError, ValueError) as error:
-        raise RecipeError(f"checkpoint {path} does not fit this model: {_first_line(error)}") from None
+        raise RecipeError(f"checkpoint {path} does not fit this model: {first_line(error)}") from None
     step, saved_batch = state.get("step", 0), state.get("global_batch")
     if global_batch and saved_batch and saved_batch != global_batch:
         if step:  # the same images done, counted in this run's global batch (rounded down)
@@ -370,9 +370,3 @@ def _check_every_rank_agrees(path, epoch, step, group=None):
     if len(set(positions)) > 1:
         raise RecipeError(f"the ranks loaded {path} at different points (epoch, step): {positions}; is --out on a "
                           f"file system that every node sees, with no stale cached copy?")
-
-
-def _first_line(error):
-    """The error's first sentence: what torch found, without its advice (which the line's own words give)."""
-    text = str(error).strip()
-    return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__

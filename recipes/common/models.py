@@ -9,7 +9,7 @@ import torchvision
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from recipes.common import RecipeError
+from recipes.common import RecipeError, first_line
 
 
 def lenet(num_classes):
@@ -96,8 +96,7 @@ def starting_state(arch, weights):
     except FileNotFoundError:
         raise RecipeError(f"--weights {weights}: no such file") from None
     except Exception as error:  # (a pickle torch refuses, a file that is no torch file)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RecipeError(f"--weights {weights}: not a state dict torch.load reads ({reason})") from None
+        raise RecipeError(f"--weights {weights}: not a state dict torch.load reads ({first_line(error)})") from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a recipe's checkpoint.pt or best.pt
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):

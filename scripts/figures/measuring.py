@@ -85,27 +85,9 @@ def hardware():
             "gpu": f"{gpus} x {torch.cuda.get_device_name()}" if gpus else None, "torch": torch.__version__}
 
 
-def descendants(pid):
-    """The processes pid started, and theirs, from /proc (torchrun starts its workers in sessions of their own, so
-    a signal to the launcher's process group misses them)."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def kill_tree(process):
     """SIGKILL a Popen'd process, every process it started (stopped ones too) and its process group; then reap it."""
-    for pid in [*descendants(process.pid), process.pid]:
+    for pid in [*launching.descendants(process.pid), process.pid]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

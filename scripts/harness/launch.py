@@ -179,6 +179,26 @@ def launch_ranks(command, nproc, env, timeout=None, grace=10, cwd=ROOT, server_e
     return result
 
 
+def descendants(pid):
+    """{pid: name} of every living process below pid, read from /proc (torchrun starts its workers in sessions
+    of their own, so a signal to the launcher's process group misses them)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, fields = stat.read_text().rsplit(")", 1)
+        except OSError:  # ended meanwhile
+            continue
+        state, parent = fields.split()[:2]
+        if state not in "ZX":  # a zombie has ended; it only waits for its parent to collect it
+            children.setdefault(int(parent), []).append((int(stat.parent.name), name.split("(", 1)[1]))
+    found, todo = {}, [pid]
+    while todo:
+        for child, name in children.get(todo.pop(), []):
+            found[child] = name
+            todo.append(child)
+    return found
+
+
 def spawn(function, args, nprocs, env, timeout=300):
     """torch.multiprocessing.spawn(function, args, nprocs) with forked processes: function(rank, *args) in each
     (function and args pickled; function from a module the fork server can import from its file's folder and

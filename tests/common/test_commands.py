@@ -29,9 +29,10 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, child_env, descendants, free_port, launch_ranks, run_python
+from conftest import ROOT, child_env, free_port, launch_ranks, run_python
 
 from recipes import RECIPES
+from scripts.harness.launch import descendants
 
 RECIPE_NAMES = [entry.name for entry in RECIPES]
 

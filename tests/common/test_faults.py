@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (ROOT, TINY, alive, child_env, descendants, free_port, injected, read_summary, recipe_command,
-                      run_recipe, start_python, wait_for_line)
+from conftest import (ROOT, TINY, alive, child_env, free_port, injected, read_summary, recipe_command, run_recipe,
+                      start_python, wait_for_line)
+
+from scripts.harness.launch import descendants
 
 # random flips make the comparison sensitive to the random state a resume restores
 # -p 100: SIGTERM and NaN checks happen after every step, not every --print-freq steps. A SIGTERM after step 9
