@@ -34,9 +34,11 @@ GPU_PY := $(if $(filter command line,$(origin PY)),$(PY),$(if $(wildcard $(VENV)
 COMPAT_VENV := .venv-2.11
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_PACKAGES := torch==2.11.0 torchvision==0.26.0 tensorboard tqdm matplotlib numpy pillow scipy seaborn pandas pytest
-# the documented commands, the forked ranks against torchrun's, the device check's rehearsal, and the recipes' tests
-# but test_recipes.py (under torch 2.11 its evaluation at 1, 2 and 3 processes hangs after the file's earlier tests)
+# the documented commands, the forked ranks against torchrun's, the device check's rehearsal, the SLURM script, and
+# the recipes' tests but test_recipes.py (under torch 2.11 its evaluation at 1, 2 and 3 processes hangs after the
+# file's earlier tests)
 COMPAT_TESTS := tests/common/test_commands.py tests/tools/test_forked.py tests/tools/test_gpu_check.py \
+	tests/tools/test_slurm.py \
 	$(filter-out tests/recipes/test_recipes.py,$(wildcard tests/recipes/test_*.py))
 WHEELS := .wheels
 STAND_IN ?=
