@@ -152,3 +152,25 @@ def test_make_with_no_target_lists_the_targets_and_installs_nothing(tmp_path):
     assert "pip" not in result.stdout and "venv" not in result.stdout.split("\n", 1)[0]
     shown = make().stdout
     assert shown.startswith("make demo ") and "make figures QUICK=1" in shown and "make gpu-check" in shown
+
+
+def test_the_tests_of_one_xdist_group_run_on_one_worker(tmp_path):
+    """make test's --dist loadgroup keeps an xdist_group's tests on one worker (tests/README.md): a cluster's, whose
+    links are timed, and a module fixture's, which runs once. pytest 9.2 broke it silently (pytest-xdist#1386: the
+    tests were spread as if unmarked), which constraints.txt's pin of pytest keeps out."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import os, time, pytest\n"
+        "@pytest.mark.xdist_group('one')\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_grouped(i):\n"
+        "    time.sleep(0.2)\n"
+        "    open(f'grouped{i}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_free(i):\n"
+        "    time.sleep(0.2)\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
+                             "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path), "test_grouped.py"],
+                            cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:]
+    workers = {(tmp_path / f"grouped{i}").read_text() for i in range(6)}
+    assert len(workers) == 1, workers
