@@ -12,8 +12,9 @@
 # make figures-gpu            on a machine with CUDA: the GPU table into figures/data/gpu/ and the pages, and on a
 #                             node with more GPUs scaling and compression: ONLY="table scaling compression" (all)
 # make gpu-smoke              on a machine with CUDA: every recipe's one-GPU path, a few steps each
-# make gpu-check              the device command (docs/gpus.md): preflight, gpu-smoke, then the GPU table's runs that
-#                             fit in 9 minutes; into figures/data/gpu/ and the pages. STAND_IN=1: rehearsed on a CPU
+# make gpu-check              the device command (scripts/gpu/README.md): preflight, gpu-smoke, then the GPU
+#                             table's runs that fit in 9 minutes; into figures/data/gpu/ and the pages. STAND_IN=1:
+#                             rehearsed on a CPU
 # make gpu-wheels             the wheels a GPU node without a package index lacks (byzfl), into .wheels/ to carry there
 # make test-compat            the compatibility run: under torch 2.11 (.venv-2.11, the GPU nodes' packages, nothing of
 #                             this project installed) the rehearsal of gpu-check, then the documented commands, the
@@ -171,7 +172,7 @@ figures-gpu: gpu-check-figures-gpu $(if $(filter table,$(GPU_ONLY)),$(GPU_JPEG_D
 gpu-smoke: gpu-check-gpu-smoke
 	$(GPU_PY) scripts/gpu/smoke.py
 
-# the device command: what a lent GPU runs in one call (scripts/gpu/check.py; docs/gpus.md)
+# the device command: what a lent GPU runs in one call (scripts/gpu/check.py; scripts/gpu/README.md)
 gpu-check:
 	$(GPU_PY) scripts/gpu/check.py $(if $(filter-out 0,$(STAND_IN)),--stand-in) $(if $(ARCHIVE),--archive $(ARCHIVE))
 

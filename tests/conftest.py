@@ -123,7 +123,8 @@ def launch_ranks(command, nproc, env, timeout, cwd=ROOT):
 
 SUMMARY_KEYS = {"recipe", "arch", "epochs", "world_size", "device", "top1", "top5", "loss",
                 "images_per_s", "wall_s", "torch"}
-CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr"]
+CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr",
+              "process_images_per_s", "skipped_steps"]
 
 
 def assert_complete_run_dir(out, recipe, world_size, epochs=1):
@@ -136,6 +137,9 @@ def assert_complete_run_dir(out, recipe, world_size, epochs=1):
         rows = list(reader)
     assert [(int(r["epoch"]), r["split"]) for r in rows] == [
         (e, s) for e in range(1, epochs + 1) for s in ("train", "val")]
+    for row in rows:  # images/s a process: the run's, shared among all its processes (whatever their role)
+        assert float(row["process_images_per_s"]) * world_size == pytest.approx(float(row["images_per_s"]),
+                                                                                 rel=1e-3, abs=0.01 * world_size)
     summary = read_summary(out)
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["recipe"] == recipe and summary["world_size"] == world_size

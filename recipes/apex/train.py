@@ -5,6 +5,7 @@
 Compared with recipes/ddp/train.py: autocast runs the forward pass and the loss in
 fp16/bf16 where that is safe, and for fp16 a GradScaler scales the loss up so that
 small gradients do not underflow, unscales them, and skips a step that overflowed.
+O2 (apex's: fp16/bf16 weights but BatchNorm, fp32 master copies in the optimizer),
 O0-O3, apex.amp itself and --channels-last: recipes/common/amp.py.
 """
 

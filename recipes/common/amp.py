@@ -4,8 +4,9 @@
 |-------------|-----------------------------------------|-----------------------------------------------|
 | O0          | fp32                                    | fp32, autocast off                            |
 | O1          | cast per op to fp16, dynamic loss scale | autocast(dtype) + GradScaler when fp16        |
-| O2          | fp16 weights + fp32 master copy         | as O1: autocast keeps the fp32 weights as the |
-|             | + fp32 BatchNorm, dynamic loss scale    | master copy and casts per op                  |
+| O2          | fp16 weights + fp32 master copy         | model.to(dtype) but BatchNorm, inputs cast in |
+|             | + fp32 BatchNorm, dynamic loss scale    | and logits out; the optimizer steps fp32      |
+|             |                                         | copies (MasterWeights) + GradScaler for fp16  |
 | O3          | pure fp16, no loss scaling (a speed     | model.to(dtype), autocast, no GradScaler      |
 |             | baseline, may not converge)             |                                               |
 
@@ -15,9 +16,11 @@ GradScaler skips a step whose gradients overflowed without asking the host when 
 optimizer is fused (the recipes' SGD on CUDA takes the scale and the overflow flag
 on the device); an unfused one (ZeroRedundancyOptimizer, SGD over fully_shard's
 DTensors) makes it read the flag on the host, once per fp16 step.
+The run counts the steps the scaler skipped (bookkeeping.Run.skipped_step), on the device.
 fsdp_policy() maps the same flags onto FSDP2's MixedPrecisionPolicy: O1 and O2 gather
 the weights in fp16/bf16 for forward and backward and reduce the gradients in fp32;
-O3 reduces them in fp16/bf16 too; the sharded fp32 weights are the master copy.
+O3 reduces them in fp16/bf16 too; the sharded fp32 weights are the master copy (O2's
+by construction).
 """
 
 import dataclasses
@@ -26,6 +29,7 @@ import types
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -80,14 +84,87 @@ def initialize(model, optimizer, args, device, log):
     else:
         if opt_level == "O3":  # pure low precision: no fp32 weights at all (the optimizer keeps the same tensors)
             model = model.to(dtype)
-        scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16 and opt_level in ("O1", "O2"))
+        enabled = dtype == torch.float16 and opt_level in ("O1", "O2")
+        if opt_level == "O2":  # apex's: the model in low precision (BatchNorm fp32), the optimizer on fp32 copies
+            scaler = MasterWeights(model, optimizer, dtype, device.type, enabled=enabled)
+        else:
+            scaler = torch.amp.GradScaler(device.type, enabled=enabled)
         if scaler.is_enabled():
             zero_momentum(optimizer)
-        use_autocast = opt_level != "O0"
+        use_autocast = opt_level in ("O1", "O3")  # (O2 casts once, at the model's input, as apex did)
+    masters = (f"weights {DTYPE_NAMES[dtype]} but BatchNorm's, fp32 master copies in the optimizer, "
+               if opt_level == "O2" and args.amp_backend != "apex" else "")
     log.print(f"mixed precision: opt level {opt_level} ({'fp32' if opt_level == 'O0' else DTYPE_NAMES[dtype]}, "
-              f"{args.amp_backend}): autocast {'on' if use_autocast else 'off'}, loss scaling "
+              f"{args.amp_backend}): {masters}autocast {'on' if use_autocast else 'off'}, loss scaling "
               f"{'on' if args.amp_backend == 'apex' or scaler.is_enabled() else 'off'}")
     return model, optimizer, scaler, functools.partial(torch.autocast, device.type, dtype=dtype, enabled=use_autocast)
+
+
+class MasterWeights(torch.amp.GradScaler):
+    """apex's O2 on torch's pieces: the model's weights in fp16/bf16 but BatchNorm's (its statistics need fp32), its
+    input cast to that type and its logits back to fp32 (the loss in fp32), and the optimizer stepping fp32 master
+    copies of the weights, so that updates smaller than a half-precision step still add up.
+
+    A GradScaler (disabled for bf16: no loss scaling) whose step() does what apex hid in scale_loss and its patched
+    optimizer.step: copy the model's gradients into the masters' (as fp32), step the masters (unscaled; skipped
+    after an overflow), copy them back into the model. Checkpoints hold the masters (a state_dict hook), so that
+    they resume exactly and load into any recipe's fp32 model.
+    """
+
+    def __init__(self, model, optimizer, dtype, device_type, enabled):
+        super().__init__(device_type, enabled=enabled)
+        if dist.is_initialized():  # rank 0's, as DDP would make them, but in fp32: DDP sees only the half copy
+            for param in model.parameters():
+                dist.broadcast(param.detach(), 0)
+        names = {param: name for name, param in model.named_parameters()}
+        self.masters = {name: param.detach().clone().requires_grad_() for param, name in names.items()}
+        for group in optimizer.param_groups:
+            group["params"] = [self.masters[names[param]] for param in group["params"]]
+        model.to(dtype)
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.float()
+        self.pairs = [(param, self.masters[name]) for name, param in model.named_parameters()]
+        model.register_forward_pre_hook(lambda module, inputs: cast(inputs, dtype))
+        model.register_forward_hook(lambda module, inputs, output: cast(output, torch.float32))
+        model.register_state_dict_post_hook(functools.partial(masters_into_state, self.masters))
+        model.register_load_state_dict_pre_hook(functools.partial(state_into_masters, self.masters))
+
+    def step(self, optimizer, *args, **kwargs):
+        for param, master in self.pairs:
+            if param.grad is not None:
+                master.grad, param.grad = param.grad.float(), None  # (the model's are set to none here)
+        result = super().step(optimizer, *args, **kwargs)  # unscales the masters' gradients, skips an overflow
+        with torch.no_grad():
+            for param, master in self.pairs:
+                param.copy_(master)
+        return result
+
+
+def masters_into_state(masters, module, state, prefix, local_metadata):
+    """O2's state_dict hook: the fp32 masters in place of the model's fp16/bf16 weights."""
+    for name, master in masters.items():
+        state[prefix + name] = master.detach().clone()
+
+
+@torch.no_grad()
+def state_into_masters(masters, module, state, prefix, *unused):
+    """O2's load_state_dict hook: the fp32 weights loaded into the masters too (the model takes them rounded)."""
+    for name, master in masters.items():
+        value = state.get(prefix + name)
+        if value is not None and value.shape == master.shape:  # (else load_state_dict reports it)
+            master.copy_(value)
+
+
+def cast(value, dtype):
+    """value with its floating-point tensors (also inside tuples, lists and dicts) in dtype."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(cast(item, dtype) for item in value)
+    if isinstance(value, dict):
+        return {key: cast(item, dtype) for key, item in value.items()}
+    return value
 
 
 def say_channels_last(model, log):

@@ -21,6 +21,7 @@ at the same points: some of them talk to the other ranks.
 
 import contextlib
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -40,6 +41,7 @@ class Run:
         pipeline's replica r draws ddp's rank r's)."""
         self.args, self.log, self.device, self.autocast = args, log, device, autocast
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
+        self.scaler, self.scale = scaler, None  # (the loss scale after the last step: skipped_step)
         self.accum_steps, self.steps_per_epoch = args.accum_steps, steps_per_epoch
         self.group, self.gather = group, gather
         self.control = control if group is not None else distributed.control_group()
@@ -120,11 +122,10 @@ class Run:
         device: faults.StopCheck). check_stop=False leaves the checks (a collective) to a
         later step, one where ranks that do not move in lockstep all meet (the pipeline's partial reduce)."""
         args, step = self.args, self.step
-        self.meter.optimizer_step()
+        self.meter.optimizer_step(self.skipped_step())
         if step % args.print_freq == 0:
-            rate = self.meter.images_per_s()
-            self.log.step(self.epoch, step, self.steps_per_epoch, loss, self.lr(),
-                          rate and rate * self.world_size)
+            self.log.step(self.epoch, step, self.steps_per_epoch, loss, self.lr(), self.meter.images_per_s(),
+                          self.world_size)
         self.scheduler.step()  # every step: warmup and cosine move within an epoch
         if self.ema is not None:
             models.update_ema(self.ema, self.model)  # ema = d x ema + (1 - d) x weights
@@ -134,6 +135,19 @@ class Run:
             raise faults.preempted_after_saving(args.out, self.epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:
             self.save_mid_epoch(step + 1)
+
+    def skipped_step(self):
+        """Whether the loss scaler skipped the step just taken (its gradients overflowed): GradScaler's scale, kept
+        on the device, fell at update(). Read there, not on the host: no synchronisation. False without loss
+        scaling; None for apex.amp's scaler, which counts its own."""
+        if not isinstance(self.scaler, torch.amp.GradScaler):
+            return None if self.scaler is not None else False
+        if not self.scaler.is_enabled():  # (bf16, fp32)
+            return False
+        scale = self.scaler._scale  # (GradScaler's device tensor: get_scale() would wait for the device)
+        before = self.scale if self.scale is not None else self.scaler._init_scale  # (the first: where it began)
+        self.scale = scale.clone()
+        return scale < before
 
     def save_mid_epoch(self, step):
         """checkpoint.pt after `step` steps of this epoch (the model gathered first, where it is sharded)."""

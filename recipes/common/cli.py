@@ -165,8 +165,9 @@ def add_distributed_args(parser):
 def add_amp_args(parser):
     group = parser.add_argument_group("mixed precision")
     group.add_argument("--opt-level", choices=["O0", "O1", "O2", "O3"],
-                       help="apex names: O0 fp32, O1/O2 autocast (+GradScaler for fp16), O3 pure low "
-                            "precision (default: O1 on CUDA and on CPUs with native bf16, else O0)")
+                       help="apex names: O0 fp32, O1 autocast, O2 low-precision weights (BatchNorm fp32) with "
+                            "fp32 master copies, O1/O2 with GradScaler for fp16, O3 pure low precision "
+                            "(default: O1 on CUDA and on CPUs with native bf16, else O0)")
     group.add_argument("--amp-dtype", choices=["fp16", "bf16"],
                        help="low-precision type (default: fp16 on CUDA, bf16 on CPU)")
     group.add_argument("--amp-backend", choices=["native", "apex"], default="native",
@@ -189,9 +190,9 @@ def parse_args(parser, argv=None):
     if not 0 <= args.warmup_epochs < args.epochs:
         raise RecipeError(f"--warmup-epochs must be at least 0 and less than --epochs {args.epochs}, "
                           f"got {args.warmup_epochs:g}")
-    if args.ema_decay is not None and getattr(args, "opt_level", None) == "O3":
-        raise RecipeError("--ema-decay with --opt-level O3: the weights are fp16/bf16, too coarse to move by "
-                          "(1 - decay) per step; use O1 or O2, which keep fp32 weights")
+    if args.ema_decay is not None and getattr(args, "opt_level", None) in ("O2", "O3"):
+        raise RecipeError(f"--ema-decay with --opt-level {args.opt_level}: the model's weights are fp16/bf16, too "
+                          f"coarse to move by (1 - decay) per step; use O1, which keeps fp32 weights")
     if args.data is None and not args.synthetic:
         raise RecipeError("no data: give DIR (a folder with train/ and val/) or --synthetic")
     if args.decoder == "gpu" and not torch.cuda.is_available():

@@ -41,6 +41,7 @@ class EpochMeter:
         self.device, self.group = device, group
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss * n, top-1 hits, top-5 hits
         self.steps, self.optimizer_steps, self.images, self.timed_images, self.data_s = 0, 0, 0, 0, 0.0
+        self.skipped = 0  # optimizer steps the loss scaler skipped (a device tensor once counted; None: unknown)
         self.start = self.last = time.perf_counter()
         self.timed_start = None
 
@@ -68,9 +69,11 @@ class EpochMeter:
             self.timed_images += n
         self.last = time.perf_counter()
 
-    def optimizer_step(self):
-        """Training: after each optimizer step. The throughput counts from the end of the first."""
+    def optimizer_step(self, skipped=False):
+        """Training: after each optimizer step. The throughput counts from the end of the first. skipped: whether
+        the loss scaler skipped this step (a bool tensor on the device, read at summary(); None: not known)."""
         self.optimizer_steps += 1
+        self.skipped = None if skipped is None or self.skipped is None else self.skipped + skipped
         if self.optimizer_steps == 1:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # (once an epoch)
@@ -87,19 +90,23 @@ class EpochMeter:
         timed_s = end - self.timed_start if self.timed_start is not None else 0.0
         totals = torch.cat([self.sums, torch.tensor([self.images, self.timed_images, self.data_s],
                                                     dtype=torch.float64, device=self.device)])
-        longest = torch.tensor([end - self.start, timed_s], dtype=torch.float64, device=self.device)
-        world_size = 1
+        longest = torch.tensor([end - self.start, timed_s, 0], dtype=torch.float64, device=self.device)
+        if self.skipped is not None:
+            longest[2] += self.skipped  # (every rank of a DDP job skips the same steps: the most is the count)
+        world_size = processes = 1
         if dist.is_initialized():
             dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=self.group)
             dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)  # as long as its slowest rank
-            world_size = dist.get_world_size(self.group)
+            world_size, processes = dist.get_world_size(self.group), dist.get_world_size()
         loss_sum, top1, top5, images, timed_images, data_s = totals.tolist()
-        epoch_s, timed_s = longest.tolist()
+        epoch_s, timed_s, skipped = longest.tolist()
         images_per_s = timed_images / timed_s if timed_images else images / max(epoch_s, 1e-9)
         n = max(images, 1)
         return {"loss": loss_sum / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n,
                 "images": int(images), "top1_correct": int(top1), "images_per_s": images_per_s,
-                "data_s": data_s / world_size, "epoch_s": epoch_s}
+                "process_images_per_s": images_per_s / processes,  # (every process of the run, whatever its role)
+                "data_s": data_s / world_size, "epoch_s": epoch_s,
+                "skipped_steps": None if self.skipped is None else int(skipped)}
 
 
 @torch.no_grad()

@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from recipes.common import RecipeError, checkpoint, data, models
 
-CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr"]
+CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr",
+              "process_images_per_s", "skipped_steps"]
 
 
 class RunLog:
@@ -34,6 +35,7 @@ class RunLog:
             raise RecipeError(f"{self.out} already holds a checkpoint: continue it with --auto-resume, "
                               f"or choose another --out")
         self.bar, self.writer, self.profiler, self.train_rates = None, None, None, []
+        self.skipped_steps = 0  # by the loss scaler, over the run's epochs (None: apex.amp's, not counted)
         self.start, self.args, self.opened = time.perf_counter(), dict(vars(args)), False
         if not enabled:
             return
@@ -62,6 +64,7 @@ class RunLog:
         if start_epoch > 0 and path.exists():
             with open(path, newline="") as f:
                 rows = [row for row in csv.DictReader(f) if int(row["epoch"]) <= start_epoch]
+        self.skipped_steps = sum(int(row.get("skipped_steps") or 0) for row in rows if row["split"] == "train")
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, CSV_FIELDS)
             writer.writeheader()
@@ -105,14 +108,16 @@ class RunLog:
                         leave=False, dynamic_ncols=True, file=sys.stderr)
         return self.bar
 
-    def step(self, epoch, step, steps_per_epoch, loss, lr, images_per_s):
+    def step(self, epoch, step, steps_per_epoch, loss, lr, images_per_s, world_size):
         """Every --print-freq steps: the loss on the bar (or one line without a terminal), the loss and
-        learning rate in TensorBoard. epoch and step count from 0; images_per_s: all ranks, or None."""
+        learning rate in TensorBoard. epoch and step count from 0; images_per_s: this process's, or None; the
+        line gives it and world_size times it."""
         if not self.enabled:
             return
         loss = loss.item()
         if self.bar.disable:
-            rate = f"  {images_per_s:.1f} images/s" if images_per_s else ""
+            rate = f"  {images_per_s * world_size:.1f} images/s ({images_per_s:.1f} a process)" \
+                if images_per_s else ""
             self.print(f"epoch {epoch + 1} step {step + 1}/{steps_per_epoch}  loss {loss:.4f}{rate}  lr {lr:.4g}")
         else:
             self.bar.set_postfix(loss=f"{loss:.4f}")
@@ -125,7 +130,12 @@ class RunLog:
             return
         row = {"epoch": epoch, "split": split, "loss": f"{stats['loss']:.6f}", "top1": f"{stats['top1']:.4f}",
                "top5": f"{stats['top5']:.4f}", "images_per_s": f"{stats['images_per_s']:.2f}",
-               "data_s": f"{stats['data_s']:.3f}", "epoch_s": f"{stats['epoch_s']:.3f}", "lr": f"{lr:.6g}"}
+               "data_s": f"{stats['data_s']:.3f}", "epoch_s": f"{stats['epoch_s']:.3f}", "lr": f"{lr:.6g}",
+               "process_images_per_s": f"{stats['process_images_per_s']:.2f}"}
+        skipped = stats["skipped_steps"] if split == "train" else None  # (None: apex.amp's own, not counted)
+        if split == "train":
+            row["skipped_steps"] = "" if skipped is None else skipped
+            self.skipped_steps = None if None in (skipped, self.skipped_steps) else self.skipped_steps + skipped
         with open(self.out / "metrics.csv", "a", newline="") as f:
             csv.DictWriter(f, CSV_FIELDS).writerow(row)
         for key in ("loss", "top1", "top5", "images_per_s", "data_s"):
@@ -135,8 +145,10 @@ class RunLog:
             self.train_rates.append(stats["images_per_s"])
         self.writer.flush()
         self.print(f"epoch {epoch} {split:7s} loss {stats['loss']:.4f}  top1 {stats['top1']:6.2f} %  "
-                   f"top5 {stats['top5']:6.2f} %  {stats['images_per_s']:8.1f} images/s  "
-                   f"data wait {stats['data_s']:.1f} s  epoch {stats['epoch_s']:.1f} s")
+                   f"top5 {stats['top5']:6.2f} %  {stats['images_per_s']:8.1f} images/s "
+                   f"({stats['process_images_per_s']:.1f} a process)  data wait {stats['data_s']:.1f} s  "
+                   f"epoch {stats['epoch_s']:.1f} s" + (f"  {skipped} step(s) skipped by the loss scaler (fp16 "
+                                                         f"overflow)" if skipped else ""))
 
     def scalars(self, epoch, values):
         """Per-epoch TensorBoard scalars a recipe adds of its own ({tag: value})."""
@@ -162,7 +174,7 @@ class RunLog:
             "global_batch": None if args.evaluate else global_batch, "wall_s": time.perf_counter() - self.start,
             "torch": torch.__version__,
             "ema": {key: ema_stats[key] for key in ("top1", "top5", "loss")} if ema_stats else None,
-            **precision(args), **extra}
+            "skipped_steps": self.skipped_steps, **precision(args), **extra}
         self.write_json("summary.json", summary)
         throughput = f"{summary['images_per_s']:.1f} images/s" if rates else f"evaluation only{in_fp32(args)}"
         ema = f"  (EMA: top1 {ema_stats['top1']:.2f} %  top5 {ema_stats['top5']:.2f} %)" if ema_stats else ""

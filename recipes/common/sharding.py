@@ -38,6 +38,10 @@ def check_args(args):
     if fsdp and args.amp_backend == "apex":
         raise RecipeError(f"--amp-backend apex with --shard {args.shard}: fully_shard casts by its "
                           f"MixedPrecisionPolicy; use --amp-backend native")
+    if args.shard == "optimizer" and args.opt_level == "O2" and args.amp_backend == "native":
+        raise RecipeError("--opt-level O2 with --shard optimizer: ZeroRedundancyOptimizer partitions the weights it "
+                          "was given, which O2's fp32 master copies would replace; use O1, or --shard grad-op or "
+                          "full (fully_shard keeps the sharded weights in fp32 as the master copy)")
     zero1 = "ZeroRedundancyOptimizer has no sharded state dict (its state is consolidated on rank 0 for checkpoint.pt)"
     if args.shard == "optimizer" and args.sharded_checkpoint:
         raise RecipeError(f"--sharded-checkpoint with --shard optimizer: {zero1}; use grad-op or full")

@@ -14,10 +14,10 @@ momentum 12 bytes per parameter, whatever N). --shard says what to split N ways:
              SHARD_GRAD_OP).
   full       as grad-op, but each block's weights are freed after its forward and gathered
              again for its backward: the least memory, the most communication (ZeRO-3).
-Mixed precision (--opt-level, as recipes/apex) is autocast for none and optimizer, and
-FSDP's MixedPrecisionPolicy for grad-op and full. Checkpoints are gathered whole into the
-common format (recipes/common/sharding.py); --sharded-checkpoint also writes a directory
-each rank saves its own shard into, and --resume DIRECTORY reads it back (resharded).
+Mixed precision (--opt-level, as recipes/apex): amp.initialize's for none and optimizer (O2's
+master copies: none only), FSDP's MixedPrecisionPolicy for grad-op and full. Checkpoints are
+gathered whole into the common format (recipes/common/sharding.py); --sharded-checkpoint also
+writes a directory each rank saves its own shard into; --resume DIRECTORY reads it, resharded.
 """
 
 import contextlib

@@ -16,6 +16,8 @@ BARE_LOOP_TEST = "tests/tools/test_gpu_plan.py::test_the_bare_loop_is_plain_pyto
 FLAG_TESTS = "tests/common/test_training.py::test_"
 HOOK_TEST = "test_each_hook_averages_within_its_bound_and_counts_the_bytes_it_hands_to_the_collectives"
 FORKED_PROCESS_TEST = "tests/tools/test_forked.py::test_a_forked_process_sees_exits_and_prints_as_a_fresh_one[0-0]"
+O2_TEST = ("tests/recipes/test_apex.py::test_o2_runs_half_precision_weights_but_batchnorm_and_steps_fp32_master_"
+           "copies_as_apex_did")
 FORKED_RANKS_TEST = "tests/tools/test_forked.py::test_forked_ranks_see_what_torchrun_gives_its_workers"
 
 # name, the file, the text switched off, what replaces it, the tests that must catch it
@@ -23,6 +25,19 @@ BREAKS = [
     # features a test could miss by checking only exit codes, files and rows: each test now sees the feature act
     dict(name="autocast-off", file="recipes/common/amp.py", old="enabled=use_autocast)", new="enabled=False)",
          tests=["tests/recipes/test_apex.py::test_low_precision_loss_curves_follow_fp32"]),
+    dict(name="o2-batchnorm-in-half-precision", file="recipes/common/amp.py",
+         old="                module.float()", new="                pass",
+         tests=[O2_TEST]),
+    dict(name="o2-without-master-copies", file="recipes/common/amp.py",
+         old="        self.masters = {name: param.detach().clone().requires_grad_() for param, name in names.items()}",
+         new="        self.masters = {name: param for param, name in names.items()}",
+         tests=[O2_TEST]),
+    dict(name="o2-checkpoint-of-the-half-weights", file="recipes/common/amp.py",
+         old="        model.register_state_dict_post_hook(", new="        (lambda hook: None)(",
+         tests=["tests/recipes/test_apex.py::test_o2_resumes_exactly_from_the_masters_its_checkpoint_holds"]),
+    dict(name="skipped-steps-not-counted", file="recipes/common/bookkeeping.py",
+         old="        return scale < before", new="        return False",
+         tests=["tests/recipes/test_apex.py::test_skipped_steps_are_counted_in_metrics_and_summary_as_the_scale_fell"]),
     dict(name="compile-returns-the-model", file="recipes/common/models.py",
          old="    return torch.compile(module)", new="    return module",
          tests=["tests/tools/test_benchmarks.py::test_bench_compile_runs_eager_cold_and_warm"]),

@@ -76,7 +76,7 @@ def require(target, gpu=False, groups=None):
     if lacking:
         fail(f"this Python ({sys.executable}) lacks {', '.join(lacking)}, which make {target} needs: pip install "
              f"it, or on a node without a package index carry the wheels that make gpu-wheels downloads elsewhere "
-             f"(docs/gpus.md), or use make setup's .venv")
+             f"(scripts/gpu/README.md), or use make setup's .venv")
     if gpu:
         import torch
 

@@ -156,9 +156,10 @@ def test_ema_with_pure_low_precision_weights_is_refused():
     from recipes.apex.train import parse_args
     from recipes.common import RecipeError
 
-    with pytest.raises(RecipeError, match="--ema-decay with --opt-level O3"):
-        parse_args(["data", "--opt-level", "O3", "--ema-decay", "0.999"])
-    assert parse_args(["data", "--opt-level", "O2", "--ema-decay", "0.999"]).ema_decay == 0.999
+    for opt_level in ("O2", "O3"):
+        with pytest.raises(RecipeError, match=f"--ema-decay with --opt-level {opt_level}"):
+            parse_args(["data", "--opt-level", opt_level, "--ema-decay", "0.999"])
+    assert parse_args(["data", "--opt-level", "O1", "--ema-decay", "0.999"]).ema_decay == 0.999
 
 
 @pytest.mark.parametrize("flags", [["-b", "64"], ["-b", "8", "--accum-steps", "8"]])
@@ -352,14 +353,16 @@ def test_every_refused_combination_of_flags_and_modes_is_one_line():
 def documented_as_taken(recipe, flags):
     """What the docstrings say of a combination: ps and the pipeline take none of the walked flags (nor the
     documented ones); fsdp refuses --ema-decay, --sync-bn and apex with grad-op and full, --sharded-checkpoint with
-    optimizer and with --ema-decay, and (every recipe) --ema-decay with O3's low-precision weights."""
+    optimizer and with --ema-decay, O2's master copies with optimizer, and (every recipe) --ema-decay with O2's
+    and O3's low-precision weights."""
     extra = flags[flags.index("-a") + 2:] if recipe == "pipeline" else flags[2:]
     if recipe != "fsdp":
         return not extra
     shard, given = flags[1], set(extra)
     return not ((shard in ("grad-op", "full") and given & {"--ema-decay", "--sync-bn", "apex"})
                 or ("--sharded-checkpoint" in given and (shard == "optimizer" or "--ema-decay" in given))
-                or ("--ema-decay" in given and "O3" in given))
+                or (shard == "optimizer" and "O2" in given)
+                or ("--ema-decay" in given and given & {"O2", "O3"}))
 
 
 @pytest.mark.parametrize("shard, flags", [

@@ -369,7 +369,7 @@ STOPPED_PEER = {  # (recipe, world size, flags, the ranks stopped)
 def test_sigterm_ends_a_rank_waiting_on_a_stopped_peer_within_its_grace(tiny_data, tmp_path, case):
     """Launched rank by rank (torchrun would itself SIGTERM the others when one dies): a peer stops, and the
     others, waiting on it, receive SIGTERM, as a scheduler's preemption or torchrun's tear-down sends it. Each
-    ends with exit 75 within a second of its grace (1 s, or 3 times its longest recent wait: 1.03-1.05 s measured on
+    ends with exit 75 within 3 s of its grace (1 s, or 3 times its longest recent wait: 1.03-1.05 s measured on
     an idle machine), and rank 0 says in one line whether it saved."""
     recipe, world_size, flags, stopped = STOPPED_PEER[case]
     args = [tiny_data, *TINY, "-b", "4", "--epochs", "100", "--dist-url", f"tcp://127.0.0.1:{free_port()}",
@@ -402,7 +402,9 @@ def test_sigterm_ends_a_rank_waiting_on_a_stopped_peer_within_its_grace(tiny_dat
     assert {rank: ranks[rank].returncode for rank in others} == dict.fromkeys(others, 75), said
     graces = [float(grace) for text in said.values()
               for grace in re.findall(r"did not come within ([0-9.]+) s", text)]
-    assert max(ended.values()) < max(graces, default=1.0) + 1.0, (ended, graces)  # (a loaded machine: longer waits)
+    # (a loaded machine: longer waits, and a slower exit: 2.8 s once, under make test's other worker; a rank that
+    # waited for --dist-timeout instead, 60 s, still fails)
+    assert max(ended.values()) < max(graces, default=1.0) + 3.0, (ended, graces)
     assert max(graces, default=1.0) < 10, graces  # (1 s, unless a recent wait took over a third of it)
     lines = {rank: [line for line in said[rank].splitlines() if "preempted" in line] for rank in others}
     assert len(lines[0]) == 1 and all(len(lines[rank]) <= 1 for rank in others), said  # (rank 0 speaks for all)

@@ -185,11 +185,11 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     native_bf16 = bool({"avx512_bf16", "amx_bf16"} & set(measuring.cpu_flags().split()))  # (the suite: CPU only)
-    names = ["apex", "ddp", "ddp-vit", "nd"] + (["apex-low"] if native_bf16 else [])
+    names = ["apex", "ddp", "ddp-vit", "nd"] + (["apex-low", "apex-O2"] if native_bf16 else [])
     assert sorted(p.name for p in (data / "curves").iterdir()) == sorted(
         [f"{name}-seed3.{suffix}" for name in names for suffix in ("csv", "json")] + ["hardware.json"] +
         ([] if native_bf16 else ["left_out.json"]))
-    precision = {"apex": ("O0", "fp32"), "apex-low": ("O1", "bf16")}
+    precision = {"apex": ("O0", "fp32"), "apex-low": ("O1", "bf16"), "apex-O2": ("O2", "bf16")}
     for name in names:
         summary = json.loads((data / "curves" / f"{name}-seed3.json").read_text())
         assert summary["world_size"] == (1 if name == "nd" else 2) and summary["global_batch"] == 16
@@ -203,6 +203,7 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
         final = float([r for r in csv.DictReader(f) if r["split"] == "val"][-1]["top1"])
     assert f"| ddp | 2 | 1 | 2 | {final:.2f} | " in text, text[:1500]  # (one seed: no range)
     assert "| apex O0 (fp32) | 2 |" in text and ("| apex O1 bf16 | 2 |" in text) == native_bf16
+    assert ("| apex O2 bf16 | 2 |" in text) == native_bf16
     assert "| ddp vit_tiny | 2 | 1 | 2 |" in text and "lenet (vit_tiny where named), global batch 16" in text
     assert ("no native bf16" in text) != native_bf16
 

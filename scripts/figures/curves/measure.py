@@ -7,8 +7,9 @@ nd trains with batch 64 in one process; ddp and apex with 2 processes of 32 (on 
 machine with one GPU, one process), so they all see the same global batch and
 learning rate; ddp-vit is ddp with the small vision transformer (-a vit_tiny) in
 lenet's place, the same flags otherwise; each process gets cores / processes threads. apex runs twice: at
---opt-level O0 (fp32: the recipe's plumbing, with ddp's arithmetic) and at O1 in
-low precision (apex-low: bf16 on a CPU, fp16 on a GPU), the second only where
+--opt-level O0 (fp32: the recipe's plumbing, with ddp's arithmetic), at O1 in
+low precision (apex-low: bf16 on a CPU, fp16 on a GPU) and at O2 (apex-O2: the
+weights in that precision, fp32 master copies), the last two only where
 the machine runs it natively (a CPU with AVX512-BF16 or AMX-BF16; any CUDA GPU);
 where it does not, curves/left_out.json says why. The set-up is
 scripts/figures/measuring.py's ACCURACY. Each run directory is
@@ -31,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 from recipes.common import amp  # noqa: E402
 from scripts.figures import measuring  # noqa: E402
 
+LOW = ("apex-low", "apex-O2")  # the runs in low precision: where the machine runs it natively
 RUNS = [("nd", "nd", 1, []), ("ddp", "ddp", 2, []), ("apex", "apex", 2, ["--opt-level", "O0"]),
-        ("apex-low", "apex", 2, ["--opt-level", "O1"]),
+        ("apex-low", "apex", 2, ["--opt-level", "O1"]), ("apex-O2", "apex", 2, ["--opt-level", "O2"]),
         ("ddp-vit", "ddp", 2, ["-a", "vit_tiny"])]  # (name, recipe, processes, flags)
 VIT_QUICK_SIZE = ["--image-size", "14"]  # (--quick trains at 16 px, which vit_tiny's 7 x 7 patches do not divide)
 
@@ -60,11 +62,11 @@ def main():
     (copies / "hardware.json").write_text(json.dumps(machine, indent=2) + "\n")
     low = gpus or amp.cpu_has_native_bf16()  # (where the recipe's own default is O1 too)
     if not low:  # (autocast in bf16 runs 9x to 16x slower than fp32 there: recipes/common/amp.py)
-        (copies / "left_out.json").write_text(json.dumps(
-            {"apex-low": f"this CPU has no native bf16 (/proc/cpuinfo lists {flags_found or 'none'} of "
-                         f"{' '.join(measuring.PRECISION_FLAGS)})"}, indent=2) + "\n")
+        why = (f"this CPU has no native bf16 (/proc/cpuinfo lists {flags_found or 'none'} of "
+               f"{' '.join(measuring.PRECISION_FLAGS)})")
+        (copies / "left_out.json").write_text(json.dumps(dict.fromkeys(LOW, why), indent=2) + "\n")
     for name, recipe, processes, recipe_flags in RUNS:
-        if name == "apex-low" and not low:
+        if name in LOW and not low:
             continue
         processes = min(processes, gpus) if gpus else processes  # one process per GPU
         for seed in args.seeds:

@@ -12,7 +12,8 @@ from scripts.figures.rendering import beyond_spread, plt, read_csv, save, spread
 
 
 CURVES = [("top1", "train"), ("top1", "val"), ("top5", "train"), ("top5", "val")]
-ORDER = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4, "ddp-vit": 5}  # the rows' order (others after)
+# the rows' order (others after)
+ORDER = {"nd": 0, "dp": 1, "ddp": 2, "apex": 3, "apex-low": 4, "apex-O2": 5, "ddp-vit": 6}
 
 
 def by_recipe(curve_files):

@@ -46,8 +46,8 @@ def add_marks(out):
 
     epochs, optimizer_step, summary = [], metrics.EpochMeter.optimizer_step, metrics.EpochMeter.summary
 
-    def marked_step(meter):
-        optimizer_step(meter)
+    def marked_step(meter, *args):
+        optimizer_step(meter, *args)
         if meter.device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
             event.record()

@@ -7,7 +7,8 @@ Set-ups, at 1 process (all the cores' threads) and at 2 (the cores shared); on C
 at 1 GPU and at 2 where there are 2 (the GPUs CUDA_VISIBLE_DEVICES lets it use, the first N of them):
   ddp             the ddp recipe: fp32, no GradScaler, no autocast (the recipe apex adds to)
   O0              apex in fp32 (autocast off): what the apex recipe itself costs over ddp
-  O1/O2/O3 bf16   autocast in bf16 (O3: the weights too), on a CPU with native bf16 (AVX512-BF16 or AMX-BF16)
+  O1/O2/O3 bf16   O1 autocast in bf16, O2 the weights in bf16 with fp32 master copies, O3 the weights alone in
+                  bf16 (and autocast), on a CPU with native bf16 (AVX512-BF16 or AMX-BF16)
                   or a GPU that torch says runs it
   O1 fp16         on a CPU with native fp16 (AVX512-FP16 or AMX-FP16), and on every CUDA GPU
 each as it is and with --channels-last, and at 1 process O0 and O1 also with --compile (and with both; at 2

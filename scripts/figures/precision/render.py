@@ -69,7 +69,8 @@ def cpu_sentence(machine, info):
 
 
 def findings(rates, info):
-    """What the table shows, in words: O0's cost over ddp, and what each dtype at O1 buys, per world size."""
+    """What the table shows, in words: O0's cost over ddp, and what each dtype at O1 and O2 buys, per world
+    size."""
     lines = []
     for p in sorted({p for _, p in rates}):
         if ("O0", p) not in rates:
@@ -78,7 +79,8 @@ def findings(rates, info):
         said = [f"apex at O0 runs at {ratio(rates, 'O0', 'ddp', p)} ddp's images/s (the recipe's own cost)"
                 if ("ddp", p) in rates else "ddp not measured yet"]
         said += [f"{name} at {rates[(name, p)][0] / o0:.2f}x O0" for name in ("O1 bf16", "O1 fp16",
-                                                                             "O1 bf16 + channels_last")
+                                                                             "O1 bf16 + channels_last", "O2 bf16",
+                                                                             "O2 fp16")
                  if (name, p) in rates]
         best = max((name for name, q in rates if q == p), key=lambda name: rates[(name, p)][0])
         said.append(f"the fastest, {best}, at {rates[(best, p)][0] / o0:.2f}x" +
