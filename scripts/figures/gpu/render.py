@@ -108,7 +108,7 @@ def gpu_sections(gpu_data, figures):
     sections = {"gpu-check": gpu_check_section(gpu_data)}
     if not [r for r in rows if r["gpus"] == "1"]:
         missing = ("Not measured yet: the GPU table has not run on a GPU. `make gpu-check` on a machine with CUDA "
-                   "measures it (docs/gpus.md).")
+                   "measures it (scripts/gpu/README.md).")
         return {**sections, "gpu-hardware": "", "gpu-table": missing, "gpu-targets": "",
                 "gpu-precision": "Not measured yet (the GPU table has not run on a GPU)."}
     tables = list(machines([r for r in rows if r["gpus"] == "1"]).values())
@@ -160,7 +160,7 @@ def gpu_check_section(gpu_data):
     """The one-GPU check's lines (make gpu-check): the node it ran on, then one row per check."""
     if not (gpu_data / "smoke.json").exists() or not (gpu_data / "preflight.json").exists():
         return ("The one-GPU check has not run on a GPU yet: `make gpu-check PY=python3` on a machine with CUDA "
-                "runs it (docs/gpus.md).")
+                "runs it (scripts/gpu/README.md).")
     node = json.loads((gpu_data / "preflight.json").read_text())
     smoke = json.loads((gpu_data / "smoke.json").read_text())
     device = ("a CPU standing in for the GPU (a rehearsal)" if smoke.get("stand_in") else
@@ -171,8 +171,8 @@ def gpu_check_section(gpu_data):
     rows = [[c["check"], "ok" if c["ok"] else "FAILED", f"{c['seconds']:.1f}", "; ".join(filter(None, [
         c["said"].replace("|", "\\|"), c.get("on", node["gpu"]) != node["gpu"] and f"passed on {c['on']}"]))]
         for c in smoke["checks"]]
-    not_run = (f"; not run yet (the command's limit came first): {', '.join(smoke['not_run'])}"
-               if smoke.get("not_run") else "")
+    why = smoke.get("not_run_why", "the command's limit came first")  # (passes dropped since: what the file says)
+    not_run = f"; not run yet ({why}): {', '.join(smoke['not_run'])}" if smoke.get("not_run") else ""
     return (f"`make gpu-check` on {where}: {smoke['summary'].removeprefix('gpu-smoke: ')}{not_run}.\n\n"
             + table(["check", "result", "seconds", "what it said"], rows))
 
