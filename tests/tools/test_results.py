@@ -670,3 +670,31 @@ def test_the_seed_tutorials_points_beside_the_model_say_which_miss_and_why(tmp_p
     assert "The model is within 15% of the published images/s at 8 GPUs" in text
     assert "at 32 GPUs it is +20%, where neither the wire nor the storage (asked for 1.95 GB/s) explains" in text
     assert "at 64 GPUs it is +41%, and it would ask the storage for 4.67 GB/s, more than it delivered" in text
+
+
+def test_the_seed_tutorials_accuracy_is_read_at_each_runs_end_and_named_with_the_set_up_that_trains_as_it_did(
+        tmp_path):
+    """seed.py reads RESULTS.md's 'Last val:' lines, with and without the best epoch in brackets; the GPU long form
+    gives the 90-epoch runs' range (a run cut short, or one with no such line, is left out) and the command here."""
+    from scripts.figures.cluster import seed
+    from scripts.figures.gpu import render_context
+
+    assert seed.LAST_VAL.search("Last val: \nPrec@1 75.631 (76.154) Prec@5 92.578 (92.957)").groups() == (
+        "75.631", "76.154", "92.578")
+    assert seed.LAST_VAL.search("Prec@1 76.292 Prec@5 93.028 ").groups() == ("76.292", None, "93.028")
+    (tmp_path / "cluster").mkdir()
+    source = {"repo": seed.REPO, "commit": seed.COMMIT, "path": "RESULTS.md"}
+    measuring.write_csv(tmp_path / "cluster" / "seed_times.csv", seed.TIME_FIELDS, [
+        {"run": "r2", "gpus": 2, "batch_per_gpu": 208, "epochs": 81, "seconds": 1, "measured": "yes", "top1": 70.0,
+         "best_top1": 70.0, "top5": 90, **source},
+        {"run": "r4", "gpus": 4, "batch_per_gpu": 208, "epochs": 90, "seconds": 1, "measured": "yes", "top1": 76.24,
+         "best_top1": 76.24, "top5": 93, **source},
+        {"run": "r16", "gpus": 16, "batch_per_gpu": 208, "epochs": 90, "seconds": 1, "measured": "yes",
+         "top1": 75.631, "best_top1": 76.154, "top5": 92, **source},
+        {"run": "r64", "gpus": 64, "batch_per_gpu": 208, "epochs": 90, "seconds": 1, "measured": "yes", "top1": "",
+         "best_top1": "", "top5": "", **source}])
+    assert render_context.seed_accuracy(tmp_path) == (
+        " The seed's ResNet-50 runs ended their 90 epochs at a validation top-1 of 75.63 to 76.24 % on 4 to 16 GPUs, "
+        "as its RESULTS.md gives them; its apex O2 in fp16 at batch 208 a GPU is `recipes/apex/train.py --opt-level "
+        "O2 --amp-dtype fp16 -b 208` here.")
+    assert render_context.seed_accuracy(tmp_path / "nowhere") == ""

@@ -9,7 +9,8 @@ from its published CSVs at one commit, straight from a clone or a bare git direc
                        training epoch), their number, the median per GPU and the median seconds a step
   seed_io.csv          one row an IO/*.csv (the shared file system's reads and writes, one point a minute while
                        the 64-GPU runs trained): the medians over every minute the file holds, idle ones included
-  seed_times.csv       each training time in RESULTS.md: seconds, epochs, GPUs, batch per GPU; `measured` is no
+  seed_times.csv       each training time in RESULTS.md: seconds, epochs, GPUs, batch per GPU, the run's last
+                       validation top-1 and top-5 and its best top-1 where it gives them; `measured` is no
                        where the epochs exceed the run's --epochs (the 2-GPU run stopped at 81; its 90-epoch
                        time is the 81 epochs' scaled by 90/81)
 Every row names its source: repo, commit, path.
@@ -38,7 +39,10 @@ SOURCE = ["repo", "commit", "path"]
 THROUGHPUT_FIELDS = ["run", "gpus", "batch_per_gpu", "opt_level", "images_per_s", "points", "images_per_s_per_gpu",
                      "step_s", *SOURCE]
 IO_FIELDS = ["file", "measures", "gpus", "read", "write", "units", "points", *SOURCE]
-TIME_FIELDS = ["run", "gpus", "batch_per_gpu", "epochs", "seconds", "measured", *SOURCE]
+TIME_FIELDS = ["run", "gpus", "batch_per_gpu", "epochs", "seconds", "measured", "top1", "best_top1", "top5",
+               *SOURCE]
+LAST_VAL = re.compile(r"Prec@1 ([\d.]+)(?: \(([\d.]+)\))? Prec@5 ([\d.]+)")  # 'Prec@1 75.631 (76.154) Prec@5 92.578'
+
 
 
 def git(gitdir, *args):
@@ -89,17 +93,23 @@ def storage(gitdir):
 
 
 def times(gitdir):
-    """RESULTS.md: '## RUN' sections, each with 'Training Time:' lines '... | SECONDS secs [(N epochs)]'."""
+    """RESULTS.md: '## RUN' sections, each with 'Training Time:' lines '... | SECONDS secs [(N epochs)]' and, in
+    most, 'Last val:' 'Prec@1 TOP1 [(BEST)] Prec@5 TOP5': the last epoch's validation top-1 and top-5 (%), and in
+    brackets where given the best epoch's top-1 (blank where a run has no such line)."""
     out = []
     for section in git(gitdir, "show", f"{COMMIT}:RESULTS.md").split("\n## ")[1:]:
         run = section.splitlines()[0].strip()
         gpus, batch = re.search(r"gpux(\d+)_b(\d+)", run).groups()
         asked = re.search(r"epochs=(\d+)", section)
         asked = int(asked[1]) if asked else 90  # (no --epochs on the command line: the script's default, 90)
+        val = LAST_VAL.search(section)
+        accuracy = ({"top1": float(val[1]), "best_top1": float(val[2] or val[1]), "top5": float(val[3])} if val
+                    else {"top1": "", "best_top1": "", "top5": ""})
         for seconds, epochs in re.findall(r"\|\s*([\d.]+) secs(?: \((\d+) epochs\))?", section):
             epochs = int(epochs or asked)
             out.append({"run": run, "gpus": int(gpus), "batch_per_gpu": int(batch), "epochs": epochs,
                         "seconds": float(seconds), "measured": "yes" if epochs <= asked else "no",
+                        **(accuracy if epochs <= asked else dict.fromkeys(accuracy, "")),  # (at the run's end)
                         **source("RESULTS.md")})
     return sorted(out, key=lambda r: (r["gpus"], r["epochs"]))
 

@@ -42,7 +42,20 @@ def beyond_one_section(gpu_data, data, rows, compression):
                  if {"torch.distributed", "nn.DataParallel"} <= set(theirs) else "")
     return (f"The table is measured on one GPU: scaling over GPUs and the compression hooks over NCCL need 2 GPUs "
             f"or more, so neither is measured on GPUs here, nor extrapolated; the scaling measured is "
-            f"{here}{tutorial}.")
+            f"{here}{tutorial}.{seed_accuracy(data)}")
+
+
+def seed_accuracy(data):
+    """The seed tutorial's top-1 after its 90 epochs (cluster/seed_times.csv, from its RESULTS.md), and the set-up
+    here that trains as it did; "" where the file is absent."""
+    times = data / "cluster" / "seed_times.csv"
+    ended = [r for r in read_csv(times) if r["top1"] and r["epochs"] == "90"] if times.exists() else []
+    if not ended:
+        return ""
+    top1, gpus, batch = [float(r["top1"]) for r in ended], [int(r["gpus"]) for r in ended], ended[0]["batch_per_gpu"]
+    return (f" The seed's ResNet-50 runs ended their 90 epochs at a validation top-1 of {min(top1):.2f} to "
+            f"{max(top1):.2f} % on {min(gpus)} to {max(gpus)} GPUs, as its RESULTS.md gives them; its apex O2 in fp16 "
+            f"at batch {batch} a GPU is `recipes/apex/train.py --opt-level O2 --amp-dtype fp16 -b {batch}` here.")
 
 
 def earlier_section(gpu_data):
