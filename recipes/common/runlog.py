@@ -132,8 +132,9 @@ class RunLog:
                "top5": f"{stats['top5']:.4f}", "images_per_s": f"{stats['images_per_s']:.2f}",
                "data_s": f"{stats['data_s']:.3f}", "epoch_s": f"{stats['epoch_s']:.3f}", "lr": f"{lr:.6g}",
                "process_images_per_s": f"{stats['process_images_per_s']:.2f}"}
-        skipped = stats["skipped_steps"] if split == "train" else None  # (None: apex.amp's own, not counted)
+        skipped = None
         if split == "train":
+            skipped = stats["skipped_steps"]  # (None: apex.amp's own, not counted)
             row["skipped_steps"] = "" if skipped is None else skipped
             self.skipped_steps = None if None in (skipped, self.skipped_steps) else self.skipped_steps + skipped
         with open(self.out / "metrics.csv", "a", newline="") as f:

@@ -44,7 +44,6 @@ TIME_FIELDS = ["run", "gpus", "batch_per_gpu", "epochs", "seconds", "measured", 
 LAST_VAL = re.compile(r"Prec@1 ([\d.]+)(?: \(([\d.]+)\))? Prec@5 ([\d.]+)")  # 'Prec@1 75.631 (76.154) Prec@5 92.578'
 
 
-
 def git(gitdir, *args):
     done = subprocess.run(["git", "-C", str(gitdir), *args], capture_output=True, text=True)
     if done.returncode != 0:
