@@ -26,6 +26,7 @@ class Recipe:
     read_against: str = ""  # the recipe its diff is read against ("": read it whole, then its modules)
     diff_shows: str = ""  # what that diff shows, in a few words (README.md's diff commands)
     diff_at_most: int = 0  # the most lines that diff may change, removed plus added (tests/recipes/test_shape.py)
+    diff_adds: tuple = ()  # the code that diff adds, each named in the recipe's README (test_shape.py)
     processes: int | None = None  # how the tests launch it: None as one plain process, else that many processes
     evaluated_on: int | None = None  # the processes the tests evaluate its checkpoints on (another layout)
     trained_with: tuple = ()  # the flags of those tests' training run and of their evaluation
@@ -43,25 +44,31 @@ SHARDS = ("none", "optimizer", "grad-op", "full")
 RECIPES = [
     Recipe("nd", "one device, no data parallelism: the baseline"),
     Recipe("dp", "`torch.nn.DataParallel`: one process, many GPUs", read_against="nd",
-           diff_shows="one wrapper", diff_at_most=25),
+           diff_shows="one wrapper", diff_at_most=25, diff_adds=("nn.DataParallel(model)",)),
     Recipe("ddp", "`DistributedDataParallel`: one process per device", read_against="nd",
-           diff_shows="process group, sampler, DDP wrapper, rank-0 output, no_sync", diff_at_most=45,
+           diff_shows="process group, sampler, DDP wrapper, rank-0 output, no_sync", diff_at_most=52,
+           diff_adds=("init_process_group", "DistributedSampler", "set_epoch(epoch)", "DDP(model", "ctx.is_main",
+                      "no_sync()"),
            processes=2, evaluated_on=3,
            gpu_checks=(GpuCheck("ddp-ema-syncbn-accum-mix", MIXED, nccl_rules=True),
                        *(GpuCheck(f"ddp-decoder-{decoder}", ("--decoder", decoder)) for decoder in ("pil", "gpu")))),
     Recipe("apex", "DDP + mixed precision with `torch.amp` (apex's `--opt-level` names); what it buys: "
                    "[measured](RESULTS.md#mixed-precision)", read_against="ddp",
-           diff_shows="autocast and GradScaler", diff_at_most=40, processes=2, evaluated_on=3,
+           diff_shows="autocast and GradScaler", diff_at_most=40,
+           diff_adds=("amp.initialize", "autocast()", "scaler.scale(", "scaler.step(optimizer)", "scaler.update()"),
+           processes=2, evaluated_on=3,
            gpu_checks=tuple(GpuCheck(f"apex-{level}{'-cl' if channels_last else ''}",
                                      ("--opt-level", level, *(["--channels-last"] if channels_last else [])))
                             for level in OPT_LEVELS for channels_last in (False, True))),
     Recipe("compression", "DDP with compressed gradients: fp16, bf16, fp8, PowerSGD communication hooks",
            read_against="ddp", diff_shows="one communication hook, and its byte count", diff_at_most=40,
+           diff_adds=("register_comm_hook(state, hook)", "bytes_per_step"),
            processes=2, evaluated_on=3, trained_with=("--compress", "powersgd"),
            gpu_checks=(*(GpuCheck(f"compression-{method}", ("--compress", method)) for method in COMPRESS),
                        GpuCheck("compression-fp8-e4m3-ef", ("--compress", "fp8-e4m3", "--error-feedback")))),
     Recipe("fsdp", "sharded data parallel: ZeRO-1, ZeRO-2 and FSDP/ZeRO-3, the bytes per rank measured",
-           read_against="ddp", diff_shows="ZeRO-1, ZeRO-2, FSDP: what each rank shards", diff_at_most=115,
+           read_against="apex", diff_shows="ZeRO-1, ZeRO-2, FSDP: what each rank shards", diff_at_most=112,
+           diff_adds=("--shard", "ZeroRedundancyOptimizer", "fully_shard", "set_requires_gradient_sync"),
            processes=2, evaluated_on=3,
            gpu_checks=tuple(GpuCheck(f"fsdp-{shard}-{level}", ("--shard", shard, "--opt-level", level, "--amp-dtype",
                                                                "fp16", "--channels-last"))

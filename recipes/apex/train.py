@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
@@ -50,7 +51,12 @@ def train_one_epoch(model, loader, criterion, optimizer, scaler, autocast, run):
 
 
 def main(args):
-    ctx = distributed.init_distributed_mode(args)  # rank, world size, and this rank's device
+    launch = distributed.launch_facts(args)  # from torchrun's environment, the legacy launcher or --dist-url
+    with distributed.joining(launch):  # ranks that never meet: one line naming where, after --dist-timeout
+        dist.init_process_group(launch.backend, init_method=launch.init_method, store=launch.store,  # where rank 0 is
+                                world_size=launch.world_size, rank=launch.rank,  # how many, and which one this is
+                                device_id=launch.device_id, timeout=launch.timeout)  # this process's GPU (NCCL)
+    ctx = distributed.context(launch)  # rank, world size, device, and a gloo group beside it for CPU tensors
     device = ctx.device
     log = runlog.RunLog(args, enabled=ctx.is_main)  # only rank 0 prints and writes files
 

@@ -108,6 +108,8 @@ class Run:
         return self._batches(loader)
 
     def _batches(self, loader):
+        if isinstance(getattr(loader, "sampler", None), data.EpochShuffle):  # the loader's own shuffle
+            loader.sampler.set_epoch(self.epoch)
         batches = data.skip_batches(loader, self.first_step)  # the skipped images are never loaded
         for batch in self.log.progress(batches, f"epoch {self.epoch + 1}/{self.args.epochs}"):
             self.meter.data_ready()

@@ -235,18 +235,27 @@ def hold_out(dataset, fraction, seed):
     return Subset(dataset, sorted(order[held:])), Subset(dataset, sorted(order[:held]))
 
 
+class EpochShuffle(DistributedSampler):
+    """One process's shuffle, new each epoch, as DataLoader's shuffle=True: the permutation that a DDP run with
+    the same --seed splits between its ranks, so that the two see the same data per step. The loader owns it, and
+    Run.batches gives it the epoch, so a resumed run draws the same order. (A sampler that the recipe brings, as
+    DDP's DistributedSampler, is the recipe's to tell: set_epoch.)"""
+
+    def __init__(self, dataset, seed):
+        super().__init__(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed or 0)
+
+
 def shuffle_sampler(dataset, seed):
-    """One process's sampler: DistributedSampler with a single replica.
-
-    It reshuffles per epoch with set_epoch, and draws the same permutation that a
-    DDP run splits between its ranks, so the two see the same data per step.
-    """
-    return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed or 0)
+    """One process's sampler (EpochShuffle), for what measures the loader outside a recipe."""
+    return EpochShuffle(dataset, seed)
 
 
-def train_loader(dataset, args, sampler):
-    """One batch per optimizer step: --batch-size x --accum-steps images (uint8; the device normalises them)."""
+def train_loader(dataset, args, sampler=None):
+    """One batch per optimizer step: --batch-size x --accum-steps images (uint8; the device normalises them).
+    Without a sampler: shuffled anew each epoch (EpochShuffle)."""
     step_batch = args.batch_size * args.accum_steps
+    if sampler is None:
+        sampler = EpochShuffle(dataset, args.seed)
     # persistent workers: started once, not every epoch; with --seed each epoch starts new ones, seeded per epoch
     # (data.set_seed), so that a run resumed at an epoch's end draws the same augmentations
     loader = _train_dataloader(dataset, step_batch, sampler, args.workers, collate(args),
@@ -273,7 +282,7 @@ def mixup_cutmix(args, num_classes):
 def skip_batches(loader, steps):
     """The rest of this epoch's batches after `steps` of them, in the same order.
 
-    Call after sampler.set_epoch. The skipped images are never loaded. The new
+    Call after the sampler has its epoch. The skipped images are never loaded. The new
     loader draws its workers' seed from a generator of its own, so the random
     state a mid-epoch checkpoint restored is left for the augmentations.
     """

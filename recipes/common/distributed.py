@@ -17,6 +17,7 @@ takes no CPU tensor; gloo has both, and no send or receive of a CUDA tensor.
 A recipe with groups of its own makes them of either kind (new_group, new_control_group).
 """
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -46,8 +47,28 @@ def local_device_count():
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
-def init_distributed_mode(args):
-    """Join (or form) the process group; return this process's rank and device."""
+@dataclass(frozen=True)
+class Launch:
+    """What `dist.init_process_group` needs, as the launcher gave it: where rank 0 is (an address to meet at, or
+    the store itself), how many processes there are, which one this is, and this process's device."""
+    init_method: str | None  # env:// (MASTER_ADDR and MASTER_PORT) or tcp://HOST:PORT; None when a store is given
+    store: object
+    world_size: int
+    rank: int
+    local_rank: int
+    device: torch.device
+    backend: str  # nccl on CUDA, gloo on CPU, unless --dist-backend says otherwise
+    timeout: datetime.timedelta  # --dist-timeout
+    where: str  # the address, for the line a failure prints
+
+    @property
+    def device_id(self):
+        """The GPU that NCCL binds this process's communicators to at once (None under gloo)."""
+        return self.device if self.backend == "nccl" else None
+
+
+def launch_facts(args):
+    """The four facts, from whichever of the three launch styles started this process; sets this process's GPU."""
     store = None
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun or torch.distributed.launch
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -90,22 +111,40 @@ def init_distributed_mode(args):
         raise RecipeError("--dist-backend nccl needs CUDA devices; use gloo on CPU")
     if backend == "nccl":
         raise_nccl_errors(os.environ)
+    return Launch(init_method, store, world_size, rank, local_rank, device, backend,
+                  datetime.timedelta(seconds=args.dist_timeout), where)
 
+
+@contextlib.contextmanager
+def joining(launch):
+    """Around init_process_group: ranks that do not meet within --dist-timeout end in one line naming where."""
     try:
-        dist.init_process_group(
-            backend, init_method=init_method, store=store, rank=rank, world_size=world_size,
-            timeout=datetime.timedelta(seconds=args.dist_timeout),
-            device_id=device if backend == "nccl" else None)
+        yield
     except (RuntimeError, ValueError) as error:  # DistStoreError and friends are RuntimeErrors
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise RecipeError(
-            f"rank {rank} could not form a process group of {world_size} at {where} within "
-            f"--dist-timeout={args.dist_timeout:g}s ({reason}); check that every rank was started "
+            f"rank {launch.rank} could not form a process group of {launch.world_size} at {launch.where} within "
+            f"--dist-timeout={launch.timeout.total_seconds():g}s ({reason}); check that every rank was started "
             f"with the same address, port and world size") from None
+
+
+def context(launch):
+    """After init_process_group: what the rest of the run asks of it, and the gloo group for CPU tensors beside
+    the default one."""
     global _timeout, _control
-    _timeout = datetime.timedelta(seconds=args.dist_timeout)
-    _control = new_control_group(range(world_size))
-    return DistContext(rank, local_rank, world_size, device, backend, _control)
+    _timeout = launch.timeout
+    _control = new_control_group(range(launch.world_size))
+    return DistContext(launch.rank, launch.local_rank, launch.world_size, launch.device, launch.backend, _control)
+
+
+def init_distributed_mode(args):
+    """All of the above in one call, for the recipes whose lesson lies elsewhere (ps, pipeline)."""
+    launch = launch_facts(args)
+    with joining(launch):
+        dist.init_process_group(launch.backend, init_method=launch.init_method, store=launch.store,
+                                world_size=launch.world_size, rank=launch.rank, device_id=launch.device_id,
+                                timeout=launch.timeout)
+    return context(launch)
 
 
 _timeout, _control = None, None

@@ -42,8 +42,7 @@ def main(args):
     log = runlog.RunLog(args)
 
     train_set, val_set, num_classes = data.build_datasets(args)
-    train_sampler = data.shuffle_sampler(train_set, args.seed)
-    train_loader = data.train_loader(train_set, args, train_sampler)
+    train_loader = data.train_loader(train_set, args)  # shuffled anew each epoch, from --seed
     val_loader = data.val_loader(val_set, args)
 
     data.set_seed(args.seed)
@@ -62,7 +61,6 @@ def main(args):
     train_model = models.compile_model(model, device, args)  # --compile: the training forward and backward
     log.print(f"nd: 1 process on {device}, {run.describe(train_set, val_set)}")
     for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
-        train_sampler.set_epoch(epoch)  # a new shuffle each epoch
         train_stats = train_one_epoch(train_model, train_loader, criterion, optimizer, run)
         if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True once --desired-acc is reached
             break

@@ -75,6 +75,15 @@ BREAKS = [
     dict(name="sampler-set-epoch-removed", file="recipes/ddp/train.py",
          old="        train_sampler.set_epoch(epoch)  # a new shuffle each epoch\n", new="",
          tests=["tests/recipes/test_recipes.py::test_ddp_two_processes_match_nd_with_double_batch"]),
+    dict(name="nd-loader-shuffle-told-no-epoch", file="recipes/common/bookkeeping.py",
+         old="            loader.sampler.set_epoch(self.epoch)\n", new="            pass\n",
+         tests=["tests/recipes/test_recipes.py::test_ddp_two_processes_match_nd_with_double_batch"]),
+    dict(name="ddp-process-group-failure-unexplained", file="recipes/common/distributed.py",
+         old="    except (RuntimeError, ValueError) as error:  # DistStoreError and friends are RuntimeErrors\n"
+             "        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__\n"
+             "        raise RecipeError(\n",
+         new="    except OSError as error:\n        reason = str(error)\n        raise RecipeError(\n",
+         tests=["tests/recipes/test_recipes.py::test_a_peer_that_never_joins_ends_in_a_clear_error"]),
     dict(name="evaluation-leftover-dropped", file="recipes/common/data.py",
          old="range(rank, len(dataset), world_size)", new="range(rank, len(dataset) - len(dataset) % world_size, "
                                                           "world_size)",

@@ -115,7 +115,7 @@ def main():
         return pull(vector, chunks, versions, *a, **k)
     pushpull.pull = pull_after_a_step
     if armed and fault == "hang-init":
-        distributed.init_distributed_mode = lambda _: time.sleep(3600)
+        distributed.launch_facts = lambda _: time.sleep(3600)
 
     sys.argv = [args.script, *(a for a in args.args if a != "--")]
     runpy.run_path(args.script, run_name="__main__")

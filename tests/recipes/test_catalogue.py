@@ -12,7 +12,7 @@ from recipes import RECIPES
 
 TOY_ENTRY = '''
 RECIPES.append(Recipe("toy", "a throwaway copy of ddp", read_against="ddp", diff_shows="its name",
-                      diff_at_most=6, processes=2, evaluated_on=3))
+                      diff_at_most=6, diff_adds=('"toy"',), processes=2, evaluated_on=3))
 '''
 
 
@@ -40,7 +40,8 @@ def test_a_recipe_added_to_the_catalogue_is_launched_documented_and_checked(tmp_
     (toy / "train.py").write_text((ROOT / "recipes" / "ddp" / "train.py").read_text()
                                   .replace("recipes/ddp/", "recipes/toy/").replace('"ddp"', '"toy"')
                                   .replace('f"ddp: ', 'f"toy: '))
-    (toy / "README.md").write_text("# toy\n\nddp under another name, to show what adding a recipe takes.\n")
+    (toy / "README.md").write_text("# toy\n\nddp under another name (`\"toy\"`), to show what adding a recipe "
+                                   "takes.\n\nWhat it adds to ddp: `diff recipes/ddp/train.py recipes/toy/train.py`.\n")
     catalogue = tree / "recipes" / "__init__.py"
     catalogue.write_text(catalogue.read_text() + TOY_ENTRY)
     env = child_env()

@@ -2,6 +2,7 @@
 a --help that keeps the docstring's layout, README excerpts that are the code itself, and a README
 that is a map: short, a README per recipe, links that lead somewhere."""
 
+import difflib
 import importlib
 import inspect
 import re
@@ -9,6 +10,7 @@ import re
 import pytest
 from conftest import ROOT
 
+import recipes
 from recipes import RECIPES
 from recipes.common import RecipeError
 from scripts.checks import recipe_pages
@@ -28,6 +30,35 @@ def test_the_single_device_recipe_is_short():
 @pytest.mark.parametrize("pair", DIFF_LIMITS, ids="->".join)
 def test_the_diff_between_two_recipes_is_the_lesson(pair):
     assert changed_lines(*pair) <= DIFF_LIMITS[pair]
+
+
+def added_lines(a, b):
+    """The lines `diff recipes/a/train.py recipes/b/train.py` marks with '>'."""
+    return [line[1:] for line in difflib.unified_diff(source(a), source(b), lineterm="", n=0)
+            if line.startswith("+") and not line.startswith("+++")]
+
+
+@pytest.mark.parametrize("recipe", [entry.name for entry in RECIPES if entry.read_against])
+def test_each_readme_names_what_its_diff_adds_and_the_diff_adds_it(recipe):
+    entry = recipes.recipe(recipe)
+    readme = (ROOT / "recipes" / recipe / "README.md").read_text()
+    base = entry.read_against
+    assert f"What it adds to {base}: `diff recipes/{base}/train.py recipes/{recipe}/train.py`" in readme
+    blocks = re.findall(r"```\w*\n(.*?)```", readme, re.S)
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```\w*\n.*?```", "", readme, flags=re.S))
+    added, quoted = "\n".join(added_lines(base, recipe)), "\n".join([*blocks, *spans])
+    assert entry.diff_adds
+    for code in entry.diff_adds:
+        assert code in added, f"the diff from {base} to {recipe} adds no {code!r}"
+        assert code in quoted, f"recipes/{recipe}/README.md does not name {code!r}"
+    # "its diff against recipes/X/train.py is exactly ...": X is the recipe it is read against
+    assert set(re.findall(r"diff\s+against\s+`recipes/(\w+)/train.py`\s+is\s+exactly", readme)) <= {base}
+
+
+def test_the_nd_to_ddp_diff_holds_the_process_group_and_the_samplers_epoch():
+    added = "\n".join(added_lines("nd", "ddp"))
+    assert "dist.init_process_group(" in added and "train_sampler.set_epoch(epoch)" in added
+    assert "init_process_group" not in "\n".join(source("nd")) and "set_epoch" not in "\n".join(source("nd"))
 
 
 def test_the_readme_gives_the_diff_sizes_as_they_are():
@@ -188,7 +219,8 @@ def test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder():
     for part in [*PARTS, "gpu"]:
         assert {"measure", "render"} <= {path.stem for path in (ROOT / "scripts" / "figures" / part).glob("*.py")}, part
     assert {path.name for path in (ROOT / "scripts").glob("*") if path.is_file()} == {
-        "make_demo_data.py", "slurm_ddp.sbatch", "preemptible_torchrun.py"}  # (what a user runs by hand)
+        "make_demo_data.py", "slurm_ddp.sbatch", "preemptible_torchrun.py", "loader_check.py"}  # (what a user
+    # runs by hand)
 
 
 def test_no_script_is_longer_than_400_lines():
