@@ -6,8 +6,9 @@ future the hook returns: that bucket, averaged over the ranks. Uncompressed, the
 bucket is allreduced in fp32, 4 bytes per gradient. The hooks here send fewer:
 
   none        PyTorch's allreduce_hook: what DDP does without a hook     4 bytes per gradient
-  fp16, bf16  cast to 16 bits, allreduce, cast back (PyTorch's            2 bytes per gradient
-              fp16_compress_hook and bf16_compress_hook)
+  fp16, bf16  cast to 16 bits, divide by the world size there (so the    2 bytes per gradient
+              sum stays in fp16's range), allreduce (a sum in 16 bits),
+              copy back (PyTorch's fp16_compress_hook, bf16_compress_hook)
   fp8-e4m3,   fp8_hook below: scale the bucket so that its largest         1 byte per gradient,
   fp8-e5m2    magnitude is the format's largest value, cast to 8 bits,     + 4 per bucket
               gather every rank's bytes and scale (no backend sums fp8),
@@ -131,11 +132,12 @@ def with_error_feedback(hook, roundtrip):
     return hook_with_feedback
 
 
-def register(ddp_model, method, powersgd_rank=2, error_feedback=False):
-    """Register `method`'s hook on a DDP model; return the Traffic that counts what it sends."""
+def build(method, powersgd_rank=2, error_feedback=False):
+    """`method`'s hook and the state DDP passes it (the group it averages over; PowerSGD's state), and the
+    Traffic that counts what it sends: ddp_model.register_comm_hook(state, hook)."""
     traffic = Traffic()
     if method == "powersgd":
-        return register_powersgd(ddp_model, traffic, powersgd_rank, error_feedback)
+        return (*build_powersgd(traffic, powersgd_rank, error_feedback), traffic)
     if method in FP8:
         dtype = FP8[method]
         hook, bytes_per_gradient, bytes_per_bucket = fp8_hook(dtype), 1, SCALE_BYTES
@@ -155,11 +157,10 @@ def register(ddp_model, method, powersgd_rank=2, error_feedback=False):
         traffic.count(bucket, bucket.buffer().numel() * bytes_per_gradient + bytes_per_bucket)
         return hook(process_group, bucket)
 
-    ddp_model.register_comm_hook(dist.group.WORLD, counted_hook)
-    return traffic
+    return dist.group.WORLD, counted_hook, traffic
 
 
-def register_powersgd(ddp_model, traffic, rank, error_feedback):
+def build_powersgd(traffic, rank, error_feedback):
     # the first 2 steps allreduce in full (PowerSGD needs them while DDP settles its buckets)
     state = powerSGD_hook.PowerSGDState(process_group=dist.group.WORLD, matrix_approximation_rank=rank,
                                         start_powerSGD_iter=2, use_error_feedback=error_feedback,
@@ -177,5 +178,4 @@ def register_powersgd(ddp_model, traffic, rank, error_feedback):
             future.wait()
         return future
 
-    ddp_model.register_comm_hook(state, counted_hook)
-    return traffic
+    return state, counted_hook

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the clone's root: `recipes` imports uninstalled
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
@@ -47,7 +48,12 @@ def train_one_epoch(model, loader, criterion, optimizer, run):
 
 
 def main(args):
-    ctx = distributed.init_distributed_mode(args)  # rank, world size, and this rank's device
+    launch = distributed.launch_facts(args)  # from torchrun's environment, the legacy launcher or --dist-url
+    with distributed.joining(launch):  # ranks that never meet: one line naming where, after --dist-timeout
+        dist.init_process_group(launch.backend, init_method=launch.init_method, store=launch.store,  # where rank 0 is
+                                world_size=launch.world_size, rank=launch.rank,  # how many, and which one this is
+                                device_id=launch.device_id, timeout=launch.timeout)  # this process's GPU (NCCL)
+    ctx = distributed.context(launch)  # rank, world size, device, and a gloo group beside it for CPU tensors
     device = ctx.device
     log = runlog.RunLog(args, enabled=ctx.is_main)  # only rank 0 prints and writes files
 
@@ -72,7 +78,8 @@ def main(args):
     run.resume()  # --resume, or <out>/checkpoint.pt with --auto-resume
 
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # training goes through it
-    traffic = hooks.register(ddp_model, args.compress, args.powersgd_rank, args.error_feedback)  # counts bytes sent
+    state, hook, traffic = hooks.build(args.compress, args.powersgd_rank, args.error_feedback)  # + bytes sent
+    ddp_model.register_comm_hook(state, hook)  # each gradient bucket goes through the hook, not allreduce
     train_model = models.compile_model(ddp_model, device, args)  # --compile: the training forward and backward
     log.print(f"compression: {ctx.world_size} process(es) on {device} ({ctx.backend}), {hooks.describe(args)}, "
               f"{run.describe(train_set, val_set)}")

@@ -44,7 +44,8 @@ def hook_worker(rank, port, method, grads_per_step, options, results):
     payloads = record_payloads()
     shapes = [g.shape for g in grads_per_step[0][0]]
     model = DDP(GivenGradients(shapes), bucket_cap_mb=options.get("bucket_cap_mb", 25))
-    traffic = hooks.register(model, method, options.get("rank", 2), options.get("error_feedback", False))
+    state, hook, traffic = hooks.build(method, options.get("rank", 2), options.get("error_feedback", False))
+    model.register_comm_hook(state, hook)
     averaged, handed = [], []
     for grads in grads_per_step:
         model.zero_grad()
