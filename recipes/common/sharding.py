@@ -146,20 +146,30 @@ def watch_parameters(model):
     model.register_forward_hook(after_forward)
 
 
-def memory_per_rank(model, optimizer, device):
-    """Measured on every rank (a collective): bytes of its parameters (the most held in a step, with
-    watch_parameters), gradients and optimizer state, and its peak resident memory (and peak CUDA memory on
-    CUDA). {name: [rank 0's, rank 1's, ...]}."""
-    reshard(model)
+def memory_of_this_rank(model, optimizer, device):
+    """This rank's bytes: its parameters (the most held in a step, with watch_parameters), the gradients (the
+    model's, and apex O2's fp32 masters'), what the optimizer holds beside the model (its state, and O2's fp32
+    master weights), its peak resident memory, and on CUDA its peak allocated memory."""
     optimizer = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer: the local optimizer of its share
+    params = list(model.parameters())
+    own = {id(param) for param in params}
+    masters = [param for group in optimizer.param_groups for param in group["params"] if id(param) not in own]
     state = [value for per_param in optimizer.state.values() for value in per_param.values()
              if isinstance(value, torch.Tensor) and value.ndim]  # (not SGD's or Adam's scalar step counts)
-    mine = {"param_bytes": max(local_bytes(model.parameters()), _held_param_bytes.get(model, 0)),
-            "grad_bytes": local_bytes(p.grad for p in model.parameters() if p.grad is not None),
-            "optimizer_bytes": local_bytes(state),
+    mine = {"param_bytes": max(local_bytes(params), _held_param_bytes.get(model, 0)),
+            "grad_bytes": local_bytes(p.grad for p in [*params, *masters] if p.grad is not None),
+            "optimizer_bytes": local_bytes([*state, *masters]),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # (Linux: KiB)
     if device.type == "cuda":
         mine["peak_cuda_bytes"] = torch.cuda.max_memory_allocated(device)
+    return mine
+
+
+def memory_per_rank(model, optimizer, device):
+    """memory_of_this_rank on every rank (a collective), the sharded model resharded first: {name: [rank 0's,
+    rank 1's, ...]}."""
+    reshard(model)
+    mine = memory_of_this_rank(model, optimizer, device)
     ranks = [mine]
     if dist.is_initialized():
         ranks = [None] * dist.get_world_size()

@@ -272,7 +272,7 @@ BREAKS = [
     # the GPU table (make gpu-check): every set-up planned, the smoke's passes kept for a GPU of the same compute
     # capability, a bare loop that is bare and runs its set-up, the timed epoch, the fastest set-up
     dict(name="gpu-table-leaves-a-set-up-out", file="scripts/figures/gpu/plan.py",
-         old='         Setup("recipe", "apex", "", "bf16", True, True),\n', new="",
+         old='         Setup("recipe", "apex", "", "fp16", True, False, "O2"),\n', new="",
          tests=["tests/tools/test_gpu_plan.py::test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command"]),
     dict(name="smoke-again-on-a-gpu-of-the-same-capability", file="scripts/gpu/smoke.py",
          old='(report.get("capability"), report.get("torch")) != (capability', new='(report.get("device"), '

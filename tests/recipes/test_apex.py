@@ -278,6 +278,11 @@ def test_o2_resumes_exactly_from_the_masters_its_checkpoint_holds(tiny_data, tmp
     a, b = (torch.load(out / "checkpoint.pt", weights_only=True)["model"] for out in (full, split))
     assert all(value.dtype == torch.float32 for value in a.values() if value.is_floating_point())
     assert all(torch.equal(a[key], b[key]) for key in a)
+    # what summary.json measures O2 to hold: bf16 weights (BatchNorm's fp32), and for the optimizer fp32 masters,
+    # their fp32 gradients and the momentum
+    memory = read_summary(full)["memory"]
+    assert memory["optimizer_bytes"] == 2 * memory["grad_bytes"]
+    assert memory["grad_bytes"] / 2 < memory["param_bytes"] < memory["grad_bytes"]
 
 
 def test_skipped_steps_are_counted_in_metrics_and_summary_as_the_scale_fell():

@@ -57,6 +57,9 @@ def test_bench_precision_runs_each_precision_it_names_and_says_what_the_cpu_has(
         ("ddp", "fp32", "2"), ("O0", "fp32", "2"), ("O0 + channels_last", "fp32", "2")] + (
         [("O1 bf16", "bf16", "2"), ("O1 bf16 + channels_last", "bf16", "2")] if native_bf16 else [])
     assert all(float(r["images_per_s"]) > 0 and r["cpu_flags"] == measuring.cpu_flags() for r in rows)
+    # fp32 weights, their gradients, SGD's momentum: the same bytes, as each run's summary.json measured them
+    assert all(float(r["param_mb"]) > 0 and r["param_mb"] == r["grad_mb"] == r["optimizer_mb"] for r in rows)
+    assert all(float(r["peak_mb"]) > float(r["param_mb"]) for r in rows)
     info = json.loads(out.with_suffix(".json").read_text())
     assert info["native_bf16"] == native_bf16 and info["hardware"]["cpu_flags"] == measuring.cpu_flags()
     from scripts.figures.precision import render as precision
@@ -64,6 +67,9 @@ def test_bench_precision_runs_each_precision_it_names_and_says_what_the_cpu_has(
     text = precision.render(tmp_path, tmp_path, [])["precision"]
     o0 = statistics.median(float(r["images_per_s"]) for r in rows if r["setup"] == "O0")
     assert f"| O0 | {o0:.1f} ({o0:.1f}–{o0:.1f}) | 1.00x |" in text, text
+    r = next(r for r in rows if r["setup"] == "O0")  # (the memory table is of 1 process's runs)
+    assert f"| O0 | {r['param_mb']} | {r['grad_mb']} | {r['optimizer_mb']} |" in precision.memory_table(
+        [{**row, "processes": "1"} for row in rows], info)
     native_fp16 = bool({"avx512_fp16", "amx_fp16"} & set(measuring.cpu_flags().split()))
     assert ("this CPU runs bf16 natively" in text) == native_bf16
     assert [line.split(":")[0] for line in info["left_out"]] == [

@@ -6,8 +6,9 @@ scaling over GPUs and the compression hooks over NCCL.
     python scripts/figures/gpu/measure.py --jpeg DIR --skip-measured --minutes 7  # as scripts/gpu/check.py runs it
 
   table        at 1 GPU, scripts/figures/gpu/plan.py's set-ups in turn (--list: with the model's seconds): ddp fp32,
-               apex O0 + channels_last, O1 fp16 and bf16 with channels_last with and without --compile, on
-               --synthetic images; the bare loop (scripts/figures/bare_loop.py) in fp32 and at the fastest of those;
+               apex O0 + channels_last, O1 fp16 and bf16 with channels_last (fp16 also with --compile), O2 fp16
+               with channels_last, on --synthetic images; the bare loop (scripts/figures/bare_loop.py) in fp32 and
+               at the fastest of those but O2;
                that fastest on the JPEG folder under --decoder tensor and pil (every core but one decoding)
                and gpu (nvjpeg)
   scaling      ddp fp32 and the table's fastest set-up on 2, 4, ... and all GPUs (--synthetic)
@@ -55,8 +56,8 @@ COMPRESSED = Setup("recipe", "compression", "", "fp32", False, False)  # (its ho
 MACHINE = ["cpu", "cores", "gpu", "capability", "torch"]
 MEASURED = ["batch_size", "workers", "steps", "step_ms", "step_ms_p10", "step_ms_p90", "images_per_s",
             "data_wait_share", "seconds", "model_seconds", "arch", "image_size"]
-TABLE_FIELDS = ["planned", "setup", "kind", "recipe", "decoder", "precision", "channels_last", "compile", "gpus",
-                *MEASURED, *MACHINE]
+TABLE_FIELDS = ["planned", "setup", "kind", "recipe", "opt_level", "decoder", "precision", "channels_last",
+                "compile", "gpus", *MEASURED, *MACHINE]
 COMPRESSION_FIELDS = ["method", "error_feedback", "gpus", "bytes_per_step", "compression_ratio", *MEASURED, *MACHINE]
 
 

@@ -2,11 +2,12 @@
 and the model of the seconds each takes on one H100, from which scripts/gpu/check.py --plan fits a lease.
 
 The table, at 1 GPU, in the order it is measured: the set-ups a user chooses between on --synthetic images
-(ddp in fp32; apex at O0 with channels_last; O1 fp16 and O1 bf16, each with channels_last, with and without
---compile); the bare loop (scripts/figures/bare_loop.py: plain PyTorch, no recipe) in fp32 and at the fastest of
-those set-ups; and that fastest set-up once more on a folder of JPEGs under each --decoder. Beyond 1 GPU (a
-node with more), the scaling part runs ddp fp32 and the fastest set-up on 2, 4, ... GPUs, and the compression
-part the compression recipe's hooks over NCCL.
+(ddp in fp32; apex at O0 with channels_last; O1 fp16 and O1 bf16 with channels_last, fp16 also with --compile;
+O2 fp16 with channels_last, the seed tutorial's set-up, beside O1); the bare loop
+(scripts/figures/bare_loop.py: plain PyTorch, no recipe) in fp32 and at the fastest of those set-ups but O2 (the
+bare loop has no master weights); and that fastest set-up once more on a folder of JPEGs under each --decoder.
+Beyond 1 GPU (a node with more), the scaling part runs ddp fp32 and the fastest set-up on 2, 4, ... GPUs, and the
+compression part the compression recipe's hooks over NCCL.
 """
 
 import json
@@ -24,17 +25,18 @@ class Setup(NamedTuple):
     kind: str  # "recipe", or "bare" for scripts/figures/bare_loop.py
     recipe: str  # ddp or apex ("" for the bare loop)
     decoder: str  # "" on --synthetic images, else the --decoder of the JPEG folder
-    precision: str  # fp32, fp16 or bf16 (apex: O0 for fp32, O1 for the others)
+    precision: str  # fp32, fp16 or bf16
     channels_last: bool
     compile: bool
+    opt_level: str = ""  # apex's --opt-level (O0, O1, O2); "" for ddp and the bare loop
 
 
 TABLE = [Setup("recipe", "ddp", "", "fp32", False, False),
-         Setup("recipe", "apex", "", "fp32", True, False),
-         Setup("recipe", "apex", "", "fp16", True, False),
-         Setup("recipe", "apex", "", "fp16", True, True),
-         Setup("recipe", "apex", "", "bf16", True, False),
-         Setup("recipe", "apex", "", "bf16", True, True),
+         Setup("recipe", "apex", "", "fp32", True, False, "O0"),
+         Setup("recipe", "apex", "", "fp16", True, False, "O1"),
+         Setup("recipe", "apex", "", "fp16", True, True, "O1"),
+         Setup("recipe", "apex", "", "bf16", True, False, "O1"),
+         Setup("recipe", "apex", "", "fp16", True, False, "O2"),
          Setup("bare", "", "", "fp32", False, False),
          Setup("bare", "", "", FASTEST, FASTEST, FASTEST),
          *(Setup("recipe", FASTEST, decoder, FASTEST, FASTEST, FASTEST) for decoder in ("tensor", "pil", "gpu"))]
@@ -59,7 +61,7 @@ def setup_name(setup):
     if setup.precision is FASTEST:
         head = "bare loop" if setup.kind == "bare" else "the fastest set-up"
         return f"{head} at the fastest set-up" if setup.kind == "bare" else f"{head}, JPEGs, --decoder {setup.decoder}"
-    level = "" if setup.recipe != "apex" else "O0 " if setup.precision == "fp32" else "O1 "
+    level = f"{setup.opt_level} " if setup.opt_level else ""
     name = " ".join(filter(None, ["bare loop" if setup.kind == "bare" else setup.recipe, level + setup.precision,
                                   "+ channels_last" if setup.channels_last else "", "+ compile" if setup.compile
                                   else ""]))
@@ -73,15 +75,16 @@ def resolve(setup, fastest):
     if fastest is None:
         return None
     return setup._replace(recipe="" if setup.kind == "bare" else fastest.recipe, precision=fastest.precision,
-                          channels_last=fastest.channels_last, compile=fastest.compile)
+                          channels_last=fastest.channels_last, compile=fastest.compile,
+                          opt_level="" if setup.kind == "bare" else fastest.opt_level)
 
 
 def recipe_flags(setup):
     """The recipe's flags for the set-up's precision and layout (not its data); the bare loop's for a bare one."""
     flags = ["--precision", setup.precision] if setup.kind == "bare" else []
     if setup.recipe == "apex":
-        flags += ["--opt-level", "O0"] if setup.precision == "fp32" else ["--opt-level", "O1", "--amp-dtype",
-                                                                          setup.precision]
+        flags += ["--opt-level", setup.opt_level] + (["--amp-dtype", setup.precision] if setup.precision != "fp32"
+                                                       else [])
     return flags + (["--channels-last"] if setup.channels_last else []) + (["--compile"] if setup.compile else [])
 
 
@@ -105,6 +108,7 @@ def gpu_counts(available, asked=None):
 # (the H100: 58 s more than eager for O0 with an empty Inductor cache; with the cache an earlier run of the
 # same graph filled, 0.08 of that, as this project's CPU measured it in figures/data/compile.csv); an epoch's
 # end (evaluation at 3x the training rate, a checkpoint of 200 MB).
+# (O2 was not measured: taken as O1's rate)
 MODEL_IMAGES_PER_S = {("fp32", False): 1800, ("fp32", True): 2400, ("fp16", True): 4600, ("bf16", True): 3800}
 MODEL_COMPILE_SPEEDUP, MODEL_START_S, MODEL_FIRST_STEP_S, MODEL_EPOCH_END_S = 1.4, 10, 6.5, 2
 MODEL_COMPILE_S = {"cold": 60, "warm": 10}
@@ -144,7 +148,7 @@ def model_seconds(setup, images, cores, decode, warm, profile=False):
 
 def assumed_fastest():
     """The set-up the model finds fastest, standing in for the measured one in a plan."""
-    recipes = [s for s in TABLE if s.kind == "recipe" and s.precision is not FASTEST]
+    recipes = [s for s in TABLE if s.kind == "recipe" and s.precision is not FASTEST and s.opt_level != "O2"]
     return max(recipes, key=lambda s: MODEL_IMAGES_PER_S[s.precision, s.channels_last] *
                (MODEL_COMPILE_SPEEDUP if s.compile else 1))
 
@@ -193,14 +197,17 @@ def print_plan(cores, decode, jpeg, counts):
 
 
 def setup_of(row):
-    """The Setup a row of table.csv measured."""
+    """The Setup a row of table.csv measured (a row from before O2 was planned: apex's level by its precision)."""
+    level = row.get("opt_level") or ("" if row["recipe"] != "apex" else "O0" if row["precision"] == "fp32" else "O1")
     return Setup(row["kind"], row["recipe"], row["decoder"], row["precision"], str(row["channels_last"]) == "1",
-                 str(row["compile"]) == "1")
+                 str(row["compile"]) == "1", level)
 
 
 def fastest_of(rows):
-    """The fastest recipe set-up on --synthetic images at 1 GPU among rows (one GPU and torch's), or None."""
-    candidates = [r for r in rows if r["kind"] == "recipe" and not r["decoder"] and str(r["gpus"]) == "1"]
+    """The fastest recipe set-up on --synthetic images at 1 GPU among rows (one GPU and torch's), or None; not an
+    O2 one, which the bare loop (autocast, fp32 weights) cannot run beside."""
+    candidates = [r for r in rows if r["kind"] == "recipe" and not r["decoder"] and str(r["gpus"]) == "1"
+                  and setup_of(r).opt_level != "O2"]
     return setup_of(max(candidates, key=lambda r: float(r["images_per_s"]))) if candidates else None
 
 
@@ -210,7 +217,7 @@ def targets_of(rows):
     if fastest is None:
         return [(name, None, False, None) for name, _, _ in TARGETS]
     rate = {setup_of(r): float(r["images_per_s"]) for r in rows if str(r["gpus"]) == "1"}
-    bare = rate.get(fastest._replace(kind="bare", recipe=""))
+    bare = rate.get(fastest._replace(kind="bare", recipe="", opt_level=""))
     jpegs = {setup: images for setup, images in rate.items() if setup.decoder and setup._replace(decoder="") == fastest}
     best = max(jpegs, key=jpegs.get, default=None)
     values = {"speed": rate[fastest], "recipe": rate[fastest] / bare if bare else None,

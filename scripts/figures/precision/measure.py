@@ -19,7 +19,8 @@ images (this script launches the recipe with the synthetic epoch cut to that man
 validation set to one batch per process) and reads the steady-state images/s (every step after the first,
 which warms up, autotunes and compiles) from its metrics.csv. The set-ups run in turn, --repeats rounds of all
 of them, so that a slow spell on a shared machine falls on every set-up alike; the results take the median per
-set-up and its ratio to O0 at the same number of processes. --compile runs share one TorchInductor cache
+set-up and its ratio to O0 at the same number of processes, and each run's memory from its summary.json (rank
+0's weights, gradients, optimizer state with O2's masters, and peak). --compile runs share one TorchInductor cache
 (the first round compiles cold). On CUDA the runs load with 4 workers (collating 38 MB of uint8 images per
 step in the training process would slow it, as in scripts/figures/gpu/measure.py), and a GPU with too little
 memory for -b needs a lower one. The runs go to runs/figures/precision/<set-up>-<N>p/round<R>; a run whose summary.json
@@ -44,11 +45,21 @@ from scripts.figures import measuring  # noqa: E402
 from scripts.figures.gpu.measure import SYNTHETIC_WORKERS, visible_gpus  # noqa: E402
 
 FIELDS = ["setup", "recipe", "opt_level", "precision", "channels_last", "compile", "processes", "threads", "round",
-          "images_per_s", "epoch_s", "arch", "image_size", "batch_size", "steps", "workers", "cpu", "cores",
-          "cpu_flags", "gpu", "torch"]
+          "images_per_s", "epoch_s", "param_mb", "grad_mb", "optimizer_mb", "peak_mb", "arch", "image_size",
+          "batch_size", "steps", "workers", "cpu", "cores", "cpu_flags", "gpu", "torch"]
 FULL = {"arch": "resnet18", "image_size": 112, "batch_size": 32, "steps": 12, "workers": 0}
 GPU = {"arch": "resnet50", "image_size": 224, "batch_size": 256, "steps": 20, "workers": SYNTHETIC_WORKERS}
 QUICK = {"arch": "lenet", "image_size": 16, "batch_size": 8, "steps": 4, "workers": 0}
+
+
+def memory_mb(summary):
+    """Rank 0's memory from its summary.json, in MB: the weights, the gradients, what the optimizer holds beside
+    them (its momentum, and O2's fp32 master weights), and its peak (on CUDA the allocator's, else resident)."""
+    memory = summary.get("memory") or {}
+    peak = memory.get("peak_cuda_bytes", memory.get("peak_rss_bytes"))
+    return {field: round(memory[key] / 1e6, 2) if key in memory else "" for field, key in
+            (("param_mb", "param_bytes"), ("grad_mb", "grad_bytes"), ("optimizer_mb", "optimizer_bytes"))} | {
+        "peak_mb": round(peak / 1e6, 1) if peak is not None else ""}
 
 
 def launch(argv):
@@ -156,7 +167,7 @@ def main():
                      "precision": summary.get("precision", "fp32"), "channels_last": channels_last,
                      "compile": compiled, "processes": processes, "threads": threads, "round": round_,
                      "images_per_s": round(float(train["images_per_s"]), 2),
-                     "epoch_s": round(float(train["epoch_s"]), 2), **model, **machine})
+                     "epoch_s": round(float(train["epoch_s"]), 2), **memory_mb(summary), **model, **machine})
         measuring.write_csv(out_csv, FIELDS, rows)
         out_csv.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
         print(f"round {round_}, {processes} {'GPU(s)' if cuda else 'process(es)'}: {name:32s} "

@@ -54,7 +54,25 @@ def precision_table(rows, info):
             f"epoch of {info['steps']} steps on --synthetic images, images/s of every step after the first; the "
             f"median of {rounds} round(s) of every set-up taken in turn, in brackets the lowest and highest; "
             f"\"vs O0\": over apex at O0 (fp32) with the same processes. {cpu_sentence(info['hardware'], info)}")
-    return text + "".join(f"\n\nLeft out: {line}." for line in info["left_out"]) + "\n\n" + findings(rates, info)
+    return (text + "".join(f"\n\nLeft out: {line}." for line in info["left_out"]) + "\n\n" + findings(rates, info) +
+            memory_table(rows, info))
+
+
+def memory_table(rows, info):
+    """What each set-up holds at 1 process (rank 0, its last round): weights, gradients, the optimizer's state
+    with O2's fp32 masters, and the peak; '' for rows measured before the memory was recorded."""
+    last = {r["setup"]: r for r in rows if int(r["processes"]) == 1 and r.get("param_mb")}
+    if not last:
+        return ""
+    peak = "peak CUDA memory" if info["hardware"].get("gpu") else "peak resident memory"
+    body = [[name, r["param_mb"], r["grad_mb"], r["optimizer_mb"],
+             f"{float(r['param_mb']) + float(r['grad_mb']) + float(r['optimizer_mb']):.2f}", r["peak_mb"]]
+            for name, r in last.items()]
+    return ("\n\n" + table(["set-up, 1 process", "weights (MB)", "gradients (MB)", "optimizer: state and masters (MB)",
+                             "together (MB)", f"{peak} (MB)"], body) +
+            "\n\nMemory as each run's summary.json gives it (rank 0, at the run's end): O2 halves the weights the "
+            "model holds and keeps fp32 copies of them, and of their gradients, for the optimizer; the peak "
+            "counts the activations too.")
 
 
 def cpu_sentence(machine, info):
