@@ -72,7 +72,7 @@ class RunLog:
 
     def start_profiler(self, steps, device):
         """--profile N: torch.profiler records optimizer steps 3 to N+2 (after the loader's and the
-        compiler's start-up) into <out>/profile, which TensorBoard's profiler view and Perfetto read."""
+        compiler's start-up) into <out>/profile: Chrome traces, which Perfetto and chrome://tracing read."""
         if not (self.enabled and steps):
             return
         # kineto's own log: level 4 would show a failed GPU query on a CPU-only machine as an error, 5 its
