@@ -3,7 +3,7 @@
     reads    figures/data/precision.csv and precision.json (the GPU form of the table:
              scripts/figures/gpu/render.py, from the GPU table)
     draws    none
-    writes   sections precision
+    writes   sections precision, precision-memory (the long form's)
 """
 
 import json
@@ -55,7 +55,16 @@ def precision_table(rows, info):
             f"median of {rounds} round(s) of every set-up taken in turn, in brackets the lowest and highest; "
             f"\"vs O0\": over apex at O0 (fp32) with the same processes. {cpu_sentence(info['hardware'], info)}")
     return (text + "".join(f"\n\nLeft out: {line}." for line in info["left_out"]) + "\n\n" + findings(rates, info) +
-            memory_table(rows, info))
+            memory_sentence(rows))
+
+
+def memory_sentence(rows):
+    """The memory each level holds at 1 process, in a sentence (the table: the long form's precision-memory)."""
+    together = {r["setup"]: float(r["param_mb"]) + float(r["grad_mb"]) + float(r["optimizer_mb"])
+                for r in rows if int(r["processes"]) == 1 and r.get("param_mb")}
+    said = [f"{name} {together[name]:.1f} MB" for name in ("O0", "O1 bf16", "O2 bf16", "O3 bf16") if name in together]
+    return (" Weights, gradients and optimizer state at 1 process: " + ", ".join(said) +
+            " (each set-up's: the long form's memory table).") if len(said) > 1 else ""
 
 
 def memory_table(rows, info):
@@ -68,7 +77,7 @@ def memory_table(rows, info):
     body = [[name, r["param_mb"], r["grad_mb"], r["optimizer_mb"],
              f"{float(r['param_mb']) + float(r['grad_mb']) + float(r['optimizer_mb']):.2f}", r["peak_mb"]]
             for name, r in last.items()]
-    return ("\n\n" + table(["set-up, 1 process", "weights (MB)", "gradients (MB)", "optimizer: state and masters (MB)",
+    return (table(["set-up, 1 process", "weights (MB)", "gradients (MB)", "optimizer: state and masters (MB)",
                              "together (MB)", f"{peak} (MB)"], body) +
             "\n\nMemory as each run's summary.json gives it (rank 0, at the run's end): O2 halves the weights the "
             "model holds and keeps fp32 copies of them, and of their gradients, for the optimizer; the peak "
@@ -112,8 +121,9 @@ def render(data, figures, missing):
     if not (data / "precision.csv").exists():
         missing.append("precision.csv (scripts/figures/precision/measure.py)")
         return {}
-    info = json.loads((data / "precision.json").read_text())
-    return {"precision": precision_table(read_csv(data / "precision.csv"), info)}
+    info, rows = json.loads((data / "precision.json").read_text()), read_csv(data / "precision.csv")
+    return {"precision": precision_table(rows, info),
+            "precision-memory": memory_table(rows, info) or "Not measured yet (precision.csv holds no memory)."}
 
 
 def headline(data):
