@@ -155,9 +155,12 @@ def test_each_command_on_the_digits_runs_as_written_and_learns(commands, digits,
 
 def recipe_argv(tokens):
     """(recipe, its arguments) of a template: after torchrun's or the legacy launcher's flags (which they must
-    parse), or after SLURM's script (DATA=... RECIPE=... sbatch [sbatch flags] scripts/slurm_ddp.sbatch ARGS)."""
+    parse), or after SLURM's script (DATA=... RECIPE=... sbatch [sbatch flags] scripts/slurm_ddp.sbatch ARGS), or
+    the command that scripts/loader_check.py is given."""
     from torch.distributed import launch, run
 
+    if "scripts/loader_check.py" in tokens:  # python scripts/loader_check.py [its flags] -- COMMAND: the command's
+        return recipe_argv(tokens[tokens.index("--") + 1:])
     if SLURM_SCRIPT in tokens:
         env = dict(t.split("=", 1) for t in tokens if re.match(r"^[A-Z_]+=", t))
         return env.get("RECIPE", "ddp"), [env["DATA"], *tokens[tokens.index(SLURM_SCRIPT) + 1:]]
