@@ -5,9 +5,12 @@ memory: nothing read, nothing decoded), times the same number of steps of each, 
         -a resnet50 -b 256 --opt-level O2 --channels-last
 
 The command is the one you would launch, run on one node (with two nodes, check one; it is the same loader).
-Each run prints every step (-p 1) into a run directory of its own under --out, and is stopped with SIGTERM once
---steps steps are timed (the recipe saves a checkpoint there and exits). The first --warmup steps, and each
-epoch's first step (loader workers starting, an evaluation before it), are not timed. Real data at 90 % or more
+Each run prints every step (-p 1) into a run directory of its own under --out, for as many epochs as it takes
+(--epochs 10000: --synthetic's 12,800 images are few steps of a large global batch), and is stopped with SIGTERM
+once --steps steps are timed (the recipe saves a checkpoint there and exits). The first --warmup steps, and each
+epoch's first step (loader workers starting, an evaluation before it), are not timed. The synthetic run drops
+--decoder (it decodes nothing). A run that prints no step for --timeout seconds is killed, with every process
+it started. Real data at 90 % or more
 of the synthetic speed: the loader keeps up; below that it limits the run, and the line says what to try.
 --synthetic has ImageNet's 1000 classes: where the classifier is a large share of the model's work (lenet on 10
 classes) the two runs differ in more than their input; for ResNet-50 on ImageNet they differ in nothing else.
@@ -42,33 +45,60 @@ def parse_args(argv=None):
     if not any(re.search(r"recipes/\w+/train\.py$", word) for word in args.command):
         parser.error("give a recipe's launch command after --, such as: -- torchrun --nproc_per_node=8 "
                      "recipes/ddp/train.py DIR -a resnet50")
-    if args.steps < 2 or args.warmup < 0:
-        parser.error("--steps must be at least 2 and --warmup at least 0")
+    if "--synthetic" in args.command:
+        parser.error("give the command that trains on your data, without --synthetic (the check adds it)")
+    if args.steps < 2 or args.warmup < 0 or args.timeout <= 0:
+        parser.error("--steps must be at least 2, --warmup at least 0 and --timeout more than 0")
     return args
+
+
+def process_tree(pid):
+    """pid and every process below it: torchrun starts its workers in sessions of their own, out of reach of a
+    signal to the launcher's process group."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def kill_tree(pid):
+    for member in process_tree(pid):  # (all found first: a killed parent's children would move to init)
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def timed_steps(command, out, steps, warmup, timeout):
     """Run the command into `out`, printing every step; return (global batch, steps timed, seconds), or raise
-    SystemExit with the run's last lines if it ends or falls silent first."""
-    process = subprocess.Popen([*command, "-p", "1", "--out", str(out)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    SystemExit with the run's last lines if it ends or prints no step for `timeout` seconds first."""
+    process = subprocess.Popen([*command, "-p", "1", "--epochs", "10000", "--out", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines, batch, seen, timed, seconds, last = [], None, 0, 0, 0.0, None
-    silence = threading.Timer(timeout, lambda: os.killpg(process.pid, signal.SIGKILL))
+    silence = threading.Timer(timeout, kill_tree, (process.pid,))
     silence.start()
     try:
         for line in process.stdout:
             lines.append(line.rstrip())
-            silence.cancel()
-            silence = threading.Timer(timeout, lambda: os.killpg(process.pid, signal.SIGKILL))
-            silence.start()
             if batch is None and GLOBAL_BATCH.search(line):
                 batch = int(GLOBAL_BATCH.search(line).group(1))
             step = STEP_LINE.match(line)
             if not step or timed >= steps:  # (stopping: read on to the end, so the recipe never blocks on a print)
                 continue
+            silence.cancel()
+            silence = threading.Timer(timeout, kill_tree, (process.pid,))
+            silence.start()
             now, epoch, index = time.perf_counter(), int(step.group(1)), int(step.group(2))
             seen += 1
-            if last is not None and last[0] == epoch and index == last[1] + 1 and seen > warmup + 1:
+            if last is not None and last[0] == epoch and index == last[1] + 1 and seen > warmup:
                 timed, seconds = timed + 1, seconds + now - last[2]
             last = (epoch, index, now)
             if timed >= steps:
@@ -78,13 +108,26 @@ def timed_steps(command, out, steps, warmup, timeout):
     try:
         process.wait(timeout=120)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process.pid)
         process.wait()
     if timed < steps or batch is None:
         tail = "\n".join(lines[-5:])
         raise SystemExit(f"error: {' '.join(command)} stopped after {timed} timed step(s) (exit {process.returncode})"
                          f"; its last lines:\n{tail}")
     return batch, timed, seconds
+
+
+def without_decoder(command):
+    """The command without --decoder (--synthetic decodes nothing, and takes no --decoder gpu)."""
+    kept, skip = [], False
+    for word in command:
+        if skip or word.startswith("--decoder="):
+            skip = False
+            continue
+        skip = word == "--decoder"
+        if not skip:
+            kept.append(word)
+    return kept
 
 
 def verdict(real, synthetic):
@@ -103,9 +146,9 @@ def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="loader-check-"))
     rates = {}
-    for name, extra in (("real data", []), ("synthetic", ["--synthetic"])):
-        batch, steps, seconds = timed_steps([*args.command, *extra], out / name.replace(" ", "-"), args.steps,
-                                            args.warmup, args.timeout)
+    for name, command in (("real data", args.command), ("synthetic", [*without_decoder(args.command), "--synthetic"])):
+        batch, steps, seconds = timed_steps(command, out / name.replace(" ", "-"), args.steps, args.warmup,
+                                            args.timeout)
         rates[name] = batch * steps / seconds
         print(f"{name:<10} {rates[name]:10.1f} images/s  ({steps} steps of {batch} images in {seconds:.1f} s)",
               flush=True)

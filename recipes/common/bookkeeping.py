@@ -199,7 +199,7 @@ class Run:
         if self.val_stats is None:
             self.evaluate(val_loader)
         processes = dist.get_world_size() if dist.is_initialized() else 1  # (all of them: servers, stages too)
-        if isinstance(getattr(self.optimizer, "optim", self.optimizer), torch.optim.Optimizer):  # (not ps', pipeline's)
+        if self.gather is None:  # (ps' and the pipeline's model is put together from every rank's: not this rank's)
             extra = {"memory": sharding.memory_of_this_rank(self.model, self.optimizer, self.device), **extra}
         self.log.finish(self.args, self.val_stats, self.checkpoint.epoch, processes, self.checkpoint.global_batch,
                         self.device, self.checkpoint.best_top1, self.ema_stats, **extra)

@@ -96,12 +96,12 @@ def shard_model(model, args, policy):
 
 
 def main(args):
-    launch = distributed.launch_facts(args)  # from torchrun's environment, the legacy launcher or --dist-url
-    with distributed.joining(launch):  # ranks that never meet: one line naming where, after --dist-timeout
-        dist.init_process_group(launch.backend, init_method=launch.init_method, store=launch.store,  # where rank 0 is
-                                world_size=launch.world_size, rank=launch.rank,  # how many, and which one this is
-                                device_id=launch.device_id, timeout=launch.timeout)  # this process's GPU (NCCL)
-    ctx = distributed.context(launch)  # rank, world size, device, and a gloo group beside it for CPU tensors
+    facts = distributed.launch_facts(args)  # from torchrun's environment, the legacy launcher or --dist-url
+    with distributed.joining(facts):  # ranks that never meet: one line naming where, after --dist-timeout
+        dist.init_process_group(facts.backend, init_method=facts.init_method, store=facts.store,  # where rank 0 is
+                                world_size=facts.world_size, rank=facts.rank,  # how many, and which one this is
+                                device_id=facts.device_id, timeout=facts.timeout)  # this process's GPU (NCCL)
+    ctx = distributed.context(facts)  # rank, world size, device, and a gloo group beside it for CPU tensors
     device = ctx.device
     log = runlog.RunLog(args, enabled=ctx.is_main)  # only rank 0 prints and writes files
 

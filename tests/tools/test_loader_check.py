@@ -1,7 +1,9 @@
 """scripts/loader_check.py: a recipe's command timed on its data and on --synthetic images, and the verdict."""
 
 import sys
+import time
 
+import pytest
 from conftest import ROOT, TINY, run_python
 
 sys.path.insert(0, str(ROOT))
@@ -41,3 +43,25 @@ def test_a_run_that_fails_is_named_with_its_last_lines(tmp_path):
                          sys.executable, ROOT / "recipes" / "nd" / "train.py", tmp_path / "missing", *TINY])
     assert result.returncode == 1
     assert "stopped after 0 timed step(s)" in result.stderr and "missing" in result.stderr
+
+
+def test_the_synthetic_run_drops_the_decoder_and_a_synthetic_command_is_refused():
+    assert loader_check.without_decoder(["r.py", "D", "--decoder", "gpu", "-b", "8", "--decoder=pil"]) == \
+        ["r.py", "D", "-b", "8"]
+    result = run_python([sys.executable, ROOT / "scripts" / "loader_check.py", "--", "python",
+                         "recipes/ddp/train.py", "D", "--synthetic"])
+    assert result.returncode == 2 and "without --synthetic" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_run_that_prints_no_step_is_killed_with_the_processes_of_sessions_of_their_own(tmp_path):
+    """As torchrun starts its workers: a child in a session of its own, holding the output open."""
+    script = tmp_path / "silent.py"
+    script.write_text("import subprocess, sys, time\n"
+                      "print('x: global batch 8', flush=True)\n"
+                      "child = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+                      "subprocess.Popen(child, start_new_session=True)\n"
+                      "time.sleep(60)\n")
+    started = time.monotonic()
+    with pytest.raises(SystemExit, match="stopped after 0 timed step"):
+        loader_check.timed_steps([sys.executable, str(script)], tmp_path / "out", 2, 0, timeout=2)
+    assert time.monotonic() - started < 30
