@@ -58,8 +58,10 @@ def measure(args, figures_data):
     flags = [args.cluster_data, *measuring.ACCURACY, "--seed", "0"]
     bytes_per_step = links.fp32_gradient_bytes(args.cluster_data, measuring.ACCURACY)
     stand_in, training, curves = [], [], []
-    alone = {nodes: links.alone_step("ddp", flags, max(2, nodes), args.cluster_batch, runs / f"alone-{nodes}")
-             for nodes in args.cluster_nodes}  # (at 1 node: as at 2, one core a copy)
+    # a node's step alone, at 1 node as at 2 (one core a copy): measured once for both
+    measured_alone = {n: links.alone_step("ddp", flags, n, args.cluster_batch, runs / f"alone-{n}")
+                      for n in sorted({max(2, nodes) for nodes in args.cluster_nodes})}
+    alone = {nodes: measured_alone[max(2, nodes)] for nodes in args.cluster_nodes}
     one = alone[min(args.cluster_nodes)]
     # the emulation's floor: the stand-in with the links unshaped, where only this machine's CPU sets the pace of
     # an all-reduce of these bytes (at lenet's 324 kB it is slower than the ceiling's 64 MiB messages say)
