@@ -27,6 +27,10 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.figures import measuring
+
 STEP_LINE = re.compile(r"^epoch (\d+) step (\d+)/\d+ ")
 GLOBAL_BATCH = re.compile(r"global batch (\d+)")
 KEEPS_UP = 0.9  # real data at this share of the synthetic speed, or more: the loader is not what limits the run
@@ -52,38 +56,13 @@ def parse_args(argv=None):
     return args
 
 
-def process_tree(pid):
-    """pid and every process below it: torchrun starts its workers in sessions of their own, out of reach of a
-    signal to the launcher's process group."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    return tree
-
-
-def kill_tree(pid):
-    for member in process_tree(pid):  # (all found first: a killed parent's children would move to init)
-        try:
-            os.kill(member, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def timed_steps(command, out, steps, warmup, timeout):
     """Run the command into `out`, printing every step; return (global batch, steps timed, seconds), or raise
     SystemExit with the run's last lines if it ends or prints no step for `timeout` seconds first."""
     process = subprocess.Popen([*command, "-p", "1", "--epochs", "10000", "--out", str(out)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines, batch, seen, timed, seconds, last = [], None, 0, 0, 0.0, None
-    silence = threading.Timer(timeout, kill_tree, (process.pid,))
+    silence = threading.Timer(timeout, measuring.kill_tree, (process,))
     silence.start()
     try:
         for line in process.stdout:
@@ -94,7 +73,7 @@ def timed_steps(command, out, steps, warmup, timeout):
             if not step or timed >= steps:  # (stopping: read on to the end, so the recipe never blocks on a print)
                 continue
             silence.cancel()
-            silence = threading.Timer(timeout, kill_tree, (process.pid,))
+            silence = threading.Timer(timeout, measuring.kill_tree, (process,))
             silence.start()
             now, epoch, index = time.perf_counter(), int(step.group(1)), int(step.group(2))
             seen += 1
@@ -108,8 +87,7 @@ def timed_steps(command, out, steps, warmup, timeout):
     try:
         process.wait(timeout=120)
     except subprocess.TimeoutExpired:
-        kill_tree(process.pid)
-        process.wait()
+        measuring.kill_tree(process)  # (torchrun's workers too, each in a session of its own)
     if timed < steps or batch is None:
         tail = "\n".join(lines[-5:])
         raise SystemExit(f"error: {' '.join(command)} stopped after {timed} timed step(s) (exit {process.returncode})"
