@@ -245,11 +245,6 @@ class EpochShuffle(DistributedSampler):
         super().__init__(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed or 0)
 
 
-def shuffle_sampler(dataset, seed):
-    """One process's sampler (EpochShuffle), for what measures the loader outside a recipe."""
-    return EpochShuffle(dataset, seed)
-
-
 def train_loader(dataset, args, sampler=None):
     """One batch per optimizer step: --batch-size x --accum-steps images (uint8; the device normalises them).
     Without a sampler: shuffled anew each epoch (EpochShuffle)."""

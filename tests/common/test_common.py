@@ -52,7 +52,7 @@ def test_validation_shards_cover_every_image_exactly_once(size, world_size):
 
 def test_single_process_sampler_sees_what_ranks_see_together():
     dataset, batch, world_size = list(range(48)), 8, 2
-    single = data.shuffle_sampler(dataset, seed=3)
+    single = data.EpochShuffle(dataset, seed=3)
     ranks = [DistributedSampler(dataset, num_replicas=world_size, rank=r, seed=3) for r in range(world_size)]
     for epoch in (0, 1):
         single.set_epoch(epoch)
@@ -120,7 +120,7 @@ def test_resume_checks_arch_and_classes(tmp_path):
 def test_a_mid_epoch_resume_trains_on_exactly_the_images_not_yet_seen(tmp_path, world_size, batch):
     """One process saved after 3 steps of 8; the resumed run (any world size) sees the other 40."""
     dataset = list(range(48))
-    saved = DataLoader(dataset, batch_size=8, sampler=data.shuffle_sampler(dataset, seed=5), drop_last=True)
+    saved = DataLoader(dataset, batch_size=8, sampler=data.EpochShuffle(dataset, seed=5), drop_last=True)
     saved.sampler.set_epoch(1)
     seen = torch.cat([batch for _, batch in zip(range(3), saved)]).tolist()
 

@@ -118,7 +118,7 @@ def test_batches_leave_the_workers_as_uint8_and_are_normalised_on_the_device(tin
     train_set, _, num_classes = data.build_datasets(args)
     from multiprocessing.reduction import ForkingPickler
     ForkingPickler.dumps(train_set[0][0])  # what a worker does to send it (else the loader below never ends)
-    loader = data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0))
+    loader = data.train_loader(train_set, args, data.EpochShuffle(train_set, 0))
     images, target = next(iter(loader))
     assert images.dtype == torch.uint8  # 4x fewer bytes than float through shared memory and the copy
     on_device, _ = data.device_transform(args, torch.device("cpu"), num_classes)(images, target)
@@ -136,7 +136,7 @@ def test_workers_persist_across_epochs_unless_a_seed_asks_for_repeatable_augment
     for flags, persistent in (([*unseeded, "--seed", "0"], False), (unseeded, True)):
         args = cli.parse_args(cli.build_parser("nd", ""), flags)
         train_set, val_set, _ = data.build_datasets(args)
-        assert data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0)).persistent_workers == persistent
+        assert data.train_loader(train_set, args, data.EpochShuffle(train_set, 0)).persistent_workers == persistent
         assert data.val_loader(val_set, args).persistent_workers  # (evaluation draws nothing at random)
 
 
@@ -202,7 +202,7 @@ def test_the_gpu_decoders_bytes_come_through_loader_workers(tmp_path):
     train_set, _, num_classes = data.build_datasets(args)
     from multiprocessing.reduction import ForkingPickler
     ForkingPickler.dumps(train_set[0][0])  # what a worker does to send it (else the loader below never ends)
-    loader = data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0))
+    loader = data.train_loader(train_set, args, data.EpochShuffle(train_set, 0))
     batches = [data.device_transform(args, torch.device("cpu"), num_classes)(images, target)
                for images, target in loader]
     assert [batch.shape for batch, _ in batches] == [(4, 3, 16, 16)] * 2

@@ -62,7 +62,7 @@ def one_pass(folder, decoder, batches, workers, batch_size, image_size):
     train_set, _, _ = data.build_datasets(args)
     if batches == "float32":
         train_set = normalised_in_the_workers(train_set)
-    sampler = data.shuffle_sampler(train_set, seed=0)
+    sampler = data.EpochShuffle(train_set, seed=0)
     loader = data.train_loader(train_set, args, sampler)
     batches = iter(loader)
     warmup = max(workers, 1)  # one batch per worker: they all start together, so these are ready early
@@ -81,7 +81,7 @@ def on_the_trainer(folder, batch_size, image_size, repeats=20):
     of a batch as uint8 and as float32."""
     args = loader_args(folder, "tensor", 0, batch_size, image_size)
     train_set, _, num_classes = data.build_datasets(args)
-    images, target = next(iter(data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0))))
+    images, target = next(iter(data.train_loader(train_set, args, data.EpochShuffle(train_set, 0))))
     to_device = data.device_transform(args, torch.device("cpu"), num_classes)
     times = []
     for _ in range(repeats):
@@ -99,7 +99,7 @@ def first_batch_waits(folder, batch_size, image_size, workers=2, epochs=6):
         args = loader_args(folder, "tensor", workers, batch_size, image_size)
         args.seed = None if persistent else 0
         train_set, _, _ = data.build_datasets(args)
-        loader = data.train_loader(train_set, args, data.shuffle_sampler(train_set, 0))
+        loader = data.train_loader(train_set, args, data.EpochShuffle(train_set, 0))
         assert loader.persistent_workers == persistent
         seconds = []
         for _ in range(epochs):
