@@ -58,10 +58,14 @@ def precision_table(rows, info):
             memory_sentence(rows))
 
 
+def held_mb(row):
+    """A run's weights, gradients and optimizer state together, in MB."""
+    return float(row["param_mb"]) + float(row["grad_mb"]) + float(row["optimizer_mb"])
+
+
 def memory_sentence(rows):
     """The memory each level holds at 1 process, in a sentence (the table: the long form's precision-memory)."""
-    together = {r["setup"]: float(r["param_mb"]) + float(r["grad_mb"]) + float(r["optimizer_mb"])
-                for r in rows if int(r["processes"]) == 1 and r.get("param_mb")}
+    together = {r["setup"]: held_mb(r) for r in rows if int(r["processes"]) == 1 and r.get("param_mb")}
     said = [f"{name} {together[name]:.1f} MB" for name in ("O0", "O1 bf16", "O2 bf16", "O3 bf16") if name in together]
     return (" Weights, gradients and optimizer state at 1 process: " + ", ".join(said) +
             " (each set-up's: the long form's memory table).") if len(said) > 1 else ""
@@ -75,7 +79,7 @@ def memory_table(rows, info):
         return ""
     peak = "peak CUDA memory" if info["hardware"].get("gpu") else "peak resident memory"
     body = [[name, r["param_mb"], r["grad_mb"], r["optimizer_mb"],
-             f"{float(r['param_mb']) + float(r['grad_mb']) + float(r['optimizer_mb']):.2f}", r["peak_mb"]]
+             f"{held_mb(r):.2f}", r["peak_mb"]]
             for name, r in last.items()]
     return (table(["set-up, 1 process", "weights (MB)", "gradients (MB)", "optimizer: state and masters (MB)",
                              "together (MB)", f"{peak} (MB)"], body) +
