@@ -65,7 +65,8 @@ class Run:
 
     def describe(self, train_set, val_set):
         """What this run does, for its first line."""
-        classes = f"{self.checkpoint.num_classes} classes"
+        decoded_by = data.decoded_by(self.args)
+        classes = f"{self.checkpoint.num_classes} classes" + (f" (decoded by {decoded_by})" if decoded_by else "")
         if self.args.evaluate:
             return f"evaluating {self.args.arch} on {len(val_set)} val images of {classes}"
         return (f"{self.args.arch}, {len(train_set)} train / {len(val_set)} val images of {classes}, global batch "

@@ -107,10 +107,10 @@ def build_parser(recipe, description):
                         help="area range of RandomResizedCrop (default: 0.08 1.0)")
     parser.add_argument("--hflip", type=float, default=0.5, help="horizontal flip probability (default: 0.5)")
     parser.add_argument("--decoder", choices=["tensor", "pil", "gpu"], default="tensor",
-                        help="tensor: torchvision.io decoding and transforms.v2 on uint8 tensors in the loader "
-                             "workers (the faster CPU one, see RESULTS.md); pil: PIL images and the classic "
-                             "transforms; gpu: the workers only read the JPEG files, decoded in batches on the GPU "
-                             "(nvjpeg) and cropped there")
+                        help="tensor: TorchCodec decoding (torchvision.io where TorchCodec is not installed) and "
+                             "transforms.v2 on uint8 tensors in the loader workers (the faster CPU one, see "
+                             "RESULTS.md); pil: PIL images and the classic transforms; gpu: the workers only read "
+                             "the JPEG files, decoded in batches on the GPU (nvjpeg) and cropped there")
     add_training_args(parser)
     return parser
 

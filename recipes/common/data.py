@@ -13,6 +13,11 @@ from torchvision.transforms import v2
 
 from recipes.common import RecipeError, workers
 
+try:  # TorchCodec decodes where installed: torchvision 0.29 deprecates its own image decoding for it
+    from torchcodec.decoders import decode_image, decode_jpeg
+except (ImportError, OSError, RuntimeError):  # (a GPU node's torch 2.11 without it, or a broken install)
+    decode_image = decode_jpeg = None
+
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SYNTHETIC_TRAIN_IMAGES, SYNTHETIC_VAL_IMAGES, SYNTHETIC_CLASSES = 12800, 1280, 1000
 
@@ -36,29 +41,61 @@ def load_image(path):
 
 
 def read_image(path):
-    """--decoder tensor: a 3 x H x W uint8 tensor, decoded by torchvision.io (libjpeg-turbo, libpng).
-
-    Formats torchvision cannot decode (BMP, TIFF, ...) go through PIL.
-    """
+    """--decoder tensor: a 3 x H x W uint8 tensor, decoded by TorchCodec where it is installed (libjpeg-turbo,
+    libpng, libwebp, giflib), else by torchvision.io (the same libraries). Formats neither decodes (BMP, TIFF,
+    ...) go through PIL. A 16-bit PNG is scaled to 8 bits, as every image the device normalises is."""
+    if decode_image is None:
+        return read_image_torchvision(path)
     try:
-        image = io.decode_image(io.read_file(str(path)), mode=io.ImageReadMode.RGB)
+        image = decode_image(read_bytes(path), mode="RGB")
+    except ValueError:  # a format TorchCodec does not know
+        return v2.functional.pil_to_tensor(load_image(path))
     except RuntimeError as error:
-        reason = re.sub(r"^.*?\.cpp:\d+, ", "", str(error).strip().splitlines()[0])  # drop the C++ location
-        if "Unsupported image file" in reason:
-            return v2.functional.pil_to_tensor(load_image(path))
-        raise RecipeError(f"unreadable image {path}: {reason}") from None
+        raise RecipeError(f"unreadable image {path}: {reason(error)}") from None
     return image[0] if image.ndim == 4 else image  # an animated GIF: its first frame, as PIL gives
+
+
+def read_image_torchvision(path):
+    """read_image by torchvision.io, where TorchCodec is not installed (and for measuring the two side by side)."""
+    try:
+        image = io.decode_image(read_bytes(path), mode=io.ImageReadMode.RGB)
+    except RuntimeError as error:
+        if "Unsupported image file" in str(error):
+            return v2.functional.pil_to_tensor(load_image(path))
+        raise RecipeError(f"unreadable image {path}: {reason(error)}") from None
+    image = image[0] if image.ndim == 4 else image
+    return v2.functional.to_dtype(image, torch.uint8, scale=True) if image.dtype == torch.uint16 else image
+
+
+def read_bytes(path):
+    """A file's bytes as a 1-D uint8 tensor (a copy in memory, which loader workers can hand over)."""
+    encoded = Path(path).read_bytes()
+    if not encoded:
+        raise RecipeError(f"unreadable image {path}: the file is empty")
+    return torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+
+
+def reason(error):
+    """A decoder's error in one line, without its C++ source location."""
+    return re.sub(r"^.*?\.cpp:\d+, ", "", str(error).strip().splitlines()[0])
 
 
 def read_jpeg_bytes(path):
     """--decoder gpu: the file's bytes, for the GPU to decode (JPEG files only)."""
-    data = io.read_file(str(path))
-    if data[:3].tolist() != [0xFF, 0xD8, 0xFF]:
+    encoded = read_bytes(path)
+    if encoded[:3].tolist() != [0xFF, 0xD8, 0xFF]:
         raise RecipeError(f"--decoder gpu decodes JPEG files on the GPU, and {path} is not one: use --decoder "
                           f"tensor for other formats")
-    # read_file maps the file into memory, and a mapped tensor cannot go to the training process through shared
-    # memory (the loader worker fails with EBADF, and the loader waits for ever): a copy of its bytes can
-    return data.clone()
+    return encoded
+
+
+def decoded_by(args):
+    """What decodes the images, for the run's first line; None for --synthetic images."""
+    decoder = getattr(args, "decoder", "tensor")
+    if args.synthetic or decoder == "pil":
+        return None if args.synthetic else "PIL"
+    library = "TorchCodec" if decode_image is not None else "torchvision.io"
+    return f"{library} on the GPU" if decoder == "gpu" else library
 
 
 def build_transforms(args):
@@ -116,14 +153,18 @@ def device_transform(args, device, num_classes, train=True):
 
 
 def decode_on_device(encoded, crop, device, image_size):
-    """--decoder gpu: a batch of JPEG files' bytes, decoded together on the GPU (nvjpeg), each cropped there."""
+    """--decoder gpu: a batch of JPEG files' bytes, decoded together on the GPU (nvjpeg, through TorchCodec where
+    it is installed, else torchvision.io), each cropped there."""
     if not encoded:  # (an empty batch, which evaluation in lockstep runs)
         return torch.empty(0, 3, image_size, image_size, dtype=torch.uint8, device=device)
     try:
-        images = io.decode_jpeg(list(encoded), mode=io.ImageReadMode.RGB, device=device)
+        if decode_jpeg is not None:
+            images = decode_jpeg(list(encoded), mode="RGB", device=device)
+        else:
+            images = io.decode_jpeg(list(encoded), mode=io.ImageReadMode.RGB, device=device)
     except RuntimeError as error:
         raise RecipeError(f"--decoder gpu could not decode a batch on {device} "
-                          f"({str(error).strip().splitlines()[0]}): use --decoder tensor") from None
+                          f"({reason(error)}): use --decoder tensor") from None
     return torch.stack([crop(image) for image in images])
 
 

@@ -216,7 +216,8 @@ def test_the_epoch_end_reads_the_checks_still_under_way(monkeypatch):
 
 
 def test_both_decoders_give_the_same_images(tmp_path):
-    """--decoder tensor (torchvision.io + transforms.v2 on uint8) and pil agree up to resampling differences."""
+    """--decoder tensor (TorchCodec or torchvision.io + transforms.v2 on uint8) and pil agree up to resampling
+    differences."""
     from PIL import Image
     rng = torch.Generator().manual_seed(0)
     for split in ("train", "val"):
@@ -237,6 +238,80 @@ def test_both_decoders_give_the_same_images(tmp_path):
     assert images["tensor"].dtype == images["pil"].dtype == torch.uint8  # the workers hand over uint8
     difference = (images["tensor"].float() - images["pil"].float()).abs() / 255 / 0.225  # in normalised units
     assert difference.mean() < 0.05 and difference.max() < 0.5
+
+
+def write_every_format(folder):
+    """One image in each format and mode a folder may hold: {name: path}."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)
+    images = {"rgb.jpg": Image.fromarray(rgb), "grey.jpg": Image.fromarray(rgb[:, :, 0]),
+              "cmyk.jpg": Image.fromarray(rgb).convert("CMYK"), "rgb.png": Image.fromarray(rgb),
+              "grey.png": Image.fromarray(rgb[:, :, 1]), "palette.png": Image.fromarray(rgb).convert("P"),
+              "rgba.png": Image.fromarray(np.dstack([rgb, rgb[:, :, :1]])),
+              "grey16.png": Image.fromarray((rgb[:, :, 2].astype(np.uint16) * 257 - 100).clip(0).astype(np.uint16)),
+              "rgb.webp": Image.fromarray(rgb), "rgb.bmp": Image.fromarray(rgb), "rgb.tiff": Image.fromarray(rgb)}
+    paths = {}
+    for name, image in images.items():
+        image.save(folder / name, **({"quality": 90} if name.endswith(".jpg") else {}))
+        paths[name] = folder / name
+    frames = [Image.new("RGB", (20, 10), color) for color in ("red", "blue")]
+    frames[0].save(folder / "anim.gif", save_all=True, append_images=frames[1:])
+    paths["anim.gif"] = folder / "anim.gif"
+    return paths
+
+
+def test_torchcodec_decodes_every_format_as_torchvision_io_does(tmp_path, monkeypatch):
+    """--decoder tensor decodes with TorchCodec where it is installed: the same uint8 pixels as torchvision.io
+    (the same libraries: libjpeg-turbo, libpng, libwebp, giflib), bit for bit, but for a 16-bit PNG, which both
+    scale to 8 bits (TorchCodec rounding x / 257, torchvision shifting x >> 8: at most 1 apart)."""
+    pytest.importorskip("torchcodec")
+    decoded, decode_image = [], data.decode_image
+    monkeypatch.setattr(data, "decode_image", lambda *args, **kw: decoded.append(1) or decode_image(*args, **kw))
+    for name, path in write_every_format(tmp_path).items():
+        decoded.clear()
+        codec, torchvision = data.read_image(path), data.read_image_torchvision(path)
+        assert decoded == [1], name  # (TorchCodec tried; BMP and TIFF, which it does not know, then go to PIL)
+        assert codec.dtype == torchvision.dtype == torch.uint8 and codec.shape[0] == 3, name
+        assert codec.shape == torchvision.shape, name
+        most = (codec.int() - torchvision.int()).abs().max().item()
+        assert most <= (1 if name == "grey16.png" else 0), (name, most)
+    grey16 = data.read_image(tmp_path / "grey16.png")
+    assert grey16.max() == 255 and grey16.float().mean() > 60  # (the whole range, in 8 bits)
+
+
+def test_without_torchcodec_torchvision_io_decodes_and_the_run_says_which(tmp_path, monkeypatch):
+    """On a GPU node's torch 2.11 / torchvision 0.26, without TorchCodec: torchvision.io decodes every format
+    (uint8, the others through PIL), and the run's first line names the library that decodes."""
+    paths = write_every_format(tmp_path)
+    args = argparse.Namespace(synthetic=False, decoder="tensor")
+    library = "TorchCodec" if data.decode_image is not None else "torchvision.io"
+    assert data.decoded_by(args) == library
+    assert data.decoded_by(argparse.Namespace(synthetic=False, decoder="gpu")) == f"{library} on the GPU"
+    assert data.decoded_by(argparse.Namespace(synthetic=False, decoder="pil")) == "PIL"
+    assert data.decoded_by(argparse.Namespace(synthetic=True, decoder="tensor")) is None
+    expected = {name: data.read_image_torchvision(path) for name, path in paths.items()}
+    monkeypatch.setattr(data, "decode_image", None)
+    assert data.decoded_by(args) == "torchvision.io"
+    for name, path in paths.items():
+        image = data.read_image(path)
+        assert image.dtype == torch.uint8 and torch.equal(image, expected[name]), name
+
+
+@pytest.mark.parametrize("library", ["TorchCodec", "torchvision.io"])
+@pytest.mark.parametrize("content, says", [(b"", "the file is empty"),
+                                           (b"\xff\xd8\xff\xe0 truncated", "incomplete or truncated"),
+                                           (b"this is not an image", "not an image format PIL knows")])
+def test_an_unreadable_image_is_one_line_naming_it(tmp_path, monkeypatch, library, content, says):
+    if library == "TorchCodec":
+        pytest.importorskip("torchcodec")
+    else:
+        monkeypatch.setattr(data, "decode_image", None)
+    (tmp_path / "bad.jpg").write_bytes(content)
+    with pytest.raises(RecipeError, match=f"unreadable image {tmp_path / 'bad.jpg'}: .*{says}") as error:
+        data.read_image(tmp_path / "bad.jpg")
+    assert "\n" not in str(error.value) and ".cpp" not in str(error.value)
 
 
 def test_the_tensor_decoder_reads_the_first_frame_of_an_animated_gif(tmp_path):

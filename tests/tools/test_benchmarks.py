@@ -12,6 +12,7 @@ import torch
 from conftest import ROOT, plot_results, run_python
 
 sys.path.insert(0, str(ROOT))
+from recipes.common import data
 from scripts.figures.sharding import measure as sharding_measure
 from scripts.figures import measuring
 from scripts.figures.pipeline import measure as pipeline_measure
@@ -105,7 +106,9 @@ def test_bench_compile_runs_eager_cold_and_warm(tiny_data, tmp_path):
     assert f"| --compile, warm Inductor cache | {float(rows[4]['epoch_s']):.1f} |" in text
 
 
-def test_bench_io_measures_both_decoders(tmp_path):
+def test_bench_io_measures_each_decoder(tmp_path):
+    """PIL, TorchCodec and torchvision.io side by side (where TorchCodec is installed; else without it), and the
+    tensor decoder's float32 batches."""
     jpegs, out = tmp_path / "jpegs", tmp_path / "io.csv"
     assert run_python([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", jpegs, "--classes", "2",
                        "--images", "40"]).returncode == 0
@@ -114,9 +117,13 @@ def test_bench_io_measures_both_decoders(tmp_path):
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert sorted((r["decoder"], r["batches"], r["workers"]) for r in rows) == [
-        ("pil", "uint8", "0"), ("pil", "uint8", "1"), ("tensor", "float32", "0"), ("tensor", "float32", "1"),
-        ("tensor", "uint8", "0"), ("tensor", "uint8", "1")]
+    tensor = "torchcodec" if data.decode_image is not None else "torchvision"
+    kinds = {("pil", "uint8"), ("torchcodec", "uint8"), ("torchvision", "uint8"), (tensor, "float32")}
+    if tensor == "torchvision":
+        kinds.remove(("torchcodec", "uint8"))
+        assert "TorchCodec is not installed here" in result.stdout
+    assert sorted((r["decoder"], r["batches"], r["workers"]) for r in rows) == sorted(
+        (*kind, workers) for kind in kinds for workers in ("0", "1"))
     files = {p.name: p.stat().st_size for p in (jpegs / "train").rglob("*.jpg")}
     mean_bytes = sum(files.values()) / len(files)
     for r in rows:  # 64 train images; one batch of 8 per worker (at least one) is the warm-up
@@ -130,6 +137,11 @@ def test_bench_io_measures_both_decoders(tmp_path):
     text = plot_results(tmp_path, tmp_path / "figures", tmp_path / "RESULTS.md", ("io",))  # the script's own output
     for r in rows:
         assert f"| {r['decoder']} | {r['batches']} | {r['workers']} | {float(r['images_per_s']):.1f} |" in text
+    rate = {(r["decoder"], r["batches"], r["workers"]): float(r["images_per_s"]) for r in rows}
+    assert f"| tensor | {'TorchCodec' if tensor == 'torchcodec' else 'torchvision.io'} | uint8 | " \
+           f"{rate[tensor, 'uint8', '0']:.0f} | {rate[tensor, 'uint8', '1']:.0f} |" in text
+    ratio = rate[tensor, "uint8", "0"] / rate["pil", "uint8", "0"]
+    assert f"--decoder tensor / PIL, images/s: 0 workers {ratio:.2f}x" in text
     assert f"{loader['normalise_ms_per_batch']:.2f} ms to convert and normalise a batch of 8 at 64 px" in text
 
 

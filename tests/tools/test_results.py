@@ -173,8 +173,9 @@ def test_plot_results_draws_every_figure_and_rewrites_only_the_tables(tmp_path):
     assert "| ddp | synthetic | 2 | 180.0 | 6.0 | 1.80x | 90 % |" in text  # 180 / (2 x 100)
     assert "| nd | 1 | 1 | 97.0 | 100.0 | 97.0 % |" in text and "| ddp | 2 | 1 | 180.0 | 200.0 | 90.0 % |" in text
     assert "| unconnected bare loops | memory | 2 | 150.0 |  | 1.50x | 75 % |" in text  # against nd's bare loop
-    assert "tensor / PIL images/s: 0 worker(s): 1.50x, 2 worker(s): 1.50x." in text
-    assert "uint8 / float32 batches, images/s of the tensor decoder: 0 worker(s): 1.20x, 2 worker(s): 1.25x." in text
+    assert "--decoder tensor / PIL, images/s: 0 workers 1.50x, 2 workers 1.50x." in text  # (rows of before TorchCodec)
+    assert "uint8 / float32 batches of --decoder tensor, images/s: 0 workers 1.20x, 2 workers 1.25x." in text
+    assert "| tensor | torchvision.io | uint8 | 150 | 300 |" in text
     assert "12.50 ms to convert and normalise a batch of 32 at 224 px" in text and "4.8 MB as uint8 and 19.3" in text
     assert "0.900 s when they start anew each epoch (with --seed), 0.200 s when they persist" in text
     assert "| recipes/nd/train.py | 37.00 | 70.00 | 0 |" in text

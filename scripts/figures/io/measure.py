@@ -6,9 +6,12 @@
 It times the recipes' own training loader (recipes/common/data.py: ImageFolder,
 RandomResizedCrop 224 and a flip in the loader workers, uint8 batches of -b) with
 nothing downstream:
-  pil     PIL decode, then the classic transforms on PIL images
-  tensor  torchvision.io.decode_image (libjpeg-turbo), then transforms.v2 on uint8 tensors
-and, for the tensor decoder, the batches as the workers made them before they left
+  pil          --decoder pil: PIL decode, then the classic transforms on PIL images
+  torchcodec   --decoder tensor where TorchCodec is installed: its decode_image
+               (libjpeg-turbo), then transforms.v2 on uint8 tensors
+  torchvision  --decoder tensor without TorchCodec: torchvision.io.decode_image
+               (libjpeg-turbo; deprecated since torchvision 0.29), then the same
+and, for --decoder tensor, the batches as the workers made them before they left
 the conversion to the device: float32, normalised in the workers ("float32" rows).
 Each point is one pass over train/ after one batch per worker (worker start-up,
 and the batches all workers prepare at once while starting, are not counted), the
@@ -45,9 +48,20 @@ FIELDS = ["decoder", "batches", "workers", "batch_size", "image_size", "images",
           "images_per_s_per_worker", "cpu", "cores", "gpu", "torch"]
 
 
+# each decoder measured: the --decoder flag it is, and the function its loader reads a file with
+DECODERS = {"pil": ("pil", data.load_image), "torchcodec": ("tensor", data.read_image),
+            "torchvision": ("tensor", data.read_image_torchvision)}
+
+
 def loader_args(folder, decoder, workers, batch_size, image_size):
-    return cli.parse_args(cli.build_parser("io", ""), [str(folder), "--decoder", decoder, "-j", str(workers),
-                                                       "-b", str(batch_size), "--image-size", str(image_size)])
+    return cli.parse_args(cli.build_parser("io", ""), [str(folder), "--decoder", DECODERS[decoder][0], "-j",
+                                                       str(workers), "-b", str(batch_size), "--image-size",
+                                                       str(image_size)])
+
+
+def tensor_decoder():
+    """What --decoder tensor decodes with here: TorchCodec where it is installed, else torchvision.io."""
+    return "torchcodec" if data.decode_image is not None else "torchvision"
 
 
 def normalised_in_the_workers(dataset):
@@ -60,6 +74,7 @@ def normalised_in_the_workers(dataset):
 def one_pass(folder, decoder, batches, workers, batch_size, image_size):
     args = loader_args(folder, decoder, workers, batch_size, image_size)
     train_set, _, _ = data.build_datasets(args)
+    train_set.loader = DECODERS[decoder][1]
     if batches == "float32":
         train_set = normalised_in_the_workers(train_set)
     sampler = data.EpochShuffle(train_set, seed=0)
@@ -79,7 +94,7 @@ def one_pass(folder, decoder, batches, workers, batch_size, image_size):
 def on_the_trainer(folder, batch_size, image_size, repeats=20):
     """Milliseconds to convert and normalise one uint8 batch in the training process on this CPU, and the bytes
     of a batch as uint8 and as float32."""
-    args = loader_args(folder, "tensor", 0, batch_size, image_size)
+    args = loader_args(folder, tensor_decoder(), 0, batch_size, image_size)
     train_set, _, num_classes = data.build_datasets(args)
     images, target = next(iter(data.train_loader(train_set, args, data.EpochShuffle(train_set, 0))))
     to_device = data.device_transform(args, torch.device("cpu"), num_classes)
@@ -96,7 +111,7 @@ def first_batch_waits(folder, batch_size, image_size, workers=2, epochs=6):
     started anew each epoch (persistent_workers=False, the recipes' way with --seed) and persistent ones."""
     waits = {}
     for persistent in (False, True):
-        args = loader_args(folder, "tensor", workers, batch_size, image_size)
+        args = loader_args(folder, tensor_decoder(), workers, batch_size, image_size)
         args.seed = None if persistent else 0
         train_set, _, _ = data.build_datasets(args)
         loader = data.train_loader(train_set, args, data.EpochShuffle(train_set, 0))
@@ -124,7 +139,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="an ImageNet-style folder of JPEGs (train/<class>/<image>)")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4])
-    parser.add_argument("--decoders", nargs="+", default=["pil", "tensor"], choices=["pil", "tensor"])
+    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=list(DECODERS),
+                        help="(torchcodec: where TorchCodec is installed; without it, left out)")
     parser.add_argument("-b", "--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
@@ -135,9 +151,12 @@ def main():
     torch.set_num_threads(1)  # the main process only collates; workers decode (and use one thread each)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: on purpose
 
-    configurations = [(decoder, "uint8") for decoder in args.decoders]
-    if "tensor" in args.decoders:
-        configurations.append(("tensor", "float32"))
+    decoders = [decoder for decoder in args.decoders if decoder != "torchcodec" or data.decode_image is not None]
+    if decoders != args.decoders:
+        print("TorchCodec is not installed here: measuring without it")
+    configurations = [(decoder, "uint8") for decoder in decoders]
+    if tensor_decoder() in decoders:
+        configurations.append((tensor_decoder(), "float32"))
     times = {}
     for _ in range(args.repeats):
         for decoder, batches in configurations:
@@ -155,7 +174,8 @@ def main():
                      "seconds": round(seconds, 4), "images_per_s": round(rate, 2),
                      "mb_per_s": round(read / seconds / 1e6, 3),
                      "images_per_s_per_worker": round(rate / max(workers, 1), 2), **machine})
-        print(f"{decoder:>6} {batches:>7}  {workers} worker(s)  {rate:8.1f} images/s  {read / seconds / 1e6:7.2f} MB/s")
+        print(f"{decoder:>11} {batches:>7}  {workers} worker(s)  {rate:8.1f} images/s  "
+              f"{read / seconds / 1e6:7.2f} MB/s")
     write_csv(args.csv, FIELDS, rows)
 
     normalise_ms, uint8_bytes, float_bytes = on_the_trainer(args.folder, args.batch_size, args.image_size)

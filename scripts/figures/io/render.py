@@ -2,7 +2,7 @@
 
     reads    figures/data/io.csv, io_loader.json
     draws    figures/io.png
-    writes   sections io, hardware (when scaling has not run)
+    writes   sections io, io-rates (the long form's), hardware (when scaling has not run)
 """
 
 import json
@@ -13,6 +13,13 @@ from scripts.figures.rendering import hardware_line, plt, read_csv, save, table
 def io_batches(row):
     """uint8 (the workers hand over uint8, the device normalises) or float32 (normalised in the workers)."""
     return row.get("batches") or "float32"  # (before the column: the workers normalised)
+
+
+# what decodes each decoder's rows ("tensor": rows measured before TorchCodec, with torchvision.io)
+DECODERS = {"pil": "PIL + transforms", "torchcodec": "TorchCodec + transforms.v2",
+            "torchvision": "torchvision.io + transforms.v2", "tensor": "torchvision.io + transforms.v2"}
+LIBRARIES = {"pil": "PIL", "torchcodec": "TorchCodec", "torchvision": "torchvision.io", "tensor": "torchvision.io"}
+FLAGS = {"pil": "pil"}  # the --decoder flag of each decoder's rows: tensor, but for PIL
 
 
 def plot_io(io_rows, figures):
@@ -31,26 +38,35 @@ def plot_io(io_rows, figures):
     save(fig, figures / "io.png")
 
 
-DECODERS = {"pil": "PIL + transforms", "tensor": "torchvision.io + transforms.v2"}
+def workers_named(workers):
+    return f"{workers} worker{'' if workers == 1 else 's'}"
+
+
+def ratios(rate, top, bottom):
+    """top / bottom images/s at each worker count both were measured at, in one line; '' where none."""
+    shared = sorted(workers for key, workers in rate if key == top and (bottom, workers) in rate)
+    return ", ".join(f"{workers_named(w)} {rate[top, w] / rate[bottom, w]:.2f}x" for w in shared)
 
 
 def io_tables(io_rows, loader=None):
-    rows, by_key = [], {(r["decoder"], io_batches(r), int(r["workers"])): r for r in io_rows}
-    for (decoder, batches, workers), r in sorted(by_key.items()):
-        rows.append([decoder, batches, workers, f"{float(r['images_per_s']):.1f}", f"{float(r['mb_per_s']):.1f}",
-                     f"{float(r['images_per_s_per_worker']):.1f}"])
-    io_md = table(["decoder", "batches", "workers", "images/s", "MB/s read", "images/s per worker"], rows)
-    rate = {key: float(r["images_per_s"]) for key, r in by_key.items()}
-    ratios = [f"{workers} worker(s): {rate['tensor', 'uint8', workers] / rate['pil', 'uint8', workers]:.2f}x"
-              for decoder, batches, workers in sorted(rate)
-              if (decoder, batches) == ("pil", "uint8") and ("tensor", "uint8", workers) in rate]
-    if ratios:
-        io_md += "\n\ntensor / PIL images/s: " + ", ".join(ratios) + "."
-    ratios = [f"{workers} worker(s): {rate['tensor', 'uint8', workers] / rate['tensor', 'float32', workers]:.2f}x"
-              for decoder, batches, workers in sorted(rate)
-              if (decoder, batches) == ("tensor", "float32") and ("tensor", "uint8", workers) in rate]
-    if ratios:
-        io_md += "\n\nuint8 / float32 batches, images/s of the tensor decoder: " + ", ".join(ratios) + "."
+    """RESULTS.md's table (images/s, a column per worker count) with its ratios; and the long form's, every
+    row with its MB/s."""
+    by_key = {(r["decoder"], io_batches(r), int(r["workers"])): r for r in io_rows}
+    rate = {((decoder, batches), workers): float(r["images_per_s"])
+            for (decoder, batches, workers), r in by_key.items()}
+    counts = sorted({workers for _, _, workers in by_key})
+    kinds = sorted({(decoder, batches) for decoder, batches, _ in by_key}, key=lambda k: (k[1] != "uint8", k))
+    io_md = table(["--decoder", "library", "batches", *(f"images/s, {workers_named(w)}" for w in counts)],
+                  [[FLAGS.get(decoder, "tensor"), LIBRARIES.get(decoder, decoder), batches,
+                    *(f"{rate[(decoder, batches), w]:.0f}" if ((decoder, batches), w) in rate else "" for w in counts)]
+                   for decoder, batches in kinds])
+    decoders = {decoder for decoder, _, _ in by_key}
+    tensor = next((d for d in ("torchcodec", "torchvision", "tensor") if d in decoders), None)  # --decoder tensor
+    lines = [("TorchCodec / torchvision.io", ratios(rate, ("torchcodec", "uint8"), ("torchvision", "uint8"))),
+             ("--decoder tensor / PIL", ratios(rate, (tensor, "uint8"), ("pil", "uint8"))),
+             ("uint8 / float32 batches of --decoder tensor",
+              ratios(rate, (tensor, "uint8"), (tensor, "float32")))]
+    io_md += "".join(f"\n\n{name}, images/s: {line}." for name, line in lines if line)
     if loader:
         io_md += (f"\n\nWhat the uint8 batches move to the training process on a CPU: "
                   f"{loader['normalise_ms_per_batch']:.2f} ms to convert and normalise a batch of "
@@ -59,7 +75,11 @@ def io_tables(io_rows, loader=None):
                   f"MB as float32. An epoch's first batch, with {loader['first_batch_workers']} workers: "
                   f"{loader['first_batch_s_fresh_workers']:.3f} s when they start anew each epoch (with --seed), "
                   f"{loader['first_batch_s_persistent_workers']:.3f} s when they persist (the default).")
-    return io_md
+    rows = [[decoder, batches, workers, f"{float(r['images_per_s']):.1f}", f"{float(r['mb_per_s']):.1f}",
+             f"{float(r['images_per_s_per_worker']):.1f}"]
+            for (decoder, batches, workers), r in sorted(by_key.items())]
+    rates_md = table(["decoder", "batches", "workers", "images/s", "MB/s read", "images/s per worker"], rows)
+    return io_md, rates_md
 
 
 def render(data, figures, missing):
@@ -69,13 +89,14 @@ def render(data, figures, missing):
     io_rows = read_csv(data / "io.csv")
     plot_io(io_rows, figures)
     loader = data / "io_loader.json"
-    return {"io": io_tables(io_rows, json.loads(loader.read_text()) if loader.exists() else None),
-            "hardware": hardware_line(data)}  # (scaling writes the same)
+    io_md, rates_md = io_tables(io_rows, json.loads(loader.read_text()) if loader.exists() else None)
+    return {"io": io_md, "io-rates": rates_md, "hardware": hardware_line(data)}  # (scaling writes the same)
 
 
 def headline(data):
     if not (data / "io.csv").exists():
         return None
     best = max(read_csv(data / "io.csv"), key=lambda r: float(r["images_per_s"]))
-    return (f"{float(best['images_per_s']):.0f} images/s at best ({best['decoder']}, {best['workers']} loader "
-            f"workers, {best['image_size']} px)")
+    library = LIBRARIES.get(best["decoder"], best["decoder"])
+    return (f"{float(best['images_per_s']):.0f} images/s at best ({library}, {best['workers']} loader workers, "
+            f"{best['image_size']} px)")
