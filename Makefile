@@ -83,7 +83,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[ps,digits,figures,test,codec]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[ps,digits,figures,test,codec,shards]'
 	touch $@
 
 $(DEMO_DATA)/.complete: | $(SETUP)

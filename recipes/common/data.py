@@ -1,9 +1,13 @@
-"""Data sets and loaders: ImageNet-style folders or synthetic in-memory images."""
+"""Data sets and loaders: ImageNet-style folders, WebDataset shards, or synthetic in-memory images."""
 
 import array
+import io as bytes_io
+import os
 import random
 import re
+import tarfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -32,8 +36,7 @@ def set_seed(seed, epoch=0, rank=0):
 def load_image(path):
     """--decoder pil: a PIL image, for the classic transforms."""
     try:
-        with open(path, "rb") as f:
-            return Image.open(f).convert("RGB")
+        return Image.open(bytes_io.BytesIO(read_bytes(path).numpy())).convert("RGB")
     except UnidentifiedImageError:
         raise RecipeError(f"unreadable image {path}: not an image format PIL knows") from None
     except OSError as error:  # truncated or damaged files
@@ -68,11 +71,36 @@ def read_image_torchvision(path):
 
 
 def read_bytes(path):
-    """A file's bytes as a 1-D uint8 tensor (a copy in memory, which loader workers can hand over)."""
-    encoded = Path(path).read_bytes()
+    """A file's bytes, or a shard member's (Member), as a 1-D uint8 tensor (a copy in memory, which loader
+    workers can hand over)."""
+    encoded = path.read() if isinstance(path, Member) else Path(path).read_bytes()
     if not encoded:
         raise RecipeError(f"unreadable image {path}: the file is empty")
     return torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+
+
+class Member(NamedTuple):
+    """One image in a tar shard: where its bytes are. Read with one pread, on a descriptor each process keeps
+    open per shard."""
+    shard: str
+    name: str
+    offset: int
+    size: int
+
+    def read(self):
+        if self.shard not in OPEN_SHARDS:
+            OPEN_SHARDS[self.shard] = os.open(self.shard, os.O_RDONLY)
+        encoded = os.pread(OPEN_SHARDS[self.shard], self.size, self.offset)
+        if len(encoded) != self.size:
+            raise RecipeError(f"corrupt shard {self.shard}: {self.name} ends after {len(encoded)} of its "
+                              f"{self.size} bytes")
+        return encoded
+
+    def __str__(self):
+        return f"{self.shard}:{self.name}"
+
+
+OPEN_SHARDS = {}  # this process's descriptor of each shard it has read from (a loader worker opens its own)
 
 
 def reason(error):
@@ -193,6 +221,100 @@ class PackedImageFolder(datasets.ImageFolder):
         self.samples = self.imgs = list(zip(paths.decode().split("\0"), self.targets)) if self.targets else []
 
 
+class TarShards(Dataset):
+    """A folder of WebDataset shards (scripts/make_shards.py writes them: each image beside a .cls file holding
+    its class index) as a map-style data set, like an image folder: indexed once at the start (every tar
+    header read), then each image is one read at its offset. So the samplers, the exact evaluation and the
+    mid-epoch resume work on it as on a folder; ShardOrder gives each rank its own shards to read in turn.
+    The class names come from classes.txt beside train/ and val/, else they are the indices."""
+
+    def __init__(self, folder, transform, loader):
+        self.transform, self.loader = transform, loader
+        self.shards = sorted(str(shard) for shard in Path(folder).glob("*.tar"))
+        if not self.shards:
+            raise RecipeError(f"{folder} has no images (expected <class>/<image> files or .tar shards)")
+        self.members, self.targets, self.first = [], [], []  # per image; the first image of each shard
+        for shard in self.shards:
+            self.first.append(len(self.members))
+            for member, target in index_shard(shard):
+                self.members.append(member)
+                self.targets.append(target)
+        names = Path(folder).parent / "classes.txt"
+        count = max(self.targets, default=-1) + 1
+        self.classes = names.read_text().split("\n")[:-1] if names.exists() else [str(c) for c in range(count)]
+        if count > len(self.classes):
+            raise RecipeError(f"{folder}'s shards hold class index {count - 1}, and {names} names "
+                              f"{len(self.classes)} classes")
+
+    def __len__(self):
+        return len(self.members)
+
+    def __getitem__(self, index):
+        image = self.loader(self.members[index])
+        return (self.transform(image) if self.transform else image), self.targets[index]
+
+
+def index_shard(shard):
+    """[(Member, class index)] of one tar shard, in its order: every image with its .cls beside it."""
+    images, targets = {}, {}
+    try:
+        with tarfile.open(shard, "r:") as tar:
+            for info in tar:
+                folder, _, name = info.name.rpartition("/")
+                key, _, extension = name.partition(".")  # (WebDataset: the key is up to the name's first dot)
+                key = f"{folder}/{key}"
+                if not info.isfile():
+                    continue
+                if extension == "cls":
+                    targets[key] = int(tar.extractfile(info).read().decode().strip())
+                elif extension.lower() in IMAGE_EXTENSIONS:
+                    images[key] = Member(shard, info.name, info.offset_data, info.size)
+    except (tarfile.TarError, OSError, ValueError) as error:
+        raise RecipeError(f"corrupt shard {shard}: {str(error).strip() or type(error).__name__}") from None
+    missing = sorted(set(images) - set(targets))
+    if missing:
+        raise RecipeError(f"corrupt shard {shard}: {images[missing[0]].name} has no .cls (its class index) beside it")
+    return [(member, targets[key]) for key, member in images.items()]
+
+
+IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp", "gif"}
+
+
+class ShardOrder(torch.utils.data.Sampler):
+    """A DistributedSampler's share of an epoch (its ranks, seed and epoch: the recipe's set_epoch reaches it),
+    by shard: the shards in a new order each epoch, cut into equal runs, one a rank, so that each reads its
+    own shards, one after another; shuffled within a buffer of SHUFFLE_BUFFER images, as WebDataset's
+    shuffle(). A folder is shuffled image by image; shards are written shuffled (scripts/make_shards.py)."""
+
+    def __init__(self, dataset, sampler):
+        self.dataset, self.sampler = dataset, sampler
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def set_epoch(self, epoch):  # (nd's loader: Run.batches tells it the epoch)
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        sampler, shards = self.sampler, self.dataset
+        generator = torch.Generator().manual_seed(sampler.seed + sampler.epoch)
+        bounds = [*shards.first, len(shards)]
+        order = [index for shard in torch.randperm(len(shards.first), generator=generator).tolist()
+                 for index in range(bounds[shard], bounds[shard + 1])]
+        order = (order * (sampler.total_size // max(len(order), 1) + 1))[:sampler.total_size]  # (as it pads)
+        mine = order[sampler.rank * sampler.num_samples:(sampler.rank + 1) * sampler.num_samples]
+        buffer = []
+        for index in mine:
+            buffer.append(index)
+            if len(buffer) == SHUFFLE_BUFFER:
+                yield buffer.pop(int(torch.randint(len(buffer), (), generator=generator)))
+        while buffer:
+            yield buffer.pop(int(torch.randint(len(buffer), (), generator=generator)))
+
+
+SHUFFLE_BUFFER = 1000
+
+
 class SyntheticImages(Dataset):
     """Random uint8 images with labels, served from a small in-memory pool."""
 
@@ -250,10 +372,14 @@ def build_datasets(args):
     loader = {"pil": load_image, "gpu": read_jpeg_bytes}.get(getattr(args, "decoder", "tensor"), read_image)
     folders = {}
     for split in splits(args):
+        if any((root / split).glob("*.tar")):
+            folders[split] = TarShards(root / split, transforms[split], loader)
+            continue
         try:
             folders[split] = PackedImageFolder(root / split, transforms[split], loader=loader)
         except FileNotFoundError:
-            raise RecipeError(f"{root / split} has no images (expected <class>/<image> files)") from None
+            raise RecipeError(f"{root / split} has no images (expected <class>/<image> files or .tar shards)") \
+                from None
     val_set = folders["val"]
     if "train" not in folders:  # -e
         return Subset(val_set, []), val_set, len(val_set.classes)
@@ -292,6 +418,8 @@ def train_loader(dataset, args, sampler=None):
     step_batch = args.batch_size * args.accum_steps
     if sampler is None:
         sampler = EpochShuffle(dataset, args.seed)
+    if isinstance(dataset, TarShards) and isinstance(sampler, DistributedSampler):
+        sampler = ShardOrder(dataset, sampler)  # (the same share of the epoch, read shard by shard)
     # persistent workers: started once, not every epoch; with --seed each epoch starts new ones, seeded per epoch
     # (data.set_seed), so that a run resumed at an epoch's end draws the same augmentations
     loader = _train_dataloader(dataset, step_batch, sampler, args.workers, collate(args),

