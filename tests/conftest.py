@@ -124,7 +124,7 @@ def launch_ranks(command, nproc, env, timeout, cwd=ROOT):
 SUMMARY_KEYS = {"recipe", "arch", "epochs", "world_size", "device", "top1", "top5", "loss",
                 "images_per_s", "wall_s", "torch"}
 CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr",
-              "process_images_per_s", "skipped_steps"]
+              "process_images_per_s", "skipped_steps", "read_mb", "read_calls"]
 
 
 def assert_complete_run_dir(out, recipe, world_size, epochs=1):

@@ -6,6 +6,7 @@ import os
 import random
 import re
 import tarfile
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -101,6 +102,58 @@ class Member(NamedTuple):
 
 
 OPEN_SHARDS = {}  # this process's descriptor of each shard it has read from (a loader worker opens its own)
+
+
+class StorageReads:
+    """What loading a data set asks of the storage: the bytes read and the read calls that loading each image
+    makes (its file's reads; a shard's pread), in every process that loads it (the training process with -j 0,
+    else its loader workers), from Linux's own counters of the loading thread (/proc/thread-self/io: rchar, syscr,
+    read just before and just after the loading; a worker's other threads, which hand its batches over, are not
+    counted), added up in shared memory, a slot for each process (the training process's, each worker id's). Where
+    those counters are not, nothing is counted (total() is None)."""
+
+    def __init__(self):
+        self.counts = torch.zeros(MAX_LOADER_WORKERS + 1, 2, dtype=torch.int64).share_memory_()
+        self.before = None
+
+    def total(self):
+        """(bytes read, read calls) so far, or None where the counters are not."""
+        return self.counts.sum(0) if COUNTERS.exists() else None
+
+    def before_loading(self):
+        self.before = io_counters()
+
+    def after_loading(self):
+        if self.before is not None:
+            before, size = self.before
+            now, _ = io_counters()
+            info = torch.utils.data.get_worker_info()  # (the counting's own read, between the two: taken off)
+            own = torch.tensor([size, 1])
+            self.counts[0 if info is None else 1 + info.id % MAX_LOADER_WORKERS] += now - before - own
+
+
+COUNTERS, MAX_LOADER_WORKERS = Path("/proc/thread-self/io"), 64  # (the loading thread's own)
+COUNTERS_FD = {}  # by process and thread: its descriptor of /proc/thread-self/io
+
+
+def io_counters():
+    """This thread's (bytes read, read calls) since it started (reads the page cache answered included), and the
+    bytes this call read: one read call itself. None where the counters are not."""
+    thread = os.getpid(), threading.get_ident()
+    if thread not in COUNTERS_FD:
+        COUNTERS_FD[thread] = os.open(COUNTERS, os.O_RDONLY) if COUNTERS.exists() else None
+    if COUNTERS_FD[thread] is None:
+        return None
+    text = os.pread(COUNTERS_FD[thread], 4096, 0)
+    fields = dict(line.split(b": ") for line in text.splitlines())
+    return torch.tensor([int(fields[b"rchar"]), int(fields[b"syscr"])]), len(text)
+
+
+def storage_reads(loader):
+    """The StorageReads of a loader's data set (or of the data set a Subset of it takes from), else None."""
+    dataset = getattr(loader, "dataset", None)
+    dataset = getattr(dataset, "dataset", dataset)  # (a Subset: evaluation's shard, a held-out part)
+    return getattr(dataset, "reads", None)
 
 
 def reason(error):
@@ -206,8 +259,18 @@ class PackedImageFolder(datasets.ImageFolder):
 
     Loader workers start from a fork server every epoch and receive the data set
     through a pipe: ImageNet's list of 1.28 M tuples takes about a second to pickle,
-    per worker, in the training process; packed, a few hundredths.
+    per worker, in the training process; packed, a few hundredths. Its reads are counted (StorageReads).
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads = StorageReads()
+
+    def __getitem__(self, index):
+        self.reads.before_loading()
+        image, target = super().__getitem__(index)
+        self.reads.after_loading()
+        return image, target
 
     def __getstate__(self):
         state = {key: value for key, value in self.__dict__.items() if key not in ("samples", "imgs", "targets")}
@@ -229,7 +292,7 @@ class TarShards(Dataset):
     The class names come from classes.txt beside train/ and val/, else they are the indices."""
 
     def __init__(self, folder, transform, loader):
-        self.transform, self.loader = transform, loader
+        self.transform, self.loader, self.reads = transform, loader, StorageReads()
         self.shards = sorted(str(shard) for shard in Path(folder).glob("*.tar"))
         if not self.shards:
             raise RecipeError(f"{folder} has no images (expected <class>/<image> files or .tar shards)")
@@ -250,7 +313,9 @@ class TarShards(Dataset):
         return len(self.members)
 
     def __getitem__(self, index):
+        self.reads.before_loading()
         image = self.loader(self.members[index])
+        self.reads.after_loading()
         return (self.transform(image) if self.transform else image), self.targets[index]
 
 

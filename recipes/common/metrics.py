@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from recipes.common import sharding
+from recipes.common import data, sharding
 
 
 def correct_counts(output, target, topk=(1, 5)):
@@ -42,6 +42,7 @@ class EpochMeter:
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss * n, top-1 hits, top-5 hits
         self.steps, self.optimizer_steps, self.images, self.timed_images, self.data_s = 0, 0, 0, 0, 0.0
         self.skipped = 0  # optimizer steps the loss scaler skipped (a device tensor once counted; None: unknown)
+        self.reads = None  # (bytes, read calls) of loading this epoch's batches (data.StorageReads); None: not counted
         self.start = self.last = time.perf_counter()
         self.timed_start = None
 
@@ -88,9 +89,11 @@ class EpochMeter:
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
         timed_s = end - self.timed_start if self.timed_start is not None else 0.0
-        totals = torch.cat([self.sums, torch.tensor([self.images, self.timed_images, self.data_s],
+        reads = [0, 0] if self.reads is None else self.reads.tolist()
+        totals = torch.cat([self.sums, torch.tensor([self.images, self.timed_images, self.data_s, *reads],
                                                     dtype=torch.float64, device=self.device)])
-        longest = torch.tensor([end - self.start, timed_s, 0], dtype=torch.float64, device=self.device)
+        longest = torch.tensor([end - self.start, timed_s, 0, self.reads is None], dtype=torch.float64,
+                               device=self.device)  # (the last: a rank that did not count its loading)
         if self.skipped is not None:
             longest[2] += self.skipped  # (every rank of a DDP job skips the same steps: the most is the count)
         world_size = processes = 1
@@ -98,15 +101,17 @@ class EpochMeter:
             dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=self.group)
             dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)  # as long as its slowest rank
             world_size, processes = dist.get_world_size(self.group), dist.get_world_size()
-        loss_sum, top1, top5, images, timed_images, data_s = totals.tolist()
-        epoch_s, timed_s, skipped = longest.tolist()
+        loss_sum, top1, top5, images, timed_images, data_s, read_bytes, read_calls = totals.tolist()
+        epoch_s, timed_s, skipped, uncounted = longest.tolist()
         images_per_s = timed_images / timed_s if timed_images else images / max(epoch_s, 1e-9)
         n = max(images, 1)
         return {"loss": loss_sum / n, "top1": 100 * top1 / n, "top5": 100 * top5 / n,
                 "images": int(images), "top1_correct": int(top1), "images_per_s": images_per_s,
                 "process_images_per_s": images_per_s / processes,  # (every process of the run, whatever its role)
                 "data_s": data_s / world_size, "epoch_s": epoch_s,
-                "skipped_steps": None if self.skipped is None else int(skipped)}
+                "skipped_steps": None if self.skipped is None else int(skipped),
+                "read_mb": None if uncounted else read_bytes / 1e6,  # every rank's loading, added up
+                "read_calls": None if uncounted else int(read_calls)}
 
 
 @torch.no_grad()
@@ -122,6 +127,8 @@ def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcont
     """
     model.eval()
     meter = EpochMeter(device, group)
+    reads = data.storage_reads(loader)
+    start = reads and reads.total()
     batches = log.progress(loader, "validate")
     if any(isinstance(p, DTensor) for p in model.parameters()):
         batches = _in_lockstep(batches, len(loader), loader.dataset, device, group)
@@ -134,6 +141,8 @@ def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcont
         if len(target):
             meter.update(loss.float(), output.float(), target)
     sharding.reshard(model)  # (a no-op unless sharded)
+    if start is not None:
+        meter.reads = reads.total() - start
     return meter.summary()
 
 

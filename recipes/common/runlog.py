@@ -14,7 +14,7 @@ from tqdm import tqdm
 from recipes.common import RecipeError, checkpoint, data, models
 
 CSV_FIELDS = ["epoch", "split", "loss", "top1", "top5", "images_per_s", "data_s", "epoch_s", "lr",
-              "process_images_per_s", "skipped_steps"]
+              "process_images_per_s", "skipped_steps", "read_mb", "read_calls"]
 
 
 class RunLog:
@@ -131,7 +131,9 @@ class RunLog:
         row = {"epoch": epoch, "split": split, "loss": f"{stats['loss']:.6f}", "top1": f"{stats['top1']:.4f}",
                "top5": f"{stats['top5']:.4f}", "images_per_s": f"{stats['images_per_s']:.2f}",
                "data_s": f"{stats['data_s']:.3f}", "epoch_s": f"{stats['epoch_s']:.3f}", "lr": f"{lr:.6g}",
-               "process_images_per_s": f"{stats['process_images_per_s']:.2f}"}
+               "process_images_per_s": f"{stats['process_images_per_s']:.2f}",
+               "read_mb": "" if stats.get("read_mb") is None else f"{stats['read_mb']:.3f}",
+               "read_calls": "" if stats.get("read_calls") is None else stats["read_calls"]}
         skipped = None
         if split == "train":
             skipped = stats["skipped_steps"]  # (None: apex.amp's own, not counted)
@@ -145,9 +147,12 @@ class RunLog:
             self.writer.add_scalar("train/lr", lr, epoch)
             self.train_rates.append(stats["images_per_s"])
         self.writer.flush()
+        seconds = max(stats["epoch_s"], 1e-9)
+        read = (f"  read {stats['read_mb'] / seconds:.1f} MB/s in {stats['read_calls'] / seconds:.0f} reads/s"
+                if stats.get("read_mb") is not None else "")
         self.print(f"epoch {epoch} {split:7s} loss {stats['loss']:.4f}  top1 {stats['top1']:6.2f} %  "
                    f"top5 {stats['top5']:6.2f} %  {stats['images_per_s']:8.1f} images/s "
-                   f"({stats['process_images_per_s']:.1f} a process)  data wait {stats['data_s']:.1f} s  "
+                   f"({stats['process_images_per_s']:.1f} a process)  data wait {stats['data_s']:.1f} s{read}  "
                    f"epoch {stats['epoch_s']:.1f} s" + (f"  {skipped} step(s) skipped by the loss scaler (fp16 "
                                                          f"overflow)" if skipped else ""))
 

@@ -1,5 +1,4 @@
-"""The breaks of the mutation check (scripts/checks/mutations.py): name, the file, the text switched off, what replaces
-it, the tests that must catch it."""
+"""The mutation check's breaks (scripts/checks/mutations.py): name, file, text switched off, its replacement, tests."""
 
 PRECISION_TEST = ("tests/tools/test_benchmarks.py::test_bench_precision_runs_each_precision_it_names_and_says_what_the_"
                   "cpu_has")
@@ -19,19 +18,24 @@ FORKED_PROCESS_TEST = "tests/tools/test_forked.py::test_a_forked_process_sees_ex
 O2_TEST = ("tests/recipes/test_apex.py::test_o2_runs_half_precision_weights_but_batchnorm_and_steps_fp32_master_"
            "copies_as_apex_did")
 FORKED_RANKS_TEST = "tests/tools/test_forked.py::test_forked_ranks_see_what_torchrun_gives_its_workers"
+DATA = "recipes/common/data.py"  # the loading: decoders, shards, the storage's counters
+DECODER_TEST = "tests/common/test_common.py::test_torchcodec_decodes_every_format_as_torchvision_io_does"
+SHARDS_TEST = "tests/common/test_shards.py::test_"
+SHARD_ORDER_TEST = SHARDS_TEST + "each_rank_reads_its_own_shards_in_turn_and_the_epoch_is_a_distributed_samplers"
+READS_TEST = "tests/common/test_reads.py::test_"
+FORK, FORKED_TEST = "scripts/harness/forkserver.py", "tests/tools/test_forked.py::test_"
+MEASURING_TEST = "tests/tools/test_measuring.py::test_"
+ONE_SERVER_PER_THREADS = "servers.setdefault(env.get(\"OMP_NUM_THREADS\"), {})"
 
-# name, the file, the text switched off, what replaces it, the tests that must catch it
 BREAKS = [
     # features a test could miss by checking only exit codes, files and rows: each test now sees the feature act
     dict(name="autocast-off", file="recipes/common/amp.py", old="enabled=use_autocast)", new="enabled=False)",
          tests=["tests/recipes/test_apex.py::test_low_precision_loss_curves_follow_fp32"]),
     dict(name="o2-batchnorm-in-half-precision", file="recipes/common/amp.py",
-         old="                module.float()", new="                pass",
-         tests=[O2_TEST]),
+         old="                module.float()", new="                pass", tests=[O2_TEST]),
     dict(name="o2-without-master-copies", file="recipes/common/amp.py",
          old="        self.masters = {name: param.detach().clone().requires_grad_() for param, name in names.items()}",
-         new="        self.masters = {name: param for param, name in names.items()}",
-         tests=[O2_TEST]),
+         new="        self.masters = {name: param for param, name in names.items()}", tests=[O2_TEST]),
     dict(name="o2-checkpoint-of-the-half-weights", file="recipes/common/amp.py",
          old="        model.register_state_dict_post_hook(", new="        (lambda hook: None)(",
          tests=["tests/recipes/test_apex.py::test_o2_resumes_exactly_from_the_masters_its_checkpoint_holds"]),
@@ -174,8 +178,7 @@ BREAKS = [
          old="generator=self.generator) < self.prob", new="generator=self.generator) < 0",
          tests=["tests/recipes/test_ps.py::test_who_lies_byzantine_always_and_every_worker_with_the_attack_probability"]),
     dict(name="validators-line-counts-every-epoch-so-far", file="recipes/ps/server.py",
-         old="epoch_counts, tally.logged = (done - tally.logged).tolist(), done",
-         new="epoch_counts = done.tolist()",
+         old="epoch_counts, tally.logged = (done - tally.logged).tolist(), done", new="epoch_counts = done.tolist()",
          tests=["tests/recipes/test_ps.py::test_validators_count_what_they_reject"]),
     dict(name="attacks-drawn-per-push-again", file="recipes/ps/attacks.py",
          old='self.per_tensor = args.attack_draw == "tensor" and', new='self.per_tensor = False and',
@@ -186,11 +189,9 @@ BREAKS = [
     dict(name="subsample-without-the-residual", file="recipes/ps/worker.py",
          old="if pushes or args.local_steps == 1 else u\n", new="if True else u\n", tests=[NAIVE_ASYNC_TEST]),
     dict(name="subsample-pushes-the-sat-out-change-too", file="recipes/ps/worker.py",
-         old='u = u + residual if args.mode == "async" else u', new="u = u + residual",
-         tests=[NAIVE_ASYNC_TEST]),
+         old='u = u + residual if args.mode == "async" else u', new="u = u + residual", tests=[NAIVE_ASYNC_TEST]),
     dict(name="async-subsample-pushes-the-last-round-alone", file="recipes/ps/worker.py",
-         old='u = u + residual if args.mode == "async" else u', new="u = u",
-         tests=[NAIVE_ASYNC_TEST]),
+         old='u = u + residual if args.mode == "async" else u', new="u = u", tests=[NAIVE_ASYNC_TEST]),
     dict(name="trim-ratio-ignored", file="recipes/ps/rules.py", old="    if trim_ratio is not None:\n",
          new="    if False:\n",
          tests=["tests/recipes/test_ps.py::test_the_trim_ratio_draws_b_from_each_rounds_pushes_as_zenops_validators"]),
@@ -203,8 +204,7 @@ BREAKS = [
     dict(name="zeno-plus-plus-v-refreshed-per-validator", file="recipes/ps/validators.py",
          old='if args.aggregate == "zeno++":\n        counted', new='if False:\n        counted',
          tests=["tests/recipes/test_ps.py::test_zeno_plus_plus_refreshes_v_every_k_pushes_of_all_validators"]),
-    dict(name="phocas-keeps-all", file="recipes/ps/rules.py",
-         old=".argsort(dim=0)[:n - b]", new=".argsort(dim=0)[:n]",
+    dict(name="phocas-keeps-all", file="recipes/ps/rules.py", old=".argsort(dim=0)[:n - b]", new=".argsort(dim=0)[:n]",
          tests=["tests/recipes/test_ps.py::test_phocas_rejects_a_sign_flip"]),
     # the pipeline: partial reduce and the stragglers
     dict(name="preduce-never-connects", file="recipes/pipeline/preduce.py",
@@ -217,8 +217,7 @@ BREAKS = [
     dict(name="stragglers-ignore-the-seed", file="recipes/pipeline/stragglers.py",
          old="random.Random(f\"{delays.seed}/{rank}/{epoch}/{step}\")", new="random.Random(f\"{rank}/{epoch}/{step}\")",
          tests=["tests/recipes/test_pipeline.py::test_stragglers_are_drawn_per_slot_from_the_seed"]),
-    # the precision part of make figures: what each row ran in, and what the CPU has (caught on a CPU with native
-    # bf16, where the low-precision rows run; elsewhere they are left out and the first has nothing to break)
+    # the precision part: what each row ran in, what the CPU has (caught where native bf16 runs the low-precision rows)
     dict(name="precision-rows-silently-fp32", file="scripts/figures/precision/measure.py",
          old='*(["--opt-level", level] if level else [])', new='*(["--opt-level", "O0"] if level else [])',
          tests=[PRECISION_TEST]),
@@ -247,8 +246,7 @@ BREAKS = [
     dict(name="pipedream-an-update-every-other-minibatch", file="recipes/pipeline/train.py",
          old="    optimizer.step()\n    tally.updates += 1  #",
          new="    if step % 2:\n        optimizer.step()\n    tally.updates += 1  #", tests=[PIPEDREAM_TEST]),
-    # SD-PIPE's partial reduce inside each backward (without it, only the epoch's average after the drain is left);
-    # and its pairs beyond 8 replicas, which connect no one for the staleness bound
+    # SD-PIPE's partial reduce inside each backward (not only the epoch's average), its pairs beyond 8 replicas
     dict(name="preduce-pairs-join-the-union", file="recipes/pipeline/preduce.py",
          old="if replicas <= PAIRS_BEYOND:  # (pairs", new="if True:  # (pairs",
          tests=["tests/recipes/test_pipeline.py::test_once_the_updates_cross_a_multiple_of_ten_r_the_next_group_connects_every_"
@@ -269,8 +267,7 @@ BREAKS = [
          new='return dtype != "fp16" and torch.cuda.is_bf16_supported()', tests=[PRECISION_GPU_TEST]),
     dict(name="precision-gpus-all-on-the-first", file="scripts/figures/precision/measure.py",
          old='visible_gpus(processes)', new='visible_gpus(1)', tests=[PRECISION_GPU_TEST]),
-    # the GPU table (make gpu-check): every set-up planned, the smoke's passes kept for a GPU of the same compute
-    # capability, a bare loop that is bare and runs its set-up, the timed epoch, the fastest set-up
+    # the GPU table (make gpu-check): set-ups planned, smoke passes kept per capability, bare loop, timed epoch, fastest
     dict(name="gpu-table-leaves-a-set-up-out", file="scripts/figures/gpu/plan.py",
          old='         Setup("recipe", "apex", "", "fp16", True, False, "O2"),\n', new="",
          tests=["tests/tools/test_gpu_plan.py::test_the_gpu_table_plans_every_set_up_a_user_chooses_between_in_one_command"]),
@@ -350,24 +347,22 @@ BREAKS = [
              '            data.check_folder(args)',
          new="        pass",
          tests=["tests/common/test_bad_input.py::test_bad_input_says_its_own_reason_where_an_earlier_run_left_a_checkpoint"]),
-    dict(name="tensor-decoder-ignores-torchcodec", file="recipes/common/data.py",
+    dict(name="tensor-decoder-ignores-torchcodec", file=DATA, tests=[DECODER_TEST],
          old="    if decode_image is None:\n        return read_image_torchvision(path)\n",
-         new="    return read_image_torchvision(path)\n",
-         tests=["tests/common/test_common.py::test_torchcodec_decodes_every_format_as_torchvision_io_does"]),
-    dict(name="torchvision-decoder-keeps-16-bits", file="recipes/common/data.py",
-         old="if image.dtype == torch.uint16 else image\n", new="if image.dtype == torch.float64 else image\n",
-         tests=["tests/common/test_common.py::test_torchcodec_decodes_every_format_as_torchvision_io_does"]),
-    dict(name="shards-read-in-a-random-order", file="recipes/common/data.py",
-         old="        sampler = ShardOrder(dataset, sampler)", new="        pass",
-         tests=["tests/common/test_shards.py::test_the_recipes_loaders_read_shards_in_shard_order"]),
-    dict(name="shard-order-the-same-every-epoch", file="recipes/common/data.py",
-         old="manual_seed(sampler.seed + sampler.epoch)", new="manual_seed(sampler.seed)",
-         tests=["tests/common/test_shards.py::"
-                "test_each_rank_reads_its_own_shards_in_turn_and_the_epoch_is_a_distributed_samplers"]),
-    dict(name="shards-split-without-padding", file="recipes/common/data.py",
-         old="        order = (order * (sampler.total_size", new="        order = (order * (0 * sampler.total_size",
-         tests=["tests/common/test_shards.py::"
-                "test_each_rank_reads_its_own_shards_in_turn_and_the_epoch_is_a_distributed_samplers"]),
+         new="    return read_image_torchvision(path)\n"),
+    dict(name="torchvision-decoder-keeps-16-bits", file=DATA, tests=[DECODER_TEST],
+         old="if image.dtype == torch.uint16 else image\n", new="if image.dtype == torch.float64 else image\n"),
+    dict(name="shards-read-in-a-random-order", file=DATA, old="        sampler = ShardOrder(dataset, sampler)",
+         new="        pass", tests=[SHARDS_TEST + "the_recipes_loaders_read_shards_in_shard_order"]),
+    dict(name="shard-order-the-same-every-epoch", file=DATA, tests=[SHARD_ORDER_TEST],
+         old="manual_seed(sampler.seed + sampler.epoch)", new="manual_seed(sampler.seed)"),
+    dict(name="shards-split-without-padding", file=DATA, tests=[SHARD_ORDER_TEST],
+         old="        order = (order * (sampler.total_size", new="        order = (order * (0 * sampler.total_size"),
+    dict(name="reads-count-the-countings-own", file=DATA, old="+= now - before - own", new="+= now - before",
+         tests=[READS_TEST + "each_epoch_counts_the_bytes_and_read_calls_its_images_took"]),
+    dict(name="reads-of-loader-workers-left-out", file=DATA, old="        if self.before is not None:\n",
+         tests=[READS_TEST + "loader_workers_count_their_reads_too"],
+         new="        if self.before is not None and torch.utils.data.get_worker_info() is None:\n"),
     dict(name="evaluation-reads-train", file="recipes/common/data.py",
          old='    return ("val",) if getattr(args, "evaluate", False) else ("train", "val")',
          new='    return ("train", "val")',
@@ -380,32 +375,26 @@ BREAKS = [
          new='best = val[-1]["epoch"] if val else None',
          tests=["tests/common/test_common.py::test_the_last_line_names_the_last_epoch_and_the_epoch_best_pt_holds"]),
     # what scripts/harness/launch.py promises a launched process, each promise dropped
-    dict(name="forked-processes-share-the-servers-seeds", file="scripts/harness/forkserver.py",
-         old="random.seed(), sys.modules[\"numpy\"].random.seed(), torch.seed()", new="None",
-         tests=[FORKED_RANKS_TEST]),
-    dict(name="forked-processes-outlive-the-server", file="scripts/harness/forkserver.py",
-         old="ctypes.CDLL(None).prctl(1, signal.SIGKILL)", new="None",
-         tests=["tests/tools/test_measuring.py::test_no_forked_rank_outlives_the_script_that_forked_it"]),
-    dict(name="forked-processes-in-the-servers-session", file="scripts/harness/forkserver.py",
+    dict(name="forked-processes-share-the-servers-seeds", file=FORK, new="None", tests=[FORKED_RANKS_TEST],
+         old="random.seed(), sys.modules[\"numpy\"].random.seed(), torch.seed()"),
+    dict(name="forked-processes-outlive-the-server", file=FORK, old="ctypes.CDLL(None).prctl(1, signal.SIGKILL)",
+         new="None", tests=[MEASURING_TEST + "no_forked_rank_outlives_the_script_that_forked_it"]),
+    dict(name="forked-processes-in-the-servers-session", file=FORK,
          old="        os.setsid()\n", new="", tests=[FORKED_PROCESS_TEST]),
-    dict(name="forked-processes-with-the-servers-threads", file="scripts/harness/forkserver.py",
-         old="        torch.set_num_threads(int(os.environ.get(\"OMP_NUM_THREADS\") or os.cpu_count()))\n", new="",
-         tests=[FORKED_PROCESS_TEST]),
-    dict(name="one-fork-server-for-every-thread-count", file="scripts/harness/forkserver.py",
-         old="servers.setdefault(env.get(\"OMP_NUM_THREADS\"), {})", new="servers.setdefault(\"one\", {})",
-         tests=["tests/tools/test_measuring.py::test_a_forked_run_has_its_own_threads_and_one_process_runs_as_python_"
-                "does"]),
-    dict(name="a-fork-server-for-every-environment", file="scripts/harness/forkserver.py",
-         old="servers.setdefault(env.get(\"OMP_NUM_THREADS\"), {})",
+    dict(name="forked-processes-with-the-servers-threads", file=FORK, new="", tests=[FORKED_PROCESS_TEST],
+         old="        torch.set_num_threads(int(os.environ.get(\"OMP_NUM_THREADS\") or os.cpu_count()))\n"),
+    dict(name="one-fork-server-for-every-thread-count", file=FORK, old=ONE_SERVER_PER_THREADS,
+         new="servers.setdefault(\"one\", {})",
+         tests=[MEASURING_TEST + "a_forked_run_has_its_own_threads_and_one_process_runs_as_python_does"]),
+    dict(name="a-fork-server-for-every-environment", file=FORK, old=ONE_SERVER_PER_THREADS,
          new="servers.setdefault(tuple(sorted(env.items())), {})",
-         tests=["tests/tools/test_forked.py::test_one_fork_server_serves_every_environment_of_the_same_threads"]),
+         tests=[FORKED_TEST + "one_fork_server_serves_every_environment_of_the_same_threads"]),
     dict(name="ranks-keep-ignoring-what-torchrun-handles", file="scripts/harness/launch.py",
          old="server_env or env, handled=HANDLED))", new="server_env or env))", tests=[FORKED_RANKS_TEST]),
     dict(name="first-failure-sends-no-sigterm", file="scripts/harness/launch.py",
          old="forkserver.signal_group(rank, signal.SIGTERM)", new="None",
-         tests=["tests/tools/test_forked.py::test_the_first_failing_rank_stops_the_others_with_sigterm_then_sigkill"]),
-    dict(name="ranks-left-running-past-the-timeout", file="scripts/harness/launch.py",
+         tests=[FORKED_TEST + "the_first_failing_rank_stops_the_others_with_sigterm_then_sigkill"]),
+    dict(name="ranks-left-running-past-the-timeout", file="scripts/harness/launch.py", new="            rank.poll()\n",
          old="            forkserver.signal_group(rank, signal.SIGKILL)\n            rank.wait()\n",
-         new="            rank.poll()\n",
-         tests=["tests/tools/test_forked.py::test_a_launch_past_its_timeout_leaves_no_rank_running"]),
+         tests=[FORKED_TEST + "a_launch_past_its_timeout_leaves_no_rank_running"]),
 ]

@@ -11,6 +11,8 @@ benchmark scripts write:
   scaling.csv           images/s and epoch time per world size, and the bare loop (scripts/figures/scaling/measure.py)
   io.csv                input-pipeline images/s and MB/s per decoder and worker count (scripts/figures/io/measure.py)
   io_loader.json        uint8 batches on the trainer, first-batch waits (scripts/figures/io/measure.py)
+  io_storage.csv        image folder against shards: images/s, MB/s and reads/s, cold and warm page cache
+                        (scripts/figures/io/measure.py)
   examples.json         the nd recipe against pytorch/examples' imagenet/main.py (scripts/figures/examples/measure.py)
   recovery.json         checkpoint cost and restart time (scripts/figures/recovery/measure.py)
   compression.csv       time, accuracy and bytes per gradient-compression method and seed

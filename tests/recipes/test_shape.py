@@ -219,8 +219,8 @@ def test_no_two_scripts_import_each_other_and_each_part_keeps_its_folder():
     for part in [*PARTS, "gpu"]:
         assert {"measure", "render"} <= {path.stem for path in (ROOT / "scripts" / "figures" / part).glob("*.py")}, part
     assert {path.name for path in (ROOT / "scripts").glob("*") if path.is_file()} == {
-        "make_demo_data.py", "slurm_ddp.sbatch", "preemptible_torchrun.py", "loader_check.py"}  # (what a user
-    # runs by hand)
+        "make_demo_data.py", "make_shards.py", "slurm_ddp.sbatch", "preemptible_torchrun.py",
+        "loader_check.py"}  # (what a user runs by hand)
 
 
 def test_no_script_is_longer_than_400_lines():

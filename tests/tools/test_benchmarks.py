@@ -113,7 +113,8 @@ def test_bench_io_measures_each_decoder(tmp_path):
     assert run_python([sys.executable, ROOT / "scripts/make_demo_data.py", "--imagenet-like", jpegs, "--classes", "2",
                        "--images", "40"]).returncode == 0
     command = [sys.executable, "scripts/figures/io/measure.py", str(jpegs), "--workers", "0", "1", "--repeats", "1",
-               "-b", "8", "--image-size", "64", "--csv", str(out)]
+               "-b", "8", "--image-size", "64", "--csv", str(out), "--shards", str(tmp_path / "shards"),
+               "--storage-workers", "1"]
     result = run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
@@ -142,6 +143,16 @@ def test_bench_io_measures_each_decoder(tmp_path):
            f"{rate[tensor, 'uint8', '0']:.0f} | {rate[tensor, 'uint8', '1']:.0f} |" in text
     ratio = rate[tensor, "uint8", "0"] / rate["pil", "uint8", "0"]
     assert f"--decoder tensor / PIL, images/s: 0 workers {ratio:.2f}x" in text
+    storage = {(r["source"], r["cache"]): r for r in csv.DictReader((tmp_path / "io_storage.csv").open())}
+    caches = {cache for _, cache in storage}
+    assert caches in ({"cold", "warm"}, {"warm"}) and len(storage) == 2 * len(caches)
+    train_bytes = sum(p.stat().st_size for p in (jpegs / "train").rglob("*.jpg"))
+    for (source, cache), r in storage.items():  # a whole epoch: 64 train images, each file's bytes read once
+        assert int(r["images"]) == 64 and int(r["workers"]) == 1
+        read = float(r["read_mb_per_s"]) * 1e6 * float(r["seconds"])
+        assert read == pytest.approx(train_bytes, rel=0.005), (source, cache)
+        assert float(r["reads_per_image"]) == (2 if source == "folder" else 1), (source, cache)
+    assert "Shards / image folder, images/s of a whole epoch on a" in text
     assert f"{loader['normalise_ms_per_batch']:.2f} ms to convert and normalise a batch of 8 at 64 px" in text
 
 

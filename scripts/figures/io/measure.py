@@ -18,6 +18,14 @@ and the batches all workers prepare at once while starting, are not counted), th
 median of --repeats passes, the configurations interleaved so that a slow moment
 of a shared machine does not land on one of them.
 
+Then (io_storage.csv) what the storage is asked for, the image folder against the
+same images as WebDataset shards (scripts/make_shards.py, written once into
+--shards): a whole epoch of --decoder tensor's loader (after an untimed one that
+starts its workers), 1, 2 and 4 workers, on a
+cold page cache (dropped before each pass, where this machine lets it: root on
+Linux; else the rows say warm) and a warm one: images/s, and the MB/s and read
+calls/s of the loading processes (data.StorageReads, the recipes' own counters).
+
 Beside it (io_loader.json): what the uint8 batches move to the training process
 on a CPU (converting and normalising a batch there, milliseconds per batch; on a
 GPU the device does it), the bytes of a batch either way, and the wait for an
@@ -28,7 +36,9 @@ ones (median of 5 epochs).
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -46,6 +56,9 @@ from scripts.figures.measuring import hardware, write_csv  # noqa: E402
 
 FIELDS = ["decoder", "batches", "workers", "batch_size", "image_size", "images", "seconds", "images_per_s", "mb_per_s",
           "images_per_s_per_worker", "cpu", "cores", "gpu", "torch"]
+STORAGE_FIELDS = ["source", "cache", "workers", "batch_size", "image_size", "images", "shards", "seconds",
+                  "images_per_s", "read_mb_per_s", "reads_per_s", "reads_per_image", "cpu", "cores", "gpu", "torch"]
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
 # each decoder measured: the --decoder flag it is, and the function its loader reads a file with
@@ -89,6 +102,75 @@ def one_pass(folder, decoder, batches, workers, batch_size, image_size):
         read += sum(os.path.getsize(train_set.samples[i][0]) for i in indices)
     seconds = time.perf_counter() - start
     return images, seconds, read
+
+
+def drop_page_cache():
+    """Empty the page cache (root on Linux), so that the next pass reads from the storage. False where not allowed."""
+    os.sync()
+    try:
+        DROP_CACHES.write_text("1")
+    except OSError:
+        return False
+    return True
+
+
+def storage_pass(source, workers, batch_size, image_size, cold):
+    """A whole epoch of --decoder tensor's training loader on an image folder or a shard folder, its workers
+    started by an epoch before (persistent: what their first use of torch reads, such as the CPU's topology, is not
+    counted): (images, seconds, bytes read, read calls), the last two from the loading processes' own counters."""
+    args = loader_args(source, tensor_decoder(), workers, batch_size, image_size)
+    train_set, _, _ = data.build_datasets(args)
+    loader = data.train_loader(train_set, args, data.EpochShuffle(train_set, seed=0))
+    assert loader.persistent_workers or workers == 0
+    for _ in loader:  # (the workers' start)
+        pass
+    if cold:
+        drop_page_cache()
+    before, start, images = train_set.reads.total(), time.perf_counter(), 0
+    for tensor, _ in loader:
+        images += tensor.shape[0]
+    seconds = time.perf_counter() - start
+    read_bytes, read_calls = (train_set.reads.total() - before).tolist()
+    return images, seconds, read_bytes, read_calls
+
+
+def shards_of(folder, shards):
+    """The folder's images as shards in `shards`, written there once (scripts/make_shards.py, 16 MB shards)."""
+    if not (shards / "classes.txt").exists():
+        shutil.rmtree(shards, ignore_errors=True)
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_shards.py"), str(folder), str(shards),
+                                 "--shard-mb", "16"], capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(result.stderr.strip() or "error: scripts/make_shards.py failed")
+    return shards
+
+
+def measure_storage(folder, shards, workers, batch_size, image_size, repeats, machine):
+    """io_storage.csv's rows: folder and shards, cold and warm, at each worker count (median of the repeats)."""
+    cold = drop_page_cache()
+    if not cold:
+        print("the page cache cannot be dropped here (it needs root on Linux): warm passes only")
+    sources = {"folder": Path(folder), "shards": shards_of(folder, Path(shards))}
+    caches = ["cold", "warm"] if cold else ["warm"]
+    runs = {}
+    for _ in range(repeats):
+        for cache in caches:
+            for name, source in sources.items():
+                for count in workers:
+                    runs.setdefault((name, cache, count), []).append(
+                        storage_pass(source, count, batch_size, image_size, cache == "cold"))
+    rows = []
+    for (name, cache, count), passes in runs.items():
+        images, seconds, read_bytes, read_calls = sorted(passes, key=lambda p: p[1])[len(passes) // 2]  # (median)
+        shard_count = len(list((sources["shards"] / "train").glob("*.tar"))) if name == "shards" else ""
+        rows.append({"source": name, "cache": cache, "workers": count, "batch_size": batch_size,
+                     "image_size": image_size, "images": images, "shards": shard_count, "seconds": round(seconds, 4),
+                     "images_per_s": round(images / seconds, 2), "read_mb_per_s": round(read_bytes / seconds / 1e6, 3),
+                     "reads_per_s": round(read_calls / seconds, 1),
+                     "reads_per_image": round(read_calls / images, 3), **machine})
+        print(f"{name:>7} {cache:>5}  {count} worker(s)  {images / seconds:8.1f} images/s  "
+              f"{read_bytes / seconds / 1e6:7.2f} MB/s  {read_calls / seconds:8.1f} reads/s")
+    return rows
 
 
 def on_the_trainer(folder, batch_size, image_size, repeats=20):
@@ -144,7 +226,11 @@ def main():
     parser.add_argument("-b", "--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--csv", default="figures/data/io.csv", help="(io_loader.json goes beside it)")
+    parser.add_argument("--csv", default="figures/data/io.csv", help="(io_loader.json and io_storage.csv go "
+                        "beside it)")
+    parser.add_argument("--shards", default="runs/figures/io-shards", help="where the folder's shards are written "
+                        "once (default: runs/figures/io-shards)")
+    parser.add_argument("--storage-workers", type=int, nargs="+", default=[1, 2, 4])
     args = parser.parse_args()
     if not (Path(args.folder) / "train").is_dir():
         sys.exit(f"error: {args.folder} has no train/ folder; see the usage at the top of this script")
@@ -177,6 +263,10 @@ def main():
         print(f"{decoder:>11} {batches:>7}  {workers} worker(s)  {rate:8.1f} images/s  "
               f"{read / seconds / 1e6:7.2f} MB/s")
     write_csv(args.csv, FIELDS, rows)
+
+    write_csv(Path(args.csv).parent / "io_storage.csv", STORAGE_FIELDS,
+              measure_storage(args.folder, args.shards, args.storage_workers, args.batch_size, args.image_size,
+                              args.repeats, machine))
 
     normalise_ms, uint8_bytes, float_bytes = on_the_trainer(args.folder, args.batch_size, args.image_size)
     waits = first_batch_waits(args.folder, args.batch_size, args.image_size)

@@ -1,8 +1,8 @@
 """io: the input pipeline's images/s and MB/s per decoder and worker count (scripts/figures/io/measure.py).
 
-    reads    figures/data/io.csv, io_loader.json
+    reads    figures/data/io.csv, io_loader.json, io_storage.csv
     draws    figures/io.png
-    writes   sections io, io-rates (the long form's), hardware (when scaling has not run)
+    writes   sections io, io-rates and io-storage (the long form's), hardware (when scaling has not run)
 """
 
 import json
@@ -82,6 +82,25 @@ def io_tables(io_rows, loader=None):
     return io_md, rates_md
 
 
+def storage_tables(rows):
+    """RESULTS.md's sentence (shards against the folder) and the long form's table, from io_storage.csv."""
+    by_key = {(r["source"], r["cache"], int(r["workers"])): r for r in rows}
+    cache = "cold" if any(key[1] == "cold" for key in by_key) else "warm"
+    rate = {key: float(r["images_per_s"]) for key, r in by_key.items()}
+    shared = sorted(w for source, c, w in rate if (source, c) == ("shards", cache) and ("folder", cache, w) in rate)
+    ratios = ", ".join(f"{workers_named(w)} {rate['shards', cache, w] / rate['folder', cache, w]:.2f}x"
+                       for w in shared)
+    per_image = {source: float(r["reads_per_image"]) for (source, c, _), r in by_key.items() if c == cache}
+    sentence = (f"Shards / image folder, images/s of a whole epoch on a {cache} page cache"
+                f"{'' if cache == 'cold' else ' (this machine could not drop it)'}: {ratios}; read calls an image: "
+                f"folder {per_image.get('folder', 0):.2f}, shards {per_image.get('shards', 0):.2f}.")
+    table_md = table(["source", "page cache", "workers", "images/s", "MB/s read", "reads/s", "reads an image"],
+                     [[source, c, w, f"{float(r['images_per_s']):.1f}", f"{float(r['read_mb_per_s']):.1f}",
+                       f"{float(r['reads_per_s']):.0f}", f"{float(r['reads_per_image']):.2f}"]
+                      for (source, c, w), r in sorted(by_key.items())])
+    return sentence, table_md
+
+
 def render(data, figures, missing):
     if not (data / "io.csv").exists():
         missing.append("io.csv (scripts/figures/io/measure.py)")
@@ -90,7 +109,13 @@ def render(data, figures, missing):
     plot_io(io_rows, figures)
     loader = data / "io_loader.json"
     io_md, rates_md = io_tables(io_rows, json.loads(loader.read_text()) if loader.exists() else None)
-    return {"io": io_md, "io-rates": rates_md, "hardware": hardware_line(data)}  # (scaling writes the same)
+    sections = {"io": io_md, "io-rates": rates_md, "hardware": hardware_line(data)}  # (scaling writes the same)
+    if (data / "io_storage.csv").exists():
+        sentence, sections["io-storage"] = storage_tables(read_csv(data / "io_storage.csv"))
+        sections["io"] += "\n\n" + sentence
+    else:
+        missing.append("io_storage.csv (scripts/figures/io/measure.py)")
+    return sections
 
 
 def headline(data):
