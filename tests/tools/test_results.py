@@ -700,3 +700,26 @@ def test_the_seed_tutorials_accuracy_is_read_at_each_runs_end_and_named_with_the
         "as its RESULTS.md gives them; its apex O2 in fp16 at batch 208 a GPU is `recipes/apex/train.py --opt-level "
         "O2 --amp-dtype fp16 -b 208` here.")
     assert render_context.seed_accuracy(tmp_path / "nowhere") == ""
+
+
+def test_the_input_pipeline_says_what_the_seeds_storage_delivered_and_what_folders_and_shards_would_ask(tmp_path):
+    """The seed's 64-GPU run with both an IO file of bandwidth and one of operations, over its images/s; and its
+    images/s times this loader's read calls an image, of a folder and of shards (io_storage.csv)."""
+    from scripts.figures.cluster import seed
+    from scripts.figures.io import render as io_render
+
+    (tmp_path / "cluster").mkdir()
+    source = {"repo": "r", "commit": "c", "path": "p"}
+    measuring.write_csv(tmp_path / "cluster" / "seed_io.csv", seed.IO_FIELDS, [
+        {"file": "bandwidth_gpux64_cpu20_may01", "measures": "bandwidth", "gpus": 64, "read": 4e9, **source},
+        {"file": "iops_gpux64_cpu20_may01", "measures": "iops", "gpus": 64, "read": 30000, **source},
+        {"file": "bandwidth_gpux64_cpu20_feb", "measures": "bandwidth", "gpus": 64, "read": 1e9, **source}])
+    (tmp_path / "cluster" / "seed_throughput.csv").write_text(
+        "run,gpus,images_per_s\nMay01_x_gpux64,64,20000\nFeb12_x_gpux64,64,10000\nMay01_y_gpux4,4,3000\n")
+    rows = [{"source": "folder", "reads_per_image": "2.0"}, {"source": "shards", "reads_per_image": "1.0"}]
+    text = io_render.seed_sentence(io_render.seed_storage(tmp_path), rows)
+    assert "trained 20,000 images/s and read 4.00 GB/s in 30,000 operations/s" in text  # (Feb: no operations file)
+    assert "200.0 kB and 1.50 operations an image" in text
+    assert "40,000 read calls/s of a folder (2.00 an image" in text and "20,000 of shards (1.00 an image" in text
+    (tmp_path / "cluster" / "seed_io.csv").unlink()
+    assert io_render.seed_storage(tmp_path) is None

@@ -1,7 +1,7 @@
 """io: the input pipeline's images/s and MB/s per decoder and worker count (scripts/figures/io/measure.py).
 
-    reads    figures/data/io.csv, io_loader.json, io_storage.csv
-    draws    figures/io.png
+    reads    figures/data/io.csv, io_loader.json, io_storage.csv, cluster/seed_io.csv, seed_throughput.csv
+    draws    figures/io.png, io_storage.png (with the seed's files)
     writes   sections io, io-rates and io-storage (the long form's), hardware (when scaling has not run)
 """
 
@@ -101,6 +101,65 @@ def storage_tables(rows):
     return sentence, table_md
 
 
+def seed_storage(data):
+    """What the seed's 64 V100s asked of their shared storage, from its latest run with both IO files (bandwidth and
+    operations) and its images/s (figures/data/cluster/ by scripts/figures/cluster/seed.py): {day, images_per_s,
+    bytes_per_s, operations_per_s}; None without them."""
+    io_path, runs_path = data / "cluster" / "seed_io.csv", data / "cluster" / "seed_throughput.csv"
+    if not (io_path.exists() and runs_path.exists()):
+        return None
+    runs = {r["run"][:3].lower(): (r["run"][:5], float(r["images_per_s"])) for r in read_csv(runs_path)
+            if r["gpus"] == "64"}
+    io = {}
+    for r in read_csv(io_path):  # (a run's IO files are named for its date: ..._feb, ..._aprl30, ..._may01)
+        io.setdefault(r["file"].rsplit("_", 1)[1][:3], {})[r["measures"]] = float(r["read"])
+    both = [(*runs[key], io[key]) for key in sorted(io) if key in runs and len(io[key]) == 2]
+    if not both:
+        return None
+    day, images_per_s, measured = both[-1]
+    return {"day": day, "images_per_s": images_per_s, "bytes_per_s": measured["bandwidth"],
+            "operations_per_s": measured["iops"]}
+
+
+def seed_sentence(seed, rows):
+    """RESULTS.md's answer: what the seed's storage delivered, and what its images/s would ask of a folder and of
+    shards at the read calls an image measured here (io_storage.csv's rows)."""
+    calls = {r["source"]: float(r["reads_per_image"]) for r in rows}
+    rate = seed["images_per_s"]
+    return (f"What does the storage need to deliver? The seed's 64 V100s (its {seed['day']} run) trained "
+            f"{rate:,.0f} images/s and read {seed['bytes_per_s'] / 1e9:.2f} GB/s in {seed['operations_per_s']:,.0f} "
+            f"operations/s from their shared storage: {seed['bytes_per_s'] / rate / 1e3:.1f} kB and "
+            f"{seed['operations_per_s'] / rate:.2f} operations an image. At those images/s this loader asks "
+            f"{calls['folder'] * rate:,.0f} read calls/s of a folder ({calls['folder']:.2f} an image, besides opening "
+            f"each file) and {calls['shards'] * rate:,.0f} of shards ({calls['shards']:.2f} an image, one open a "
+            f"shard).")
+
+
+def plot_storage(rows, seed, figures):
+    """Left: the read calls/s the loader asked of this machine's storage, folder against shards; right: the seed's
+    64 V100s, the operations/s their storage delivered beside the read calls/s their images/s would ask of a
+    folder and of shards with this loader."""
+    fig, (here, there) = plt.subplots(1, 2, figsize=(10, 4))
+    cache = "cold" if any(r["cache"] == "cold" for r in rows) else "warm"
+    for source, marker in (("folder", "o"), ("shards", "s")):
+        points = sorted((int(r["workers"]), float(r["reads_per_s"]), float(r["read_mb_per_s"])) for r in rows
+                        if (r["source"], r["cache"]) == (source, cache))
+        here.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=f"{source}: read calls/s")
+    here.set(xlabel="data-loader workers", ylabel="read calls/s", xticks=sorted({int(r["workers"]) for r in rows}),
+             title=f"This machine, {cache} page cache")
+    here.set_ylim(bottom=0)
+    here.grid(alpha=0.3)
+    here.legend(fontsize=8)
+    calls = {r["source"]: float(r["reads_per_image"]) for r in rows}
+    bars = {"the seed's storage\n(operations/s)": seed["operations_per_s"],
+            "a folder\n(read calls/s)": calls["folder"] * seed["images_per_s"],
+            "shards\n(read calls/s)": calls["shards"] * seed["images_per_s"]}
+    there.bar(list(bars), list(bars.values()), color=["grey", "C0", "C1"])
+    there.set(ylabel="per second", title=f"At the seed's 64 V100s: {seed['images_per_s']:,.0f} images/s")
+    there.tick_params(axis="x", labelsize=8)
+    save(fig, figures / "io_storage.png")
+
+
 def render(data, figures, missing):
     if not (data / "io.csv").exists():
         missing.append("io.csv (scripts/figures/io/measure.py)")
@@ -111,8 +170,12 @@ def render(data, figures, missing):
     io_md, rates_md = io_tables(io_rows, json.loads(loader.read_text()) if loader.exists() else None)
     sections = {"io": io_md, "io-rates": rates_md, "hardware": hardware_line(data)}  # (scaling writes the same)
     if (data / "io_storage.csv").exists():
-        sentence, sections["io-storage"] = storage_tables(read_csv(data / "io_storage.csv"))
-        sections["io"] += "\n\n" + sentence
+        storage_rows = read_csv(data / "io_storage.csv")
+        sentence, sections["io-storage"] = storage_tables(storage_rows)
+        seed = seed_storage(data)
+        sections["io"] += "\n\n" + sentence + (f"\n\n{seed_sentence(seed, storage_rows)}" if seed else "")
+        if seed:
+            plot_storage(storage_rows, seed, figures)
     else:
         missing.append("io_storage.csv (scripts/figures/io/measure.py)")
     return sections
