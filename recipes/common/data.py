@@ -332,7 +332,7 @@ def index_shard(shard):
                     continue
                 if extension == "cls":
                     targets[key] = int(tar.extractfile(info).read().decode().strip())
-                elif extension.lower() in IMAGE_EXTENSIONS:
+                elif f".{extension.lower()}" in datasets.folder.IMG_EXTENSIONS:  # (as ImageFolder reads a folder)
                     images[key] = Member(shard, info.name, info.offset_data, info.size)
     except (tarfile.TarError, OSError, ValueError) as error:
         raise RecipeError(f"corrupt shard {shard}: {str(error).strip() or type(error).__name__}") from None
@@ -340,9 +340,6 @@ def index_shard(shard):
     if missing:
         raise RecipeError(f"corrupt shard {shard}: {images[missing[0]].name} has no .cls (its class index) beside it")
     return [(member, targets[key]) for key, member in images.items()]
-
-
-IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp", "gif"}
 
 
 class ShardOrder(torch.utils.data.Sampler):

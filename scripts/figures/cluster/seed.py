@@ -121,6 +121,20 @@ def write(path, fields, table):
     print(f"wrote {path} ({len(table)} rows)")
 
 
+def io_of_64_gpu_runs(data):
+    """[(run, images/s, {measures: the median read})] of the 64-GPU runs whose IO files are published, from
+    data/cluster/ (what this script wrote): an IO file is named for its run's month (..._feb, ..._aprl30,
+    ..._may01), a run begins with it (Feb12_..., May01_...)."""
+    with open(Path(data) / "cluster" / "seed_throughput.csv", newline="") as f:
+        runs = {r["run"][:3].lower(): r for r in csv.DictReader(f) if r["gpus"] == "64"}
+    io_by_month = {}
+    with open(Path(data) / "cluster" / "seed_io.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            io_by_month.setdefault(r["file"].rsplit("_", 1)[1][:3], {})[r["measures"]] = float(r["read"])
+    return [(runs[month]["run"], float(runs[month]["images_per_s"]), measured)
+            for month, measured in sorted(io_by_month.items()) if month in runs]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("gitdir", metavar="CLONE_OR_GITDIR", help=f"a clone of {REPO}, or its .git directory")

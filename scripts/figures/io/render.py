@@ -7,6 +7,7 @@
 
 import json
 
+from scripts.figures.cluster import seed
 from scripts.figures.rendering import hardware_line, plt, read_csv, save, table
 
 
@@ -105,19 +106,13 @@ def seed_storage(data):
     """What the seed's 64 V100s asked of their shared storage, from its latest run with both IO files (bandwidth and
     operations) and its images/s (figures/data/cluster/ by scripts/figures/cluster/seed.py): {day, images_per_s,
     bytes_per_s, operations_per_s}; None without them."""
-    io_path, runs_path = data / "cluster" / "seed_io.csv", data / "cluster" / "seed_throughput.csv"
-    if not (io_path.exists() and runs_path.exists()):
+    if not all((data / "cluster" / name).exists() for name in ("seed_io.csv", "seed_throughput.csv")):
         return None
-    runs = {r["run"][:3].lower(): (r["run"][:5], float(r["images_per_s"])) for r in read_csv(runs_path)
-            if r["gpus"] == "64"}
-    io = {}
-    for r in read_csv(io_path):  # (a run's IO files are named for its date: ..._feb, ..._aprl30, ..._may01)
-        io.setdefault(r["file"].rsplit("_", 1)[1][:3], {})[r["measures"]] = float(r["read"])
-    both = [(*runs[key], io[key]) for key in sorted(io) if key in runs and len(io[key]) == 2]
+    both = [run for run in seed.io_of_64_gpu_runs(data) if len(run[2]) == 2]  # (bandwidth and operations)
     if not both:
         return None
-    day, images_per_s, measured = both[-1]
-    return {"day": day, "images_per_s": images_per_s, "bytes_per_s": measured["bandwidth"],
+    run, images_per_s, measured = both[-1]
+    return {"day": run[:5], "images_per_s": images_per_s, "bytes_per_s": measured["bandwidth"],
             "operations_per_s": measured["iops"]}
 
 

@@ -12,7 +12,7 @@ bytes an image the 64-GPU runs read (their IO files' median read over their imag
 storage delivered as a run's median; what it can deliver is not published.
 """
 
-from scripts.figures.cluster import links
+from scripts.figures.cluster import links, seed
 from scripts.figures.rendering import plt, read_csv, save, table
 
 MATCH = 0.15  # the issue's bound: the model within 15 % of the seed's published images/s
@@ -26,12 +26,11 @@ def seed_rows(data):
 def storage(data):
     """(the most bytes/s the storage delivered as a 64-GPU run's median, bytes an image those runs read: the
     median over the runs whose IO file and images/s are both published)."""
-    io = {r["file"]: float(r["read"]) for r in read_csv(data / "cluster" / "seed_io.csv")
-          if r["measures"] == "bandwidth"}
-    runs = {r["run"][:3].lower(): float(r["images_per_s"]) for r in seed_rows(data) if r["gpus"] == "64"}
-    per_image = [read / runs[name.rsplit("_", 1)[1][:3]] for name, read in io.items()
-                 if name.rsplit("_", 1)[1][:3] in runs]
-    return max(io.values()), sum(per_image) / len(per_image)
+    delivered = max(float(r["read"]) for r in read_csv(data / "cluster" / "seed_io.csv")
+                    if r["measures"] == "bandwidth")
+    per_image = [measured["bandwidth"] / images_per_s for _, images_per_s, measured in seed.io_of_64_gpu_runs(data)
+                 if "bandwidth" in measured]
+    return delivered, sum(per_image) / len(per_image)
 
 
 def modelled(data):
