@@ -87,9 +87,13 @@ def fork_server():
                 listener.listen()
                 alive_r, alive_w = os.pipe()  # when the trainer ends, the server reads EOF and ends
                 trainer = os.getpid()
+                # Blocked across the fork: a SIGTERM to the new server before it ignores SIGTERM would end it,
+                # and every later loader with it (here one waits, pending, until the mask is restored).
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
                 pid = os.fork()
                 if pid == 0:
                     _serve(listener.fileno(), alive_r, alive_w, trainer)
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 os.close(alive_r)
             server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
     except (AttributeError, TypeError, OSError):
@@ -101,11 +105,10 @@ def _serve(listener_fd, alive_r, alive_w, trainer):
     dying with the trainer; it ends with os._exit (nothing of the trainer's to tear down)."""
     global _SERVER_PID
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (and blocked since the fork: it stays so)
         os.close(alive_w)
         _SERVER_PID = os.getpid()
         die_with_parent(trainer)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         multiprocessing.forkserver.main(listener_fd, alive_r, [])
     finally:
         os._exit(0)

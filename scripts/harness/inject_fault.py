@@ -9,6 +9,8 @@ Faults, each after the optimizer step numbered --step (counted from 1 in this pr
   term-parent  SIGTERM the parent, i.e. torchrun's agent, which forwards it to every worker
   term-group   SIGTERM the whole process group, loader workers included (as SLURM does)
   stop         SIGSTOP this process (a hung worker: alive, connected, silent)
+  slow         sleep 2 s after this step and every later one (a straggler: alive, its peers' waits the same
+               each step, where the sleeps of a recipe's --slow-factor scale with a loaded machine's steps)
   nan          make this step's loss NaN (divergence)
   hang-init    never join the process group (a worker that never arrives)
 
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from recipes.common import bookkeeping, distributed, pushpull
 
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
+SLOW_S = 2.0
 
 
 def record(path, event, **fields):
@@ -55,7 +58,8 @@ def fired(path, rank):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fault", required=True, choices=[*SIGNALS, "term-parent", "term-group", "nan", "hang-init"])
+    parser.add_argument("--fault", required=True,
+                        choices=[*SIGNALS, "term-parent", "term-group", "slow", "nan", "hang-init"])
     parser.add_argument("--step", type=int, default=1, help="inject after this training step (from 1)")
     parser.add_argument("--rank", type=int, help="only this rank (default: every rank)")
     parser.add_argument("--others", choices=[*SIGNALS, "nan"], help="with --rank: this fault on the other ranks")
@@ -73,13 +77,13 @@ def main():
     armed = fault is not None and attempt == args.attempt and not fired(args.times, rank)
     if args.fault == "term-parent" and "TORCHELASTIC_RUN_ID" not in os.environ:
         sys.exit("error: --fault term-parent signals torchrun's agent: run it under torchrun")
-    steps, counted_by = 0, None
+    steps, counted_by, slow = 0, None, False
 
     def stepped(by, loss, epoch=None, step=None, version=None):
         """After each step of this process: the fault, when it is due. Two hooks call it; the steps are counted
         by the one that fires first, which stays the one: Run.step_done in a rank that trains with a Run (a
         hetpipe replica pulls too, but its first step ends before its second pull), pushpull.pull in one without."""
-        nonlocal steps, counted_by, armed
+        nonlocal steps, counted_by, armed, slow
         counted_by = counted_by or by
         if by != counted_by:
             return loss
@@ -96,8 +100,12 @@ def main():
                 time.sleep(2)  # let the agent's SIGTERM reach this process before the next step
             elif fault == "term-group":
                 os.killpg(os.getpgid(0), signal.SIGTERM)
+            elif fault == "slow":
+                slow = True
             else:
                 os.kill(os.getpid(), SIGNALS[fault])
+        if slow:
+            time.sleep(SLOW_S)
         return loss
 
     # a Run's step (every recipe's training ranks, the parameter servers), before its stop check ...

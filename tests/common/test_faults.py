@@ -179,6 +179,19 @@ def test_the_loader_workers_fork_server_is_a_fork_of_the_trainer():
     assert result.stdout.split() == ["True", "True"], result.stderr
 
 
+def test_a_sigterm_the_moment_the_fork_server_is_forked_leaves_it_serving():
+    """A scheduler's SIGTERM can reach the server before its first line runs; it must find SIGTERM blocked, not
+    end the server (and with it every later loader: "EOFError: unexpected EOF" at the next epoch)."""
+    check = ("import os, signal, time, multiprocessing.forkserver as f; from recipes.common import workers\n"
+             "for _ in range(20):\n"
+             "    workers.fork_server(); pid = f._forkserver._forkserver_pid; os.kill(pid, signal.SIGTERM)\n"
+             "    time.sleep(0.01); print(os.waitpid(pid, os.WNOHANG)[0] == 0, end=' ')\n"
+             "    os.kill(pid, signal.SIGKILL); f._forkserver._stop()\n")
+    result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.stdout.split() == ["True"] * 20, result.stdout + result.stderr
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
 def test_a_worker_whose_parent_died_before_it_asked_to_die_with_it_ends():
     """A loader worker forked just before the trainer (and so the fork server) dies is left to init before
@@ -471,14 +484,18 @@ def test_a_killed_rank_is_restarted_and_the_run_finishes(tiny_data, tmp_path, re
 
 def test_a_sigterm_while_a_slow_but_living_peer_computes_still_saves(tiny_data, tmp_path):
     """The grace of a wait on a peer grows with the waits the run has seen (three times the longest of the last
-    50): here the other replica waits a second or more at every allreduce for the slow rank 3, and a SIGTERM to
-    every rank still ends in the checkpoint saved after the next step, not in giving up. (At --slow-factor 300 a
-    loaded machine's 0.1 s steps made 30 s sleeps, and torchrun SIGKILLed the ranks before they saved; at 150 a
-    step of 7-10 ms unloaded still waits over a second.)"""
-    args = [tiny_data, *TINY, "-b", "4", "--epochs", "100", "--stages", "2", "--microbatches", "2", "--slow-rank",
-            "3", "--slow-factor", "150", "--out", tmp_path / "run"]
+    50): here rank 3 sleeps 2 s after every step, the other ranks wait about that long on it each step, and a
+    SIGTERM to every rank (as a step ends, early in rank 3's sleep) still ends in the checkpoint saved after the
+    next step, not in giving up after 1 s. (Made slow with --slow-factor, whose sleeps scale with the step's
+    time, rank 3 made a peer wait over three times its longest recent wait on a loaded machine, and that peer
+    rightly gave up.)"""
+    args = [tiny_data, *TINY, "-b", "4", "--epochs", "100", "--stages", "2", "--microbatches", "2",
+            "--out", tmp_path / "run"]
     output = tmp_path / "output.log"
-    job = subprocess.Popen(recipe_command("pipeline", [str(a) for a in args], nproc=4), cwd=ROOT, env=child_env(),
+    inject = [ROOT / "scripts" / "harness" / "inject_fault.py", "--fault", "slow", "--step", "1", "--rank", "3", "--"]
+    command = recipe_command("pipeline", [str(a) for a in args], nproc=4)
+    at = command.index(next(part for part in command if part.endswith(".py")))  # (the first script: wrapped)
+    job = subprocess.Popen([*command[:at], *map(str, inject), *command[at:]], cwd=ROOT, env=child_env(),
                            stdout=open(output, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_line(output, "epoch 1 step 3/")
