@@ -1,12 +1,20 @@
 """Data sets and loaders: ImageNet-style folders, WebDataset shards, or synthetic in-memory images."""
 
 import array
+import fcntl
+import hashlib
+import http.client
 import io as bytes_io
 import os
 import random
 import re
+import shutil
+import subprocess
 import tarfile
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -293,7 +301,7 @@ class TarShards(Dataset):
 
     def __init__(self, folder, transform, loader):
         self.transform, self.loader, self.reads = transform, loader, StorageReads()
-        self.shards = sorted(str(shard) for shard in Path(folder).glob("*.tar"))
+        self.shards = shard_paths(folder)
         if not self.shards:
             raise RecipeError(f"{folder} has no images (expected <class>/<image> files or .tar shards)")
         self.members, self.targets, self.first = [], [], []  # per image; the first image of each shard
@@ -317,6 +325,80 @@ class TarShards(Dataset):
         image = self.loader(self.members[index])
         self.reads.after_loading()
         return (self.transform(image) if self.transform else image), self.targets[index]
+
+
+SHARD_LIST = "shards.txt"  # in a split's folder, instead of its .tar files: where they are, one a line
+FETCHED = ("http", "https", "ftp", "file")  # the URL schemes fetched into the shard cache (and "pipe:COMMAND")
+
+
+def shard_paths(folder):
+    """The shards of a split's folder: its .tar files, sorted; or, where it holds shards.txt, the shards listed
+    there, in that order: a path (relative to the folder, or absolute), or a URL (http, https, ftp, file, or
+    WebDataset's pipe:COMMAND, whose output is the shard), fetched into the shard cache first."""
+    listing = Path(folder) / SHARD_LIST
+    if not listing.exists():
+        return sorted(str(shard) for shard in Path(folder).glob("*.tar"))
+    shards = []
+    for line in listing.read_text().splitlines():
+        source = line.strip()
+        if not source or source.startswith("#"):
+            continue
+        if source.startswith("pipe:") or urllib.parse.urlsplit(source).scheme in FETCHED:
+            shards.append(fetch_shard(source))
+        elif (Path(folder) / source).is_file():
+            shards.append(str(Path(folder) / source))
+        else:
+            raise RecipeError(f"{listing} names {source}, which is not a file (give a path or an http(s), ftp, "
+                              f"file or pipe: URL)")
+    return shards
+
+
+def shard_cache():
+    """Where fetched shards are kept: $SHARD_CACHE, else ~/.cache/recipes/shards (a local disk: each machine
+    fetches its own copy)."""
+    return Path(os.environ.get("SHARD_CACHE") or Path.home() / ".cache" / "recipes" / "shards")
+
+
+def fetch_shard(source):
+    """The path of the shard at URL `source` in the shard cache, fetched once per cache: the first process to
+    ask fetches it while the others (this machine's other ranks) wait on a lock, then read it. A shard enters
+    the cache only whole and readable (fetched under a temporary name, indexed, then renamed), so a failed or
+    cut-short fetch is fetched again next time, never read."""
+    cache = shard_cache()
+    name = f"{hashlib.sha256(source.encode()).hexdigest()[:16]}-{Path(urllib.parse.urlsplit(source).path).name}"
+    path, partial = cache / name, cache / f"{name}.partial"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                _fetch(source, partial)
+                index_shard(str(partial))
+                os.replace(partial, path)
+    except RecipeError as error:  # (index_shard's: the shard fetched is not a readable one)
+        partial.unlink(missing_ok=True)
+        raise RecipeError(str(error).replace(str(partial), source)) from None
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        partial.unlink(missing_ok=True)
+        why = error.reason if type(error) is urllib.error.URLError else error  # (not "<urlopen error ...>")
+        raise RecipeError(f"cannot fetch shard {source} into {cache}: {str(why).strip() or type(why).__name__}") \
+            from None
+    return str(path)
+
+
+def _fetch(source, into):
+    with open(into, "wb") as out:
+        if source.startswith("pipe:"):
+            done = subprocess.run(source[len("pipe:"):], shell=True, stdout=out, stderr=subprocess.PIPE, text=True)
+            if done.returncode:
+                said = done.stderr.strip().splitlines()
+                raise OSError(f"the command ended with code {done.returncode}" + (f": {said[-1]}" if said else ""))
+            return
+        with urllib.request.urlopen(source, timeout=60) as response:
+            shutil.copyfileobj(response, out, 1 << 20)
+            size = response.headers.get("Content-Length") if hasattr(response, "headers") else None
+        if size is not None and out.tell() != int(size):
+            raise OSError(f"the connection closed after {out.tell()} of its {size} bytes")
 
 
 def index_shard(shard):
@@ -434,7 +516,7 @@ def build_datasets(args):
     loader = {"pil": load_image, "gpu": read_jpeg_bytes}.get(getattr(args, "decoder", "tensor"), read_image)
     folders = {}
     for split in splits(args):
-        if any((root / split).glob("*.tar")):
+        if any((root / split).glob("*.tar")) or (root / split / SHARD_LIST).exists():
             folders[split] = TarShards(root / split, transforms[split], loader)
             continue
         try:

@@ -1,13 +1,16 @@
 """WebDataset shards (scripts/make_shards.py): written from an image folder, and read by the recipes as they read
-the folder: the same images and classes, each rank its own shards, the exact evaluation, the mid-epoch resume, and
-one line for a broken shard."""
+the folder: the same images and classes, each rank its own shards, the exact evaluation, the mid-epoch resume,
+shards listed by URL, and one line for a broken shard."""
 
 import argparse
 import hashlib
+import http.server
 import io
+import os
 import shutil
 import sys
 import tarfile
+import threading
 from collections import Counter
 
 import pytest
@@ -175,3 +178,97 @@ def test_a_member_cut_short_is_one_line(tiny_shards, tmp_path):
     member = shards.members[0]._replace(size=10**9)
     with pytest.raises(RecipeError, match=f"corrupt shard {member.shard}: {member.name} ends after"):
         data.read_image(member)
+
+
+@pytest.fixture
+def served(tiny_shards):
+    """tiny_shards over HTTP, from a server in this process: (its base URL, the paths it was asked for). A path
+    under /cut/ sends the file's length but half its bytes, then closes."""
+    asked = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tiny_shards), **kwargs)
+
+        def do_GET(self):
+            if not self.path.startswith("/cut/"):
+                return super().do_GET()
+            content = (tiny_shards / self.path[len("/cut/"):]).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content[:len(content) // 2])
+            self.close_connection = True
+
+        def log_message(self, format, *args):
+            asked.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", asked
+    server.shutdown()
+    server.server_close()
+
+
+def listed(tiny_shards, folder, lines):
+    """A data folder whose splits list their shards (shards.txt), lines[split] each."""
+    for split, names in lines.items():
+        (folder / split).mkdir(parents=True)
+        (folder / split / data.SHARD_LIST).write_text("".join(f"{name}\n" for name in names))
+    shutil.copy(tiny_shards / "classes.txt", folder)
+    return folder
+
+
+def test_shards_listed_by_url_are_fetched_once_into_the_cache_and_read_as_the_folder(tiny_shards, served, tmp_path,
+                                                                                    monkeypatch):
+    """shards.txt: http URLs, a path relative to the list, a file: URL, a pipe: command; each fetched once into
+    $SHARD_CACHE, read as the shard folder itself is (the same images, classes and shard order), then read from
+    the cache; and once a cache, whatever the number of ranks."""
+    base, asked = served
+    train = sorted(shard.name for shard in (tiny_shards / "train").glob("*.tar"))
+    val = sorted((tiny_shards / "val").glob("*.tar"))
+    folder = tmp_path / "listed"
+    lines = {"train": ["# the training shards", *(f"{base}/train/{name}" for name in train[:-1]), "",
+                       os.path.relpath(tiny_shards / "train" / train[-1], folder / "train")],
+             "val": [val[0].as_uri(), f"pipe:cat {val[1]}"]}
+    listed(tiny_shards, folder, lines)
+    monkeypatch.setenv("SHARD_CACHE", str(tmp_path / "cache"))
+    for split in ("train", "val"):
+        shards, there = (data.TarShards(f / split, None, data.read_image) for f in (folder, tiny_shards))
+        assert contents(shards) == contents(there) and shards.first == there.first
+        assert [m.name for m in shards.members] == [m.name for m in there.members]
+        assert shards.classes == there.classes
+    assert sorted(asked) == [f"/train/{name}" for name in train[:-1]]
+    data.TarShards(folder / "train", None, data.read_image)
+    assert len(asked) == len(train) - 1  # (from the cache)
+    assert sorted(path.suffix for path in (tmp_path / "cache").iterdir()) == [".lock"] * 5 + [".tar"] * 5
+    # three ranks, a cache of their own: each shard fetched once more, by one of them, as the others wait
+    result = run_recipe("ddp", [folder, *TINY, "--epochs", "1", "--out", tmp_path / "run"], nproc=3,
+                        env={"SHARD_CACHE": str(tmp_path / "cache of the run"), "no_proxy": "*"})
+    assert "48 train / 23 val images in 4 / 2 tar shards" in result.stdout
+    assert sorted(asked) == sorted(2 * [f"/train/{name}" for name in train[:-1]])
+
+
+@pytest.mark.parametrize("line, says", [
+    ("{base}/train/shard-000009.tar", "cannot fetch shard {base}/train/shard-000009.tar into {cache}: HTTP Error 404"),
+    ("{base}/cut/train/shard-000000.tar", "cannot fetch shard {base}/cut/train/shard-000000.tar into {cache}: the "
+                                          "connection closed after"),
+    ("{base}/classes.txt", "corrupt shard {base}/classes.txt: "),
+    ("http://127.0.0.1:9/shard.tar", "cannot fetch shard http://127.0.0.1:9/shard.tar into {cache}: [Errno 111]"),
+    ("pipe:exit 3", "cannot fetch shard pipe:exit 3 into {cache}: the command ended with code 3"),
+    ("missing.tar", "{folder}/train/shards.txt names missing.tar, which is not a file")])
+def test_a_shard_that_cannot_be_fetched_is_one_line_and_leaves_nothing_in_the_cache(tiny_shards, served, tmp_path,
+                                                                                    monkeypatch, line, says):
+    base, _ = served
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SHARD_CACHE", str(cache))
+    monkeypatch.setenv("no_proxy", "*")
+    folder = listed(tiny_shards, tmp_path / "listed", {"train": [line.format(base=base)]})
+    with pytest.raises(RecipeError) as error:
+        data.TarShards(folder / "train", None, data.read_image)
+    assert str(error.value).startswith(says.format(base=base, cache=cache, folder=folder)), str(error.value)
+    assert [path.suffix for path in cache.glob("*")] in ([], [".lock"])  # (no shard, no part of one)
+    if line == "missing.tar":  # and in a recipe, one line
+        (folder / "val").mkdir()
+        result = run_recipe("nd", [folder, *TINY, "--out", tmp_path / "run"], expect_ok=False)
+        assert_one_clear_line(result, "shards.txt names missing.tar, which is not a file")
