@@ -13,17 +13,24 @@ change of its weights over H steps), as the Zeno papers attack:
   gaussian          N(0, s^2) in place of u_t (ZenoPS: s = 1);
   random            a random direction at s times ||u_t|| (ZenoPS: s = 8);
   labelflip         u computed on labels c -> C-1-c, a whole push (--attack-scale unused);
-  alie              A Little Is Enough (Baruch et al. 2019), byzfl's ALittleIsEnough: every liar pushes
-                    mean + s std, coordinate-wise, of the liars' own honest updates of the round (the
-                    paper's attackers estimate both from their own data; --byzantine K >= 2, sync; s is
-                    byzfl's tau, 1.5 by default there): a lie within the spread of the honest updates,
-                    coordinate by coordinate, built against distance and median rules.
+  alie              A Little Is Enough (Baruch et al., NeurIPS 2019), as its authors' code runs it: every
+                    liar pushes mean - z std, coordinate-wise, of the liars' own honest updates of the round
+                    (the population std: attacking_distributed_learning malicious.py 18-19, 35; the
+                    paper's attackers estimate both from their own data; --byzantine K >= 2, sync). z is
+                    --attack-scale, by default the paper's z_max for n workers of which m lie: s =
+                    floor(n / 2 + 1) - m, z = Phi^-1((n - s) / n), 1.15 for 4 of 8 (their code's flag
+                    defaults to 1.5). A lie within the spread of the honest updates, coordinate by
+                    coordinate, against distance and median rules; pushes here are x - x_local, the sign
+                    of a gradient, so "minus" is their direction. byzfl's ALittleIsEnough adds tau std
+                    (ddof 1) instead: the other direction, longer for as many liars.
 Each attack acts tensor by tensor (u_t: one parameter tensor of u), as ZenoPS's attacks.py 39-52.
 
 IPM is not here: it is omniscient (computed from the honest workers' updates of the step), which
 workers that see only their own batches cannot be; byzfl's benchmark, run by
 scripts/figures/ps/byzfl_reference.py, measures it with that knowledge.
 """
+
+import statistics
 
 import torch
 import torch.distributed as dist
@@ -48,8 +55,6 @@ class Attacker:
         self.per_tensor = args.attack_draw == "tensor" and args.attack not in ("labelflip", "alie")  # (whole)
         self.generator = torch.Generator().manual_seed(1_000_003 * self.seed + index)  # (reseeded each round)
         self.shares_updates = args.attack == "alie" and self.always  # (every round, pushing or not: poison())
-        if self.shares_updates:
-            import byzfl  # noqa: F401 (seconds to import: before the first round, so that no liar waits on it)
 
     def next_push(self, round_):
         """Which tensors of this worker's push in round `round_` lie, one bool each (one draw per push, or per
@@ -69,12 +74,11 @@ class Attacker:
         """The pushed vector: each lying tensor in place of the honest one (labelflip: already computed on
         flipped labels). alie: every liar calls it every round, pushing or not (they share their updates)."""
         if self.shares_updates:  # alie's liars (an honest worker is not in their group)
-            import byzfl
-
             every = [torch.empty_like(update) for _ in range(dist.get_world_size(self.liars))]
             with faults.waiting_for("the other liars' updates"):
                 dist.all_gather(every, update, group=self.liars)
-            return byzfl.ALittleIsEnough(float(self.scale))(torch.stack(every)) if any(lies) else update
+            every = torch.stack(every)
+            return every.mean(dim=0) - self.scale * every.std(dim=0, correction=0) if any(lies) else update
         if self.attack == "labelflip" or not any(lies):
             return update
         return torch.cat([self.poison_tensor(u_t) if lie else u_t for u_t, lie in zip(update.split(self.sizes), lies)])
@@ -109,6 +113,13 @@ def counts(lies, sizes, passed=None, tests=None):
     return torch.tensor(values, dtype=torch.float64)
 
 
+def alie_z_max(workers, liars):
+    """Baruch et al.'s z_max: the largest z at which the lie still looks closer to the mean than some honest
+    workers do (their section 3: s = floor(n / 2 + 1) - m workers it needs on its side, z = Phi^-1((n - s) / n))."""
+    needed = max(workers // 2 + 1 - liars, 1)  # (a majority of liars needs nobody: one, so that Phi^-1 is finite)
+    return statistics.NormalDist().inv_cdf((workers - needed) / workers)
+
+
 def describe(args):
     """Who lies, in words, for a run's first line."""
     if args.attack == "none":
@@ -117,6 +128,6 @@ def describe(args):
         else "push"
     who = " and ".join(([f"workers 0..{args.byzantine - 1} always"] if args.byzantine else []) +
                        ([f"every {drawn} with probability {args.attack_prob:g}"] if args.attack_prob else []))
-    what = f"(mean + {args.attack_scale:g} std of the liars' updates)" if args.attack == "alie" else \
+    what = f"(mean - {args.attack_scale:.3g} std of the liars' updates)" if args.attack == "alie" else \
         f"x {args.attack_scale:g}"
     return f"--attack {args.attack} {what} by {who}"

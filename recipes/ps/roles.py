@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from recipes.common import RecipeError, cli, distributed
+from recipes.ps import attacks
 from recipes.ps.rules import ZENOPS_ASYNC_ETA, ZENOPS_RHO, ZENOPS_SYNC_ETA
 
 ROBUST = ["mean", "median", "trimmed-mean", "krum", "centered-clipping", "phocas", "naive-async"]  # on the servers
@@ -96,11 +97,11 @@ def add_args(parser):
                        help="--attack-prob's draw: each tensor of a push on its own (ZenoPS's, default) or the "
                             "push whole (Zeno++'s)")
     group.add_argument("--attack", choices=ATTACKS, default="none",
-                       help="what a lying worker pushes in place of its update u (attacks.py; alie: byzfl's A "
-                            "Little Is Enough from the liars' own updates, sync, --byzantine K >= 2)")
-    group.add_argument("--attack-scale", type=float, default=1.0, metavar="S",
+                       help="what a lying worker pushes in place of its update u (attacks.py; alie: A Little "
+                            "Is Enough from the liars' own updates, sync, --byzantine K >= 2)")
+    group.add_argument("--attack-scale", type=float, metavar="S",
                        help="signflip: -S u; gaussian: N(0, S^2); random: a random direction at S ||u||; alie: "
-                            "mean + S std (byzfl's tau, 1.5 there)")
+                            "mean - S std (default: 1; alie: Baruch et al.'s z_max for the workers and liars)")
     group.add_argument("--worker-delay", type=float, default=0.0, metavar="W",
                        help="each worker sleeps a uniform draw from [0, W) seconds before each push, ZenoPS's "
                             "simulated asynchrony (worker.py; theirs: 1 s x the workers; default: 0)")
@@ -178,8 +179,6 @@ def check_flags(args):
     if args.attack == "alie" and (args.attack_prob or args.byzantine < 2 or args.mode != "sync"):
         raise RecipeError("--attack alie: the liars share their updates each round: --byzantine K (2 or more), "
                           "no --attack-prob, --mode sync")
-    if args.attack == "alie" and importlib.util.find_spec("byzfl") is None:
-        raise RecipeError("--attack alie is byzfl's: pip install byzfl (or pip install -e '.[ps]')")
     if not args.validators and args.aggregate in VALIDATED:
         raise RecipeError(f"--aggregate {args.aggregate} needs --validators (at least 1)")
     if args.mode == "async" and args.aggregate not in ("mean", "naive-async", "zenops", "zeno++"):
@@ -227,6 +226,8 @@ def check_world(args, world_size):
         raise RecipeError(f"{args.validators} validators for {workers} worker(s): each validator needs a worker")
     if args.byzantine >= workers:
         raise RecipeError(f"--byzantine {args.byzantine} must be smaller than the {workers} worker(s)")
+    if args.attack_scale is None:  # (each attack's own default)
+        args.attack_scale = attacks.alie_z_max(workers, args.byzantine) if args.attack == "alie" else 1.0
     if args.aggregate in ("median", "trimmed-mean", "phocas", "krum") and args.trim_ratio is None and 2 * b >= workers:
         raise RecipeError(f"--aggregate {args.aggregate} tolerates fewer than half of the workers Byzantine: "
                           f"{b} of {workers}")

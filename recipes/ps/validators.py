@@ -12,8 +12,9 @@ to validator i mod V) against what it computes itself on data no worker sees, an
   zeno++  v is the gradient of one --validator-batch batch at the latest weights, refreshed every
           --zeno-delay k pushes that reached any validator (default 10, its authors': their one server
           counts every arrival). Gradients only (--local-steps 1).
-  naive-async  no v, no test: alpha u forwarded, as ZenoPS's asynchronous baseline runs in its
-          validators (launcher/experiments_async_*.sh --validation-type naive_async).
+  naive-async  no test: alpha u forwarded, as ZenoPS's asynchronous baseline runs in its
+          validators (launcher/experiments_async_*.sh --validation-type naive_async); v is computed
+          as zenops' is and left unused, as ZenoPS's validator script computes it whatever the rule.
 Every forwarded push says what it held: per parameter tensor, how many pushes were accepted (sync),
 so the servers apply, tensor by tensor, the mean of every accepted push. What was rejected is
 counted by pushes (the share of its tensors, a push rejected whole counting 1), by tensors and by
@@ -158,7 +159,9 @@ def validator_async(args, layout, rank, model, batches, chunks, rounds, base_lr,
     arrivals = dist.PrefixStore("zeno++", dist.distributed_c10d._get_default_store())  # (every validator's pushes)
     active, scored, v = set(workers), 0, None
     while active:
-        if v is None and args.aggregate != "naive-async":  # v at the latest weights (naive-async needs none)
+        if v is None:  # v at the latest weights: naive-async leaves it unused, and computes it all the same, as
+            # ZenoPS's validator runs its held-out forward and backward whatever the rule (its script's 290-299):
+            # the same pace, so that naive-async's asynchrony is zenops' (computing nothing, it ran 1.5x faster)
             _, lr = pushpull.pull(vector, chunks, versions)
             model.train()
             v, _ = steps.local_update(model, optimizer, criterion, vector, batches, args.local_steps, lr, to_device)

@@ -355,12 +355,12 @@ def test_validators_count_what_they_reject(tiny_data, tmp_path, aggregate, mode,
 
 
 @pytest.mark.parametrize("attack", [["--byzantine", "1", "--attack", "signflip", "--attack-scale", "1.2"],
-                                    ["--byzantine", "2", "--attack", "alie", "--attack-scale", "1.5"]])
+                                    ["--byzantine", "2", "--attack", "alie"]])
 def test_a_liar_built_to_pass_the_norm_test_is_rejected_by_the_sign_test(tiny_data, tmp_path, attack):
     """Sync zenops, 3 workers, 2 local steps a push. One flips its update x 1.2: built to pass the norm test (1.44 <
     1.6 x mean(v^2) where its update is no longer than v), so what rejects it is the sign test, and the counts name
-    it. ALIE (2 liars, mean + 1.5 std of their own updates): every liar pushes each round, and the counts say which
-    test each rejected parameter failed."""
+    it. ALIE (2 liars, mean - z std of their own updates, z the paper's z_max for 2 of 3: Phi^-1(2 / 3)): every liar
+    pushes each round, and the counts say which test each rejected parameter failed."""
     out = tmp_path / "ps"
     result = run_recipe("ps", [tiny_data, *TINY, "--epochs", "2", "--out", out, "--validators", "1", "--aggregate",
                                "zenops", "--local-steps", "2", "-b", "4", *attack, *VALIDATED], nproc=5)
@@ -374,7 +374,7 @@ def test_a_liar_built_to_pass_the_norm_test_is_rejected_by_the_sign_test(tiny_da
         assert failed_sign >= 0.9 * pushed and failed_norm < failed_sign, summary
         assert "--attack signflip x 1.2 by workers 0..0 always" in result.stdout
     else:
-        assert "--attack alie (mean + 1.5 std of the liars' updates) by workers 0..1 always" in result.stdout
+        assert "--attack alie (mean - 0.431 std of the liars' updates) by workers 0..1 always" in result.stdout
 
 
 def test_a_worker_sleeps_up_to_the_worker_delay_before_each_push_drawn_from_the_seed(monkeypatch):
@@ -404,7 +404,6 @@ def test_an_alie_liar_shares_its_update_in_every_round_it_sits_out_too(monkeypat
                         every.__setitem__(slice(None), [update, update + 2]))
     monkeypatch.setattr(attacks.dist, "get_world_size", lambda group: 2)
     flags = argparse.Namespace(mode="sync", local_steps=8, attack="alie", byzantine=2, worker_delay=0, seed=0)
-    pytest.importorskip("byzfl")
     liar, honest, u = attacker("alie", 1.5, byzantine=2, sizes=(3,)), attacker("alie", 1.5, byzantine=2, index=2,
                                                                               sizes=(3,)), torch.ones(3)
     pushed, _, _ = worker.prepare_push(flags, liar, 0, 0, u, torch.zeros(3), False, [False])  # (sits it out)
@@ -413,10 +412,10 @@ def test_an_alie_liar_shares_its_update_in_every_round_it_sits_out_too(monkeypat
     assert len(gathered) == 1
 
 
-def test_alie_pushes_the_mean_plus_s_std_of_the_liars_own_updates(monkeypatch):
-    """Every liar gathers the liars' honest updates of the round and pushes byzfl's ALittleIsEnough of them: mean +
-    s std (ddof 1), coordinate-wise; a liar that sits the round out takes part in the gather and pushes nothing."""
-    pytest.importorskip("byzfl")
+def test_alie_pushes_the_mean_minus_z_std_of_the_liars_own_updates(monkeypatch):
+    """Every liar gathers the liars' honest updates of the round and pushes, as Baruch et al.'s code, mean - z std
+    (the population std), coordinate-wise; a liar that sits the round out takes part in the gather and pushes
+    nothing. z defaults to the paper's z_max: 1.15 for 4 liars of 8 workers (their Phi^-1(7 / 8))."""
     theirs = [torch.tensor([1.0, 2.0, 4.0]), torch.tensor([3.0, 2.0, 0.0])]
 
     def all_gather(every, update, group):
@@ -425,9 +424,10 @@ def test_alie_pushes_the_mean_plus_s_std_of_the_liars_own_updates(monkeypatch):
     monkeypatch.setattr(attacks.dist, "get_world_size", lambda group: 3)
     liar = attacker("alie", 1.5, byzantine=3, sizes=(2, 1))
     mine = torch.tensor([2.0, 2.0, 2.0])
-    every = torch.stack([mine, *theirs])
-    expected = every.mean(dim=0) + 1.5 * every.std(dim=0)  # (torch's std: ddof 1)
+    # (the three's mean: 2, 2, 2; their population variances: 2 / 3, 0, 8 / 3)
+    expected = torch.tensor([2.0, 2.0, 2.0]) - 1.5 * torch.tensor([(2 / 3) ** 0.5, 0.0, (8 / 3) ** 0.5])
     torch.testing.assert_close(liar.poison(mine, liar.next_push(0)), expected)
+    assert round(attacks.alie_z_max(8, 4), 4) == 1.1503 and round(attacks.alie_z_max(8, 2), 4) == 0.3186  # (5 / 8)
     assert liar.next_push(0) == [True, True]  # (a whole push)
     assert torch.equal(liar.poison(mine, [False, False]), mine)
 

@@ -143,8 +143,8 @@ def part_notes(part, groups):
                 f"the validators, where ZenoPS runs its baseline (the hop between worker and server adds staleness).")
     if part.startswith("sync") and any(attack in INBOUND for _, attack in groups):
         return (" The last two attacks are built to slip past zenops: 4 of 8 workers flip every push x 1.2 (1.44 < "
-                "1.6: the norm test passes it where the update is no longer than v), or push ALIE (byzfl's "
-                "ALittleIsEnough, mean + 1.5 std of the 4 liars' own updates, coordinate by coordinate).")
+                "1.6: the norm test passes it where the update is no longer than v), or push ALIE (Baruch et "
+                "al.'s, mean - 1.15 std of the 4 liars' own updates, coordinate by coordinate: the paper's z_max).")
     return ""
 
 

@@ -13,8 +13,8 @@ on the same shards as those with them; each validator holds all of it.
             validator.py 66-90) and zenops; attacks: none, sign flip x 6, N(0, 1), a random direction at
             8 x each tensor's norm (ZenoPS's, each tensor poisoned with probability 0.2); and two built to
             slip past it: 4 of 8 workers flipping every push x 1.2 (1.44 < 1.6: the norm test passes it where
-            the update is no longer than v), and 4 of 8 pushing ALIE (byzfl's ALittleIsEnough, tau 1.5, from
-            the 4 liars' own updates: within their spread, coordinate by coordinate).
+            the update is no longer than v), and 4 of 8 pushing ALIE (Baruch et al.'s mean - z std, z = z_max
+            = 1.15 for 4 of 8, of the 4 liars' own updates: within their spread, coordinate by coordinate).
   sync-2v   ZenoPS's sync runs with two validators (experiments_sync_two_validators.sh): every worker
             every round; the same rules and attacks.
   eta       ZenoPS's eta sweep (experiments_sync_tune_rho.sh, its Figure 7): sync-2v's zenops under N(0, 1),
@@ -96,7 +96,7 @@ ZENO_LIARS, ZENO_B = 3, 5  # of 8: Zeno's 8 liars and b = 12 of 20, scaled
 ZENO_ATTACKS = [("none", []), ("3 of 8 flip x4", ["--byzantine", str(ZENO_LIARS), "--attack", "signflip",
                                                    "--attack-scale", "4"])]
 INBOUND_ATTACKS = [("4 of 8 flip x1.2", ["--byzantine", "4", "--attack", "signflip", "--attack-scale", "1.2"]),
-                   ("ALIE, 4 of 8", ["--byzantine", "4", "--attack", "alie", "--attack-scale", "1.5"])]
+                   ("ALIE, 4 of 8", ["--byzantine", "4", "--attack", "alie"])]  # (z: the paper's z_max, 1.15)
 ZENO_PP_ATTACKS = [("none", []), ("signflip x10, p 0.2 per push", attack("signflip", 10, "push", 0.2)),
                    ("signflip x10, p 0.4 per push", attack("signflip", 10, "push", 0.4))]
 ZENO_PP_LR = 0.2  # AsyncByzGrad exp_*.sh: 0.1 for a batch of 128, the same an image as 0.2 for 256

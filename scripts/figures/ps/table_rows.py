@@ -42,7 +42,7 @@ def ps_top1(runs):
     return text + (f" ({len(runs) - len(done)} of {len(runs)} diverged)" if done and len(done) < len(runs) else "")
 
 
-INBOUND = ("4 of 8 flip x1.2", "ALIE, 4 of 8")  # the attacks inside zenops' norm bound (table.py's INBOUND_ATTACKS)
+INBOUND = ("4 of 8 flip x1.2", "ALIE, 4 of 8")  # the attacks built to slip past zenops (table.py's INBOUND_ATTACKS)
 IN_VALIDATORS = "naive-async, in the validator"  # (the label's start: "validator" in async-1v, "validators" in 2v)
 
 
