@@ -3,7 +3,8 @@ here, and docs/results/pipeline.md renders it as a table (scripts/figures/pipeli
 
 The authors' code is Hsword/VLDB2023_SDPipe at AUTHORS_COMMIT. Each row names the files and lines there that
 show what they do (`where`, in the short names of FILES), and quotes one of those lines (`shows`: file, line,
-a piece of it), which `python scripts/checks/sdpipe_lines.py CLONE` checks against a clone of their code.
+a piece of it), which `python scripts/checks/authors_lines.py pipeline CLONE` checks against a clone of their
+code.
 """
 
 AUTHORS_COMMIT = "2ced65fc2adc97f1f7e1bf64354cf327ac2ce4a6"

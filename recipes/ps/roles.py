@@ -123,8 +123,8 @@ def add_args(parser):
                             "shards as beside validators (default: 0.1 with validators; ZenoPS's: a worker's "
                             "share, 1 / (workers + 1))")
     group.add_argument("--validator-batch", type=int,
-                       help="images per step of a validator (default: zenops --batch-size, as ZenoPS; zeno and "
-                            "zeno++ 4 x --batch-size, validators.py says why)")
+                       help="images per step of a validator (default: zenops and naive-async --batch-size, as "
+                            "ZenoPS; zeno and zeno++ 4 x --batch-size, validators.py says why)")
     group.add_argument("--zeno-eta", type=float, help="zenops threshold (default: -0.001 sync, -0.02 async)")
     group.add_argument("--rho", type=float, help="zenops norm bound (default: 0.6); zeno++ penalty (default: "
                                                  "0.01 x the base learning rate)")
@@ -207,7 +207,7 @@ def check_flags(args):
     if args.validation_split is None and args.validators:
         args.validation_split = 0.1
     if args.validator_batch is None:
-        args.validator_batch = args.batch_size if args.aggregate == "zenops" else 4 * args.batch_size
+        args.validator_batch = args.batch_size if args.aggregate in ("zenops", "naive-async") else 4 * args.batch_size
     if args.zeno_eta is None:
         args.zeno_eta = ZENOPS_SYNC_ETA if args.mode == "sync" else ZENOPS_ASYNC_ETA
     if args.rho is None and args.aggregate == "zenops":

@@ -544,17 +544,17 @@ def test_bad_input(tiny_data, tmp_path, flags, phrase):
 
 def test_the_deviations_from_sd_pipe_are_listed_once_each_with_a_line_it_cites():
     """recipes/pipeline/deviations.py is the one list: every row names what both do, where in the authors' code and
-    why, and quotes a line among those it cites (scripts/checks/sdpipe_lines.py checks the quotes against a
+    why, and quotes a line among those it cites (scripts/checks/authors_lines.py checks the quotes against a
     clone); the modules point to it and list none of their own; the long form holds the table it renders."""
-    from recipes.pipeline.deviations import DEVIATIONS, FILES
-    from scripts.checks.sdpipe_lines import cited
+    from scripts.checks.authors_lines import authors_code, cited, place
     from scripts.figures.pipeline.render import deviations
 
-    for row in DEVIATIONS:
+    rows, files, commits = authors_code("pipeline")
+    for row in rows:
         assert all(row[key] for key in ("here", "theirs", "where", "why")), row
         name, line, piece = row["shows"]
-        places = dict(cited(row["where"]))
-        lines = places[FILES.get(name, name)]  # (a file the row cites ...)
+        places = dict(cited(row["where"], files, commits))
+        lines = places[place(files, commits, name)]  # (a file the row cites ...)
         assert min(lines) <= line <= max(lines) and piece, row  # (... and a line there)
     folder = ROOT / "recipes" / "pipeline"
     for module in folder.glob("*.py"):

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 import torch
-from conftest import (TINY, assert_one_clear_line, free_port, read_summary, recipe_command, run_recipe,
+from conftest import (ROOT, TINY, assert_one_clear_line, free_port, read_summary, recipe_command, run_recipe,
                       start_python, wait_for_line)
 
 from recipes.common import RecipeError, models, pushpull
@@ -432,6 +432,33 @@ def test_alie_pushes_the_mean_minus_z_std_of_the_liars_own_updates(monkeypatch):
     assert torch.equal(liar.poison(mine, [False, False]), mine)
 
 
+@pytest.mark.parametrize("aggregate", ["naive-async", "zenops"])
+def test_the_naive_async_validator_computes_v_as_zenops_does_and_leaves_it_unused(monkeypatch, aggregate):
+    """ZenoPS's validator runs its held-out forward and backward whatever the rule: naive-async's computes v at the
+    latest weights as often as zenops' (at the start, then every k = 2 pushes of its 2 workers), on as many images
+    a step, and forwards alpha u all the same."""
+    model = torch.nn.Linear(3, 2)  # (tensors of 6 and 2: a push is their 8 numbers, then a lie flag each)
+    pushes = [(2 + i % 2, torch.cat([torch.full((8,), float(i + 1)), torch.zeros(2)])) for i in range(4)]
+    arrivals = [(pushpull.header(pushpull.PUSH), worker, [0], u) for worker, u in pushes]
+    arrivals += [(pushpull.header(pushpull.BYE), worker, None, None) for worker in (2, 3)]
+    computed, forwarded = [], []
+    monkeypatch.setattr(pushpull, "pull", lambda vector, chunks, versions: (False, 0.1))
+    monkeypatch.setattr(pushpull, "recv_candidate", lambda *args: arrivals.pop(0))
+    monkeypatch.setattr(pushpull, "send", lambda message, dst, payload=None: forwarded.append(payload))
+    monkeypatch.setattr(steps, "local_optimizer", lambda args, model: None)
+    monkeypatch.setattr(steps, "local_update", lambda *args: computed.append(args[4]) or (torch.ones(8), None))
+    monkeypatch.setattr(validators.dist, "PrefixStore", lambda *args: None)
+    monkeypatch.setattr(validators.dist.distributed_c10d, "_get_default_store", lambda: None)
+    args = ps.parse_args(["data", "--mode", "async", "--validators", "1", "--aggregate", aggregate, "-b", "8"])
+    roles.check_world(args, 4)
+    assert args.validator_batch == 8  # (the batch ZenoPS's validator steps on, whatever the rule)
+    validators.validator_async(args, roles.Layout(1, 1, 4), 1, model, "held-out batches", [[(0, 8)]], None, 0.1,
+                               None, None)
+    assert len(computed) == 3 and len(forwarded) == 4  # (at the start, after the 2nd push, after the 4th)
+    if aggregate == "naive-async":
+        torch.testing.assert_close(forwarded[0], 0.4 * torch.ones(8))  # (alpha u, v unused)
+
+
 def test_naive_async_in_the_validators_moves_alpha_of_the_push_once(tiny_data, tmp_path):
     """ZenoPS runs its naive-async baseline in the validators: through one validator, one push of 6 local steps at
     alpha 0.5 moves the servers' weights as naive-async on the servers does (the same held-out share), neither
@@ -673,3 +700,25 @@ def test_more_local_steps_than_an_epoch_holds_say_so(tiny_data, tmp_path):
     for line in lines:
         assert re.fullmatch(r"(\[rank [12]\] )?error: train/ gives 24 images per worker, fewer than one round of "
                             r"--batch-size 8 x --local-steps 4", line), line
+
+
+def test_the_deviations_from_the_authors_code_are_listed_once_each_with_a_line_it_cites():
+    """recipes/ps/deviations.py is the one list: every row names what both do, where in the authors' code and why,
+    and quotes a line among those it cites (scripts/checks/authors_lines.py checks the quotes against clones of
+    the four repositories); every file it cites is named in FILES, in a repository with a commit; the README points
+    to it; the long form holds the table it renders."""
+    from scripts.checks.authors_lines import authors_code, cited, place
+    from scripts.figures.ps.render_deviations import deviations
+
+    rows, files, commits = authors_code("ps")
+    assert {repository for repository, _ in files.values()} == set(commits)
+    for row in rows:
+        assert all(row[key] for key in ("here", "theirs", "where", "why")), row
+        name, line, piece = row["shows"]
+        places = dict(cited(row["where"], files, commits))
+        assert all(repository in commits for repository, _ in places), row  # (every file by its short name)
+        lines = places[place(files, commits, name)]  # (a file the row cites ...)
+        assert min(lines) <= line <= max(lines) and piece, row  # (... and a line there)
+    assert len({row["here"] for row in rows}) == len(rows)  # (each once)
+    assert "deviations.py" in (ROOT / "recipes" / "ps" / "README.md").read_text()
+    assert deviations() in (ROOT / "docs" / "results" / "ps.md").read_text()

@@ -326,6 +326,7 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     add("sync-1v", "sync", "zenops", "none", (96, 96, 96), counts=(80, 0, 4, 0))
     add("sync-1v", "sync", "zenops", flip, (95, 95.5, 96), counts=(64, 16, 8, 16))
     add("batch", "sync", "zenops, batch 32", "none", (97, 97, 97), counts=(80, 0, 2, 0))
+    add("async-1v", "async", "naive-async", "none", (79, 82, 85))
     add("async-1v", "async", "naive-async", flip.replace("6", "2"), (80, 81, 82), counts=(64, 16, 0, 0))
     add("async-1v", "async", "zenops", flip.replace("6", "2"), (90, 91, 92), counts=(64, 16, 6, 12))
     add("zeno", "sync", "mean, 1 step", "3 of 8 flip x4", (40, 45, 50), counts=(60, 36, 0, 0))
@@ -385,20 +386,29 @@ def test_plot_results_writes_the_ps_tables_and_figures_from_the_table_data(tmp_p
     assert "| 0 | 80.0 (80.0\u201380.0) | 25 (25\u201325) | 50 (50\u201350) |" in text
     assert "| validation data only (nd) | 86.0 (85.0\u201387.0) |  |  |" in text
     assert "| ps sync, mean, 1 step | 3 | 1100 (1100\u20131100) | 1.10 (1.10\u20131.10) |" in text
-    # the targets
-    assert "| sync-1v, signflip x6: `mean` at most 50 % | 31.0 | yes |" in text
+    # the targets: each rule against itself without the attack, or against the plain rule under the same attack
+    assert ("| sync-1v, signflip x6: `zenops` above `mean` beyond the seeds' spread (the attack took `mean` below its "
+            "own no-attack top-1) | 95.5 (95.0\u201396.0) against 31.0 (30.0\u201332.0) | yes |") in text
+    assert "`mean` at most 50 %" not in text and "at least 90 %" not in text  # (the attack's success alone)
     assert "| sync-1v, signflip x6: `zenops` within 2 points of its own no-attack top-1 | 95.5 against 96.0 | yes |" \
         in text
     assert "| sync-1v, no attack: `zenops` rejects at most 10 % of the honest parameters | 5.0 % | yes |" in text
     assert ("| sync-1v, signflip x6: `zenops` rejects a larger share of the poisoned parameters than of the honest | "
             "100.0 % against 12.5 % | yes |") in text
-    assert "| zeno, 3 of 8 flip x4: `mean` at most 50 % | 45.0 | yes |" in text
+    assert "| zeno, 3 of 8 flip x4: `zeno` against `mean` under the same attack | not measured |  |" in text
     assert ("| zeno, 3 of 8 flip x4: `zeno` within 2 points of its own no-attack top-1 | 92.0 against 95.0 | no |"
             in text)
-    assert ("| async-1v, signflip x2: `zenops` above `naive-async` beyond the seeds' spread | 91.0 (90.0\u201392.0) "
-            "against 81.0 (80.0\u201382.0) | yes |") in text
+    assert ("| async-1v, signflip x2: `zenops` not below `naive-async` beyond the seeds' spread (the attack left "
+            "`naive-async` within its spread) | 91.0 (90.0\u201392.0) against 81.0 (80.0\u201382.0) | yes |") in text
     assert "| zeno++, no attack: `zeno++` within 2 points of `mean` | 89.0 against 90.0 | yes |" in text
-    assert f"| zeno++, {flip_pp}: `zeno++` at least 90 % | 92.0 | yes |" in text
+    assert (f"| zeno++, {flip_pp}: `zeno++` above `mean` beyond the seeds' spread (the attack took `mean` below its "
+            f"own no-attack top-1) | 92.0 (91.0\u201393.0) against 10.0 (10.0\u201310.0) | yes |") in text  # (chance)
+    assert (f"| zeno++, {flip_pp}: `zeno++` within 2 points of its own no-attack top-1 | 92.0 against 89.0 | yes |"
+            in text)
+    # the verdicts at one point less and more: zeno's 3-point gap turns yes at 3
+    assert ("At one point less, 0 of the \"within\" targets would turn no" in text and
+            "At one point more, 1 of the \"within\" targets would turn yes" in text and
+            ": zeno, 3 of 8 flip x4: `zeno` within 3 points of its own no-attack top-1." in text)
     assert (tmp_path / "ps.png").exists() and (tmp_path / "ps_eta.png").exists()
 
 

@@ -5,12 +5,13 @@ studies each by its render_<study>.py (ByzFL's benchmark, why the misses miss, Z
     reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (render_why.py), ps_cluster.csv (render_cluster.py)
     draws    figures/ps.png, ps_eta.png (table_plot.py)
     writes   sections ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
-             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (render_why.py), ps-cluster (render_cluster.py)
+             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (render_why.py), ps-cluster (render_cluster.py),
+             ps-deviations (render_deviations.py, from recipes/ps/deviations.py: no measurement)
 """
 
 import statistics
 
-from scripts.figures.ps import render_cluster  # (ZenoPS on the virtual cluster)
+from scripts.figures.ps import render_cluster, render_deviations  # (ZenoPS on the virtual cluster; the deviations)
 from scripts.figures.ps.render_byzfl_reference import ps_byzfl_table  # (ByzFL's benchmark beside the table)
 from scripts.figures.ps.render_targets import ps_batch, ps_targets  # (the table's targets and its batch part)
 from scripts.figures.ps.render_why import why_sections  # (and why its misses miss)
@@ -152,9 +153,9 @@ def render(data, figures, missing):
     rows = read_csv(data / "ps.csv") if (data / "ps.csv").exists() else []
     if not rows:
         missing.append("ps.csv (scripts/figures/ps/measure.py)")
-        return {}
+        return render_deviations.render()
     plot_ps(rows, figures)
-    sections = {**ps_tables(rows), "ps-targets": ps_targets(rows)}
+    sections = {**ps_tables(rows), "ps-targets": ps_targets(rows), **render_deviations.render()}
     if (data / "ps_byzfl.csv").exists():
         sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "ps_byzfl.csv"), rows)
     else:
