@@ -4,9 +4,8 @@ studies each by its render_<study>.py (ByzFL's benchmark, why the misses miss, Z
 
     reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (render_why.py), ps_cluster.csv (render_cluster.py)
     draws    figures/ps.png, ps_eta.png (table_plot.py)
-    writes   sections ps-sync-1v, ps-sync-2v, ps-async-1v, ps-async-2v, ps-zeno, ps-zeno-pp, ps-rejections,
-             ps-batch, ps-eta, ps-speed, ps-targets, ps-byzfl, ps-why-* (render_why.py), ps-cluster (render_cluster.py),
-             ps-deviations (render_deviations.py, from recipes/ps/deviations.py: no measurement)
+    writes   sections ps-sync-1v, -sync-2v, -async-1v, -async-2v, -zeno, -zeno-pp, -rejections, -batch, -eta, -speed,
+             -targets, -byzfl, -why-* (render_why.py), -cluster (render_cluster.py), -deviations (render_deviations.py)
 """
 
 import statistics
@@ -16,7 +15,7 @@ from scripts.figures.ps.render_byzfl_reference import ps_byzfl_table  # (ByzFL's
 from scripts.figures.ps.render_targets import ps_batch, ps_targets  # (the table's targets and its batch part)
 from scripts.figures.ps.render_why import why_sections  # (and why its misses miss)
 from scripts.figures.ps.table_plot import plot_ps  # (the table's figures)
-from scripts.figures.ps.table_rows import (INBOUND, MATRICES, VALIDATED, finished, naive_in_validators,
+from scripts.figures.ps.table_rows import (INBOUND, MATRICES, VALIDATED, finished, naive_in_validators, pace,
                                            params_shares, ps_groups, ps_top1, rejected, sign_only, top1_or_chance)
 from scripts.figures.rendering import beyond_spread, read_csv, spread, table, targets_held, with_range
 
@@ -139,9 +138,10 @@ def part_notes(part, groups):
         return "" if not rates else " The servers' SGD: " + "; ".join(
             f"--lr {lr} for 256 images ({float(lr) * 128 / 256:g} for a batch of 128) with momentum {momentum}"
             for lr, momentum in rates) + " (Zeno++'s authors: 0.1 for 128, no momentum), at a batch of 8 and of 32."
-    if part.startswith("async") and naive_in_validators(groups):
-        return (f" `{naive_in_validators(groups)}`: alpha u applied as on the servers, but scaled and forwarded by "
-                f"the validators, where ZenoPS runs its baseline (the hop between worker and server adds staleness).")
+    if part.startswith("async") and (naive := naive_in_validators(groups)):
+        return (f" `{naive}`: alpha u applied as on the servers, but scaled and forwarded by the validators, where "
+                f"ZenoPS runs its baseline (the hop adds staleness); they compute v as `zenops`' do, unused, as "
+                f"ZenoPS's: {pace(groups, naive):.0f} images/s against `zenops`' {pace(groups, 'zenops'):.0f}.")
     if part.startswith("sync") and any(attack in INBOUND for _, attack in groups):
         return (" The last two attacks are built to slip past zenops: 4 of 8 workers flip every push x 1.2 (1.44 < "
                 "1.6: the norm test passes it where the update is no longer than v), or push ALIE (Baruch et "

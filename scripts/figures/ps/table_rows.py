@@ -2,6 +2,8 @@
 one measurement (render.py, table_plot.py, render_targets.py, render_byzfl_reference.py, render_why.py and
 render_cluster.py all read them so)."""
 
+import statistics
+
 from scripts.figures.rendering import spread, with_range
 
 # each part of the table, the authors' runs it stands for (scripts/figures/ps/table.py says how it is scaled down)
@@ -28,6 +30,12 @@ def ps_groups(rows, part):
 def finished(runs):
     """The runs that did not diverge (ps.csv: diverged = 1, no top-1)."""
     return [r for r in runs if r.get("diverged", "0") != "1"]
+
+
+def pace(groups, aggregate):
+    """A rule's mean images/s over the runs of a part's groups that record it (a diverged run may not)."""
+    return statistics.mean(float(r["images_per_s"]) for (rule, _), runs in groups.items() if rule == aggregate
+                           for r in runs if r["images_per_s"])
 
 
 def top1_or_chance(run):
