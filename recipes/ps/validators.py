@@ -21,42 +21,14 @@ counted by pushes (the share of its tensors, a push rejected whole counting 1), 
 parameters, for honest and for poisoned tensors apart (the worker says which of its tensors lie), and
 zenops counts the parameters that failed each of its tests, the norm test and the sign test.
 
-Where this departs from the authors' code (xcgoner/zeno_ps, icml2019_zeno, AsyncByzGrad), and why:
-- Local steps use the recipes' SGD with momentum, not ZenoPS's Nesterov: one optimizer in every
-  recipe. ZenoPS also skips each tensor of a push with probability 0.2 (kept on the worker,
-  __init__.py 602-620); a skipped tensor reaches its validator as zeros, which pass and dilute the
-  mean, and cannot be poisoned (a poisoning rate of 0.16, not 0.2). Here every tensor is sent:
-  skipping saves communication, which these runs do not measure.
-- ZenoPS's servers average the validators' means, which weighs a push by 1 / (the pushes its
-  validator accepted); here every accepted push weighs the same (the mean of the accepted). With
-  --local-steps 1 the servers' SGD still applies its momentum and weight decay to a tensor nobody
-  accepted (its gradient is 0), as to every step, and to a round in which every worker sat out;
-  ZenoPS, on local steps, leaves them where they are.
-- ZenoPS's asynchronous workers also pull 20 % back towards the last weights after each local
-  step and scale their learning rate by (n + 1)^-1/2, and its validators halve alpha at epoch 100
-  of 200 (train_cifar10_byteps_zeno_validator.py 276-284); here async runs on the recipe's rule
-  (the learning rate of one worker's batch) and a constant alpha, as the other async rows, so that
-  the rows compare rules.
-- Zeno's own runs use plain SGD (no momentum, no weight decay) at a constant learning rate; here the
-  recipe's SGD and schedule, as the sync rows it is compared with.
-- Zeno scores gradients that are sums over its batch (lr / B applied): its penalty is, in this
-  recipe's mean gradients, B times the one here. Its scoring batch comes from all of train/; here
-  from the held-out data, as the other rules'.
-- Zeno++'s rho (0.001 at lr 0.1, on sums over equal batches of 128) is kept as its ratio to the
-  learning rate: with v on 4 x the workers' batch, ||g||^2 / ||v||^2 is above 1 and the bar it sets
-  on cos(g, v) higher than its authors' (0.01 ||g||^2 / ||v||^2). Its servers run SGD without
-  momentum (--momentum 0 does it here). Its first epoch is sequential, at lr 0.01 and free of
-  attacks (train_cifar10.py 172-185, 243-251); --clean-epochs 1 keeps the attack-free epoch, and the
-  recipe's learning-rate warm-up stands for the sequential one. Its v is refreshed every k arrivals
-  counted from each epoch's start (its i, 302); here counted from the run's start.
-- --validator-batch: zenops's v is computed as a push is, on the workers' batch (ZenoPS's); a larger
-  one would average away more of v's noise, and lower with it the norm test's bar, 1.6 ||v||^2. zeno and
-  zeno++ score on 4 x --batch-size (Zeno++'s authors score on the workers' batch of 128): a gradient
-  of 8 images has 4 times the variance of one of 32. docs/results/ps.md's zeno table measures Zeno's own
-  scoring batch of 4.
-- The held-out data is a share of train/ for every rule, and every validator trains on all of it,
-  shuffled its own way, as ZenoPS's validators all hold the same last shard of W + 1
-  (train_cifar10_byteps_zeno_validator.py 210-220); Zeno++ holds a 20th.
+--validator-batch: zenops's v (and naive-async's, unused) is computed as a push is, on the workers' batch
+(ZenoPS's); a larger one would average away more of v's noise, and lower with it the norm test's bar,
+1.6 ||v||^2. zeno and zeno++ score on 4 x --batch-size (Zeno++'s authors score on the workers' batch of
+128): a gradient of 8 images has 4 times the variance of one of 32. docs/results/ps.md's zeno table
+measures Zeno's own scoring batch of 4.
+
+Where this departs from the authors' code (ZenoPS, Zeno, Zeno++), and why: deviations.py, the one list,
+each row with their files and lines.
 """
 
 import torch

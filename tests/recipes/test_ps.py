@@ -720,5 +720,8 @@ def test_the_deviations_from_the_authors_code_are_listed_once_each_with_a_line_i
         lines = places[place(files, commits, name)]  # (a file the row cites ...)
         assert min(lines) <= line <= max(lines) and piece, row  # (... and a line there)
     assert len({row["here"] for row in rows}) == len(rows)  # (each once)
+    for module in (ROOT / "recipes" / "ps").glob("*.py"):  # (no other list of them)
+        assert module.name == "deviations.py" or "departs from the authors' code" not in module.read_text() or \
+            "deviations.py, the one list" in module.read_text(), module
     assert "deviations.py" in (ROOT / "recipes" / "ps" / "README.md").read_text()
     assert deviations() in (ROOT / "docs" / "results" / "ps.md").read_text()

@@ -29,7 +29,7 @@ on the same shards as those with them; each validator holds all of it.
   async-2v  ZenoPS's async runs with two validators and two servers (experiments_async_two_validators.sh,
             its Figure 6): every worker every round; naive-async (on the servers, in the validators) and
             zenops; async-1v's attacks. No --worker-delay (ZenoPS's workers sleep up to 1 s x the workers
-            before each push, __init__.py 821): here the asynchrony is the 11-12 processes' on 2 cores, and
+            before each push, __init__.py 821): here the asynchrony is the 9-12 processes' on 2 cores, and
             a delay in proportion would make each async run several times as long.
   batch     sync-1v's zenops without an attack at a batch of 16 and 32 (ZenoPS's), for as many rounds as at 8,
             at the same learning rate a step (--lr x 8 / batch; the epochs and the warm-up scaled to the
