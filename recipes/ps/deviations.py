@@ -188,11 +188,13 @@ DEVIATIONS = [
          where="zenops_rules 172-183; zenops_async_1v 35",
          shows=("zenops_rules", 183, "result[:] = update * self.alpha"),
          why="the hop adds staleness: the two rows show what it costs"),
-    dict(here="the async rows run without `--worker-delay` (the sleep; a worker pulls at once after its push): "
-              "their asynchrony is that of 9 to 12 processes on 2 cores",
+    dict(here="async-1v and async-2v run without `--worker-delay` (the sleep; a worker pulls at once after its "
+              "push): their asynchrony is that of 9 to 12 processes on 2 cores; async-delay's workers sleep up to "
+              "0.1 s x the workers, before the rounds they push in, and do not wait for the timestamp",
          theirs="each worker sleeps up to 1 s x the number of workers before a push, and waits for the server's "
                 "timestamp to move past its last pull",
          where="zenops_trainers 821, 855-858",
          shows=("zenops_trainers", 821, "time.sleep(1.0 * worker_size() * random.uniform(0, 1))"),
-         why="a delay many times a round's compute, as theirs, would multiply each async run's time"),
+         why="a delay many times a round's compute, as theirs, would multiply each async run's time: a tenth of "
+             "it, in one part"),
 ]

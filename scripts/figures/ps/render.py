@@ -4,8 +4,8 @@ studies each by its render_<study>.py (ByzFL's benchmark, why the misses miss, Z
 
     reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (render_why.py), ps_cluster.csv (render_cluster.py)
     draws    figures/ps.png, ps_eta.png (table_plot.py)
-    writes   sections ps-sync-1v, -sync-2v, -async-1v, -async-2v, -zeno, -zeno-pp, -rejections, -batch, -eta, -speed,
-             -targets, -byzfl, -why-* (render_why.py), -cluster (render_cluster.py), -deviations (render_deviations.py)
+    writes   sections ps-<each MATRICES part>, -rejections, -batch, -eta, -speed, -targets, -byzfl, -why-*
+             (render_why.py), -cluster (render_cluster.py), -deviations (render_deviations.py)
 """
 
 import statistics

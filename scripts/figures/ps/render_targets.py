@@ -88,7 +88,7 @@ def ps_targets(rows):
                   or_diverged(runs, f"{poisoned:.1f} % against {honest:.1f} %" if both else None),
                   both and poisoned > honest)
         honest_rejected(f"{part}, no attack", runs_of(part, "zenops", "none"))
-    for part in ("async-1v", "async-2v"):
+    for part in ("async-1v", "async-2v", "async-delay"):
         groups = ps_groups(rows, part)
         naive_label = naive_in_validators(groups) or "naive-async"  # (ZenoPS's placement where measured)
         for attack in [a for a in dict.fromkeys(key[1] for key in groups) if a != "none"]:

@@ -28,9 +28,11 @@ on the same shards as those with them; each validator holds all of it.
             attacks: none, sign flip x 2, N(0, 1), random x 8.
   async-2v  ZenoPS's async runs with two validators and two servers (experiments_async_two_validators.sh,
             its Figure 6): every worker every round; naive-async (on the servers, in the validators) and
-            zenops; async-1v's attacks. No --worker-delay (ZenoPS's workers sleep up to 1 s x the workers
-            before each push, __init__.py 821): here the asynchrony is the 9-12 processes' on 2 cores, and
-            a delay in proportion would make each async run several times as long.
+            zenops; async-1v's attacks. No --worker-delay: here the asynchrony is the 9-12 processes' on 2
+            cores.
+  async-delay  async-1v's naive-async in the validator and zenops with ZenoPS's simulated asynchrony: each
+            worker sleeps a uniform draw from [0, 0.1 s x the workers) before each push (ZenoPS's: 1 s x the
+            workers, __init__.py 821; a tenth, so that a run takes seconds, not minutes, more).
   batch     sync-1v's zenops without an attack at a batch of 16 and 32 (ZenoPS's), for as many rounds as at 8,
             at the same learning rate a step (--lr x 8 / batch; the epochs and the warm-up scaled to the
             rounds; so every row labelled ", batch B" but zeno++'s, which keeps its authors' rate an image):
@@ -81,6 +83,7 @@ HELD_OUT = round(1 / (WORKERS + 1), 4)  # the validators' share of train/: a wor
 LOCAL = ["--local-steps", "8"]  # ZenoPS's workers' steps a push (--sync-interval 8)
 SUBSAMPLE = ["--worker-subsample", "0.5"]  # ZenoPS's one-validator runs
 TWO_SERVERS = ["--servers", "2"]  # ZenoPS's two-validator async runs
+DELAY = ["--worker-delay", str(0.1 * WORKERS)]  # ZenoPS's sleep before a push, up to 1 s x the workers: a tenth
 TRIM = ["--trim-ratio", "0.2"]  # ZenoPS's trimmed mean's and phocas' b, from each round's pushes
 
 
@@ -117,6 +120,10 @@ PARTS = {
     "async-2v": ("async", [("naive-async", ["--aggregate", "naive-async", *LOCAL, *TWO_SERVERS], 0),
                            ("naive-async, in the validators", ["--aggregate", "naive-async", *LOCAL, *TWO_SERVERS], 2),
                            ("zenops", ["--aggregate", "zenops", *LOCAL, *TWO_SERVERS], 2)], ZENOPS_ASYNC_ATTACKS),
+    "async-delay": ("async", [("naive-async, in the validator", ["--aggregate", "naive-async", *LOCAL, *SUBSAMPLE,
+                                                                  *DELAY], 1),
+                              ("zenops", ["--aggregate", "zenops", *LOCAL, *SUBSAMPLE, *DELAY], 1)],
+                    ZENOPS_ASYNC_ATTACKS),
     "zeno": ("sync", [("mean, 1 step", [], 0), ("zeno, 1 step", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B)], 2),
                       ("zeno, 1 step, scoring batch 4", ["--aggregate", "zeno", "--zeno-b", str(ZENO_B),
                                                          "--validator-batch", "4"], 2),

@@ -13,6 +13,8 @@ MATRICES = {"sync-1v": "ZenoPS, sync, one validator (its Figure 3: zeno_ps "
             "async-1v": "ZenoPS, async, one validator (its Figure 5: experiments_async_single_validator.sh)",
             "async-2v": "ZenoPS, async, two validators and two servers (its Figure 6: "
                         "experiments_async_two_validators.sh)",
+            "async-delay": "ZenoPS, async, one validator, its workers' sleeps before each push at a tenth "
+                           "(experiments_async_single_validator.sh; byteps/mxnet/__init__.py 821)",
             "zeno": "Zeno (icml2019_zeno test_zeno_1.sh)",
             "zeno++": "Zeno++ (AsyncByzGrad exp_*.sh)"}
 VALIDATED = ("zenops", "zeno", "zeno++")  # (the rule's name, before any ", 1 step, ...")
