@@ -239,8 +239,8 @@ def test_bench_curves_keep_each_recipe_and_seed_and_only_this_runs(tiny_data, tm
 
 def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(tiny_data, tmp_path):
     runs = ps_table.plan([0, 1, 2])
-    per_seed = 4 * 6 + 4 * 6 + 3 * 4 + 3 * 4 + 5 * 2 + 4 * 3 + 7 + 1 + 2 + 3  # sync-1v, sync-2v, async-1v, async-2v,
-    # zeno, zeno++, eta and its baseline, batch, speed
+    per_seed = 4 * 6 + 4 * 6 + 3 * 4 + 3 * 4 + 2 * 4 + 5 * 2 + 4 * 3 + 7 + 1 + 2 + 3  # sync-1v, sync-2v, async-1v,
+    # async-2v, async-delay, zeno, zeno++, eta and its baseline, batch, speed
     assert len(runs) == 3 * per_seed and len(set(runs)) == len(runs) and {run[-1] for run in runs} == {0, 1, 2}
     args = ps_table.argparse.Namespace(data=tiny_data, epochs=3, quick=False, runs=tmp_path / "runs")
 
@@ -257,6 +257,8 @@ def test_bench_ps_plans_each_figure_of_the_authors_in_its_regime_for_each_seed(t
     recipe, processes, flags = ps_table.flags_of("async-1v", "async", "naive-async", "signflip x2", None, 0, args)
     assert processes == 9 and value(flags, "--aggregate") == "naive-async" and value(flags, "--attack-scale") == "2"
     assert value(flags, "--validation-split") == "0.1111"  # no validator, the same shards as the zenops row's
+    recipe, processes, flags = ps_table.flags_of("async-delay", "async", "zenops", "none", None, 0, args)
+    assert processes == 10 and value(flags, "--worker-delay") == "0.8"  # (a tenth of ZenoPS's 1 s x 8 workers)
     recipe, processes, flags = ps_table.flags_of("sync-1v", "sync", "trimmed-mean", "none", None, 0, args)
     assert value(flags, "--trim-ratio") == "0.2" and "--zeno-b" not in flags  # ZenoPS's b, from each round's n
     recipe, processes, flags = ps_table.flags_of("async-2v", "async", "zenops", "N(0,1)", None, 0, args)
