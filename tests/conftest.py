@@ -162,16 +162,21 @@ def assert_one_clear_line(result, *phrases):
 def injected(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_args=(), timeout=300,
              torchrun=("-m", "torch.distributed.run"), **popen):
     """Run a recipe under scripts/harness/inject_fault.py (under torchrun when nproc is given)."""
-    inject = [str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", fault, "--step", str(step),
-              *inject_args, "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
+    command = injected_command(recipe, args, fault, step, nproc, torchrun_args, inject_args, torchrun)
     if nproc is None and not popen:
-        return run_python([sys.executable, *inject], timeout=timeout)  # (forked: no launcher in the test)
-    if nproc is None:
-        command = [sys.executable, *inject]
-    else:
-        command = [sys.executable, *torchrun, "--standalone", f"--nproc_per_node={nproc}", *torchrun_args, *inject]
+        return run_python(command, timeout=timeout)  # (forked: no launcher in the test)
     return subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout,
                           **popen)
+
+
+def injected_command(recipe, args, fault, step, nproc=None, torchrun_args=(), inject_args=(),
+                     torchrun=("-m", "torch.distributed.run")):
+    """The command that runs a recipe under scripts/harness/inject_fault.py (under torchrun when nproc is given)."""
+    inject = [str(ROOT / "scripts" / "harness" / "inject_fault.py"), "--fault", fault, "--step", str(step),
+              *inject_args, "--", str(ROOT / "recipes" / recipe / "train.py"), *map(str, args)]
+    if nproc is None:
+        return [sys.executable, *inject]
+    return [sys.executable, *torchrun, "--standalone", f"--nproc_per_node={nproc}", *torchrun_args, *inject]
 
 
 def spawn(function, args, nprocs):

@@ -116,15 +116,13 @@ class Run:
         if isinstance(getattr(loader, "sampler", None), data.EpochShuffle):  # the loader's own shuffle
             loader.sampler.set_epoch(self.epoch)
         batches = data.skip_batches(loader, self.first_step)  # the skipped images are never loaded
-        reads = data.storage_reads(loader)  # (what loading them asks of the storage)
-        start = reads and reads.total()
+        read = data.reads_from_now(loader)  # (what loading them asks of the storage)
         for batch in self.log.progress(batches, f"epoch {self.epoch + 1}/{self.args.epochs}"):
             self.meter.data_ready()
             yield batch
             self.meter.waiting()  # the next batch is asked for
             self.step += 1
-        if start is not None:
-            self.meter.reads = reads.total() - start
+        self.meter.reads = read()
 
     def step_done(self, loss, check_stop=True):
         """After each optimizer step: schedule, EMA, logs, profiler, a checkpoint every --save-every steps;

@@ -157,11 +157,14 @@ def io_counters():
     return torch.tensor([int(fields[b"rchar"]), int(fields[b"syscr"])]), len(text)
 
 
-def storage_reads(loader):
-    """The StorageReads of a loader's data set (or of the data set a Subset of it takes from), else None."""
+def reads_from_now(loader):
+    """A function that gives what loading from `loader` has asked of the storage since this call, (bytes, read
+    calls), from the StorageReads of its data set (or of the data set a Subset of it takes from: evaluation's
+    shard, a held-out part); it gives None where that data set counts nothing."""
     dataset = getattr(loader, "dataset", None)
-    dataset = getattr(dataset, "dataset", dataset)  # (a Subset: evaluation's shard, a held-out part)
-    return getattr(dataset, "reads", None)
+    reads = getattr(getattr(dataset, "dataset", dataset), "reads", None)
+    start = reads and reads.total()
+    return lambda: None if start is None else reads.total() - start
 
 
 def reason(error):
@@ -396,7 +399,7 @@ def _fetch(source, into):
             return
         with urllib.request.urlopen(source, timeout=60) as response:
             shutil.copyfileobj(response, out, 1 << 20)
-            size = response.headers.get("Content-Length") if hasattr(response, "headers") else None
+            size = response.headers.get("Content-Length")
         if size is not None and out.tell() != int(size):
             raise OSError(f"the connection closed after {out.tell()} of its {size} bytes")
 

@@ -127,8 +127,7 @@ def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcont
     """
     model.eval()
     meter = EpochMeter(device, group)
-    reads = data.storage_reads(loader)
-    start = reads and reads.total()
+    read = data.reads_from_now(loader)
     batches = log.progress(loader, "validate")
     if any(isinstance(p, DTensor) for p in model.parameters()):
         batches = _in_lockstep(batches, len(loader), loader.dataset, device, group)
@@ -141,8 +140,7 @@ def evaluate(model, loader, criterion, device, log, autocast=contextlib.nullcont
         if len(target):
             meter.update(loss.float(), output.float(), target)
     sharding.reshard(model)  # (a no-op unless sharded)
-    if start is not None:
-        meter.reads = reads.total() - start
+    meter.reads = read()
     return meter.summary()
 
 

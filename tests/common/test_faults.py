@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (ROOT, TINY, alive, child_env, free_port, injected, read_summary, recipe_command, run_recipe,
-                      start_python, wait_for_line)
+from conftest import (ROOT, TINY, alive, child_env, free_port, injected, injected_command, read_summary, recipe_command,
+                      run_recipe, start_python, wait_for_line)
 
 from scripts.harness.launch import descendants
 
@@ -492,11 +492,9 @@ def test_a_sigterm_while_a_slow_but_living_peer_computes_still_saves(tiny_data, 
     args = [tiny_data, *TINY, "-b", "4", "--epochs", "100", "--stages", "2", "--microbatches", "2",
             "--out", tmp_path / "run"]
     output = tmp_path / "output.log"
-    inject = [ROOT / "scripts" / "harness" / "inject_fault.py", "--fault", "slow", "--step", "1", "--rank", "3", "--"]
-    command = recipe_command("pipeline", [str(a) for a in args], nproc=4)
-    at = command.index(next(part for part in command if part.endswith(".py")))  # (the first script: wrapped)
-    job = subprocess.Popen([*command[:at], *map(str, inject), *command[at:]], cwd=ROOT, env=child_env(),
-                           stdout=open(output, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    job = subprocess.Popen(injected_command("pipeline", args, "slow", 1, nproc=4, inject_args=["--rank", "3"]),
+                           cwd=ROOT, env=child_env(), stdout=open(output, "w"), stderr=subprocess.STDOUT,
+                           start_new_session=True)
     try:
         wait_for_line(output, "epoch 1 step 3/")
         os.killpg(job.pid, signal.SIGTERM)  # (torchrun and every rank, as SLURM signals a job)

@@ -7,7 +7,7 @@
 import statistics
 
 from scripts.figures.rendering import beyond_spread, spread, table, with_range
-from scripts.figures.ps.table_rows import (INBOUND, distinct_attacks, finished, naive_in_validators, params_shares,
+from scripts.figures.ps.table_rows import (INBOUND, distinct_attacks, diverged, naive_in_validators, params_shares,
                                            ps_groups, ps_top1, rejected, top1_or_chance)
 
 
@@ -34,19 +34,15 @@ def ps_targets(rows):
     def or_diverged(runs, text):  # what a target shows: its measure, or that every run of it diverged
         return text if text is not None else ("every run diverged" if runs else None)
 
-    def diverged(runs):
-        return f" ({len(runs) - len(finished(runs))} of {len(runs)} diverged)" if len(finished(runs)) < len(runs) \
-            else ""
-
     def near_its_own(where, rule, runs, clean_runs, points):
         """The rule under the attack within `points` of its own top-1 without one (and at points -/+ 1, for flips)."""
         attacked, clean = top1(runs), top1(clean_runs)
-        ok = attacked and clean and len(finished(runs)) == len(runs)
+        ok = attacked and clean and not diverged(runs)
+        gap = clean["mean"] - attacked["mean"] if ok else None
         target = f"{where}: `{rule}` within {points} points of its own no-attack top-1"
         check(target, attacked and clean and f"{attacked['mean']:.1f} against {clean['mean']:.1f}{diverged(runs)}",
-              ok and clean["mean"] - attacked["mean"] <= points)
+              ok and gap <= points)
         for step in flips:
-            gap = clean["mean"] - attacked["mean"] if ok else None
             if ok and (gap <= points) != (gap <= points + step):
                 other = f"within {points + step} point" + ("s" if points + step != 1 else "")
                 flips[step].append(target.replace(f"within {points} points", other))
@@ -58,15 +54,15 @@ def ps_targets(rows):
         if not (mine and theirs and theirs_clean):
             return check(f"{where}: `{rule}` against `{plain}` under the same attack", None, False)
         hurt = theirs["mean"] < theirs_clean["mean"] and beyond_spread(theirs, theirs_clean)
-        text = f"{with_range(mine, 1)}{diverged(runs)} against {with_range(theirs, 1)}"
+        text, every_seed = f"{with_range(mine, 1)}{diverged(runs)} against {with_range(theirs, 1)}", not diverged(runs)
         if hurt:
             check(f"{where}: `{rule}` above `{plain}` beyond the seeds' spread (the attack took `{plain}` below its "
-                  f"own no-attack top-1)", text, len(finished(runs)) == len(runs) and mine["mean"] > theirs["mean"]
-                  and beyond_spread(mine, theirs))
+                  f"own no-attack top-1)", text, every_seed and mine["mean"] > theirs["mean"] and
+                  beyond_spread(mine, theirs))
         else:
             check(f"{where}: `{rule}` not below `{plain}` beyond the seeds' spread (the attack left `{plain}` within "
-                  f"its spread)", text, len(finished(runs)) == len(runs) and not (theirs["mean"] > mine["mean"] and
-                                                                                 beyond_spread(mine, theirs)))
+                  f"its spread)", text, every_seed and not (theirs["mean"] > mine["mean"] and
+                                                           beyond_spread(mine, theirs)))
 
     def honest_rejected(where, runs):
         rate = share(runs, "honest")

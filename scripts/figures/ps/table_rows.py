@@ -48,8 +48,13 @@ def top1_or_chance(run):
 def ps_top1(runs):
     """'91.0 (90.0-92.0)' over the seeds that finished, and how many diverged."""
     done = finished(runs)
-    text = with_range(spread([float(r["top1"]) for r in done]), 1) if done else "diverged"
-    return text + (f" ({len(runs) - len(done)} of {len(runs)} diverged)" if done and len(done) < len(runs) else "")
+    return with_range(spread([float(r["top1"]) for r in done]), 1) + diverged(runs) if done else "diverged"
+
+
+def diverged(runs):
+    """' (1 of 3 diverged)', or '' where every run finished."""
+    done = len(finished(runs))
+    return f" ({len(runs) - done} of {len(runs)} diverged)" if done < len(runs) else ""
 
 
 INBOUND = ("4 of 8 flip x1.2", "ALIE, 4 of 8")  # the attacks built to slip past zenops (table.py's INBOUND_ATTACKS)
