@@ -215,8 +215,16 @@ def _store_for_this_attempt(timeout, where):
     return dist.PrefixStore(f"attempt{os.environ['TORCHELASTIC_RESTART_COUNT']}/", store)
 
 
+_destroyed = []  # the process groups cleanup() destroyed, each held here until the process exits
+
+
 def cleanup():
+    """destroy_process_group(), each group it destroys held here: DDP's reducer holds its group too, and a gloo
+    group freed last by it (as the run's objects are freed, the GIL held) joins its threads while one of them
+    waits for the GIL to free a finished collective's tensor: the process hung now and then under torch 2.11.
+    Freed from Python, a group lets the GIL go first; held here, it is never freed before the exit."""
     if dist.is_initialized():
+        _destroyed.extend(dist.distributed_c10d._world.pg_map)
         dist.destroy_process_group()
 
 

@@ -55,7 +55,7 @@ def bare_loop(args):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from recipes.common import models
+    from recipes.common import distributed, models
 
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     cuda = torch.cuda.is_available()
@@ -101,7 +101,7 @@ def bare_loop(args):
     seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
     if args.ddp:
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # as long as the slowest rank
-        dist.destroy_process_group()
+        distributed.cleanup()  # (its groups held: see cleanup)
     if args.ddp and int(os.environ.get("RANK", 0)) == 0:
         print(json.dumps({"images_per_s": world_size * args.batch_size * args.steps / seconds.item()}))
     elif not args.ddp:  # unconnected copies: each reports its own rate, the caller adds them up
