@@ -176,25 +176,25 @@ def headline(data):
     """sync-1v under sign flip x6 (zenops against the mean), zenops without an attack, ps's speed against ddp's."""
     if not (data / "ps.csv").exists():
         return None
-    rows = read_csv(data / "ps.csv")
-    groups = ps_groups(rows, "sync-1v")
-    attacked, clean, mean = (groups.get(key, []) for key in (("zenops", "signflip x6"), ("zenops", "none"),
-                                                                ("mean", "signflip x6")))
+    groups = ps_groups(rows := read_csv(data / "ps.csv"), "sync-1v")
+    attacked, clean, mean, plain = (groups.get(key, []) for key in (("zenops", "signflip x6"), ("zenops", "none"),
+                                                                     ("mean", "signflip x6"), ("mean", "none")))
     ratios = speed_vs_ddp(rows).get("ps sync, mean, 1 step", ([], []))[1]  # (the speed table's, seed by seed)
-    if not (attacked and clean and mean and ratios):
+    if not (attacked and finished(clean) and mean and finished(plain) and ratios):
         return None
+    paces = [render_cluster.images_per_s(runs) for runs in (clean, plain)]  # (the validator's cost)
     mean_text = (f"the plain mean diverges in {len(mean) - len(finished(mean))} of {len(mean)} seeds"
                  if len(finished(mean)) < len(mean) else f"the plain mean {ps_top1(mean)}")
-    ratio = statistics.mean(ratios)
     held, total = targets_held(ps_targets(rows))
     inbound, inbound_mean = (groups.get((rule, INBOUND[0]), []) for rule in ("zenops", "mean"))
-    sign = sign_only(inbound)
-    inside = "" if not (inbound and inbound_mean and sign) else (
+    inside = "" if not (inbound and inbound_mean and (sign := sign_only(inbound))) else (
         f"; 4 of 8 flipping every push x1.2 (built to pass the norm test): zenops {ps_top1(inbound)} %, its sign test "
         f"rejecting {statistics.mean(sign):.0f} % of the poisoned parameters the norm test passed; the mean "
         + (f"diverging in {len(inbound_mean) - len(finished(inbound_mean))} of {len(inbound_mean)} seeds"
            if len(finished(inbound_mean)) < len(inbound_mean) else f"{ps_top1(inbound_mean)} %"))
     return (f"ZenoPS sync, one validator, each of 8 workers flipping each tensor of a push x6 with p 0.2: top-1 "
-            f"{ps_top1(attacked)} % for zenops, where {mean_text}; without an attack zenops {ps_top1(clean)} %"
-            f"{inside}; the server at {ratio:.2f}x ddp's images/s (mean, a push a step); {held} of {total} targets "
-            f"hold" + (f"; {on_a_cluster}" if (on_a_cluster := render_cluster.headline(data)) else ""))
+            f"{ps_top1(attacked)} % for zenops, where {mean_text}; without an attack zenops {ps_top1(clean)} %, at "
+            f"{paces[0]['mean'] / paces[1]['mean']:.2f}x the mean's images/s (the validator's cost, "
+            f"{'beyond' if beyond_spread(*paces) else 'within'} the seeds' spread){inside}; the server at "
+            f"{statistics.mean(ratios):.2f}x ddp's images/s (mean, a push a step); {held} of {total} targets hold"
+            + (f"; {on_a_cluster}" if (on_a_cluster := render_cluster.headline(data)) else ""))
