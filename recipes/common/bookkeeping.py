@@ -124,12 +124,13 @@ class Run:
             self.step += 1
         self.meter.reads = read()
 
-    def step_done(self, loss, check_stop=True):
+    def step_done(self, loss, stop_checks_every=1):
         """After each optimizer step: schedule, EMA, logs, profiler, a checkpoint every --save-every steps;
         and the stop checks: after SIGTERM on any rank, save and raise faults.Preempted; after a
-        non-finite loss on any rank, raise RunFailed (both agreed a step later, without waiting for the
-        device: faults.StopCheck). check_stop=False leaves the checks (a collective) to a
-        later step, one where ranks that do not move in lockstep all meet (the pipeline's partial reduce)."""
+        non-finite loss on any rank, raise RunFailed (both agreed at the next check, without waiting for the
+        device: faults.StopCheck). The checks are a collective of every rank: stop_checks_every=k checks
+        at every k-th step of an epoch (the pipeline's AD-PSGD, whose replicas meet only in pairs), None leaves
+        them to the epoch's end, where ranks that meet at no step meet (the pipeline's partial reduce)."""
         args, step = self.args, self.step
         self.meter.optimizer_step(self.skipped_step())
         if step % args.print_freq == 0:
@@ -139,7 +140,7 @@ class Run:
         if self.ema is not None:
             models.update_ema(self.ema, self.model)  # ema = d x ema + (1 - d) x weights
         self.log.profile_step()
-        if check_stop and self.stop_check.after_step(loss, self.epoch, step):  # SIGTERM on a rank: all stop here
+        if stop_checks_every and self.stop_check.after_step(loss, self.epoch, step, stop_checks_every):  # SIGTERM
             self.save_mid_epoch(step + 1)
             raise faults.preempted_after_saving(args.out, self.epoch, step + 1)
         if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < self.steps_per_epoch:

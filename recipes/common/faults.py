@@ -177,12 +177,14 @@ def _forget_watch():
 
 
 class StopCheck:
-    """The ranks' agreement on stopping, one step behind, with no host synchronisation.
+    """The ranks' agreement on stopping, one check behind, with no host synchronisation.
 
-    after_step(loss, epoch, step) after every step (every rank of the group at the same steps): True when a
-    rank had received SIGTERM by the previous check, so that every rank stops after this step; raises RunFailed
-    when a rank's loss was NaN or infinite. at_epoch_end(epoch) where the ranks meet at an epoch's end: the
-    same, for everything not yet agreed on. group: a gloo group (CPU tensors); None without a process group.
+    after_step(loss, epoch, step, every) after every step (every rank of the group at the same steps), checking at
+    every `every`-th step of an epoch (1: each step): True when a rank had received SIGTERM by the previous check,
+    so that every rank stops after this step; raises RunFailed when a rank's loss was NaN or infinite. A check
+    waits only for a rank that has not yet reached the check before it: `every` steps behind. at_epoch_end(epoch)
+    where the ranks meet at an epoch's end: the same, for everything not yet agreed on. group: a gloo group (CPU
+    tensors); None without a process group.
     """
 
     def __init__(self, steps_per_epoch, group=None):
@@ -190,8 +192,10 @@ class StopCheck:
         self.losses = collections.deque()  # (epoch, step, is the loss non-finite: on the host, or on its way)
         self.pending = None  # (the allreduce under way, its flags): started at the last check
 
-    def after_step(self, loss, epoch, step):
+    def after_step(self, loss, epoch, step, every=1):
         self._note(loss, epoch, step)
+        if (step + 1) % every:  # (no check at this step)
+            return False
         stop = self._agreed()
         if not stop:
             self.pending = self._start(arrived_only=True)

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recipes.common import faults
-from recipes.pipeline.sync import Sync, flagged
+from recipes.pipeline.sync import STOP_CHECKS_EVERY, Sync, flagged
 
 
 def pairwise_average(params, layout, seed, epoch, step, straggled):
@@ -34,7 +34,7 @@ def pairwise_average(params, layout, seed, epoch, step, straggled):
 
 
 class AdPsgd(Sync):
-    lockstep = True
+    stop_checks_every = STOP_CHECKS_EVERY
 
     def __init__(self, replicas, seed):
         super().__init__(replicas)

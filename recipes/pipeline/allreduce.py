@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from recipes.common import faults
-from recipes.pipeline.sync import Sync, flagged
+from recipes.pipeline.sync import STOP_CHECKS_EVERY, Sync, flagged
 
 
 def average_gradients(params, group, replicas, straggled):
@@ -24,7 +24,7 @@ def average_gradients(params, group, replicas, straggled):
 
 
 class AllReduce(Sync):
-    lockstep = True
+    stop_checks_every = STOP_CHECKS_EVERY
 
     def before_step(self, params, straggled, tally):
         waited = average_gradients(params, self.replicas.stage_group, self.replicas.count, straggled)

@@ -18,13 +18,14 @@ FILES = {
 }
 
 DEVIATIONS = [
-    dict(here="every epoch ends with one model, evaluated and saved: `preduce` averages all replicas; `adpsgd`, "
-              "whose replicas stay apart, takes replica 0's weights",
+    dict(here="every epoch ends with one model saved, replica 0's, after `preduce` averages all replicas (each "
+              "replica scores its own weights on its share of the validation set, pooled, as theirs)",
          theirs="each pipeline evaluates its own weights on its 1/R of the validation set, and the results are "
-                "averaged; no model is saved",
+                "averaged; no model is saved, and no average taken at an epoch's end",
          where="train_resnet 14-26, 74, 134-136; artifacts/pipeline/reduce_result.py 14-17",
          shows=("train_resnet", 136, "val_loss, val_acc = reduce_result([val_loss, val_acc])"),
-         why="one model to evaluate and save, in the checkpoint every recipe reads"),
+         why="the checkpoint every recipe reads holds one model; `preduce`'s average makes it the model all its "
+             "replicas scored"),
     dict(here="the count of updates, and the connectivity sync it makes due, starts again at each epoch",
          theirs="one count per stage for the whole run",
          where="preduce_handler 80-87, 259",
@@ -76,6 +77,15 @@ DEVIATIONS = [
          shows=("subexecutor", 343, 'random_wait(0.1, float(os.environ["DEBUG_HETERO"]))'),
          why="every rank can count who waited for whom; the synchronous schedules draw as their data-parallel "
              "one does"),
+    dict(here="`allreduce` and `adpsgd` check every 10th step, with an allreduce of every rank read at the next, "
+              "whether a rank received SIGTERM or saw a non-finite loss, and all stop at the same step; `preduce` "
+              "and `hetpipe` check at the epoch's end",
+         theirs="no stop but the epoch's: an AD-PSGD replica counts its own batches to the epoch's end and waits "
+                "only for its partner at each",
+         where="python/hetu/preduce.py 123-135; subexecutor 175, 184",
+         shows=("python/hetu/preduce.py", 128, "self._control_flag = (self._batch_id % self.sync_every) == 0"),
+         why="a preemption saves every stage at the same step; a check holds back only a rank 10 steps ahead of "
+             "another"),
     dict(here="`adpsgd` lets one replica sit out a step when R is odd",
          theirs="it asks for an even R",
          where="python/hetu/preduce.py 121",

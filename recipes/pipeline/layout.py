@@ -157,7 +157,7 @@ def check_args(args):
                           f"{args.microbatches} < {args.stages}")
     if args.batch_size % args.microbatches and not args.evaluate:  # (-e evaluates whole batches)
         raise RecipeError(f"--microbatches {args.microbatches} must divide --batch-size {args.batch_size}")
-    if args.save_every and not SYNCS[args.sync].lockstep:
+    if args.save_every and SYNCS[args.sync].stop_checks_every is None:
         raise RecipeError(f"--save-every is not supported with --sync {args.sync} (its replicas meet at epoch "
                           f"ends only)")
 

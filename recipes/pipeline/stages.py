@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from recipes.common import distributed, models
+from recipes.common import models
 
 
 def balanced_split(costs, stages):
@@ -102,18 +102,18 @@ def state_names(model, part):
     return [keys[id(tensor)] for layer in part for tensor in layer.state_dict(keep_vars=True).values()]
 
 
-def gather(model, optimizer, whole, view, stage_keys):
-    """Before each evaluation and save, on every rank: the whole model and its momentum, stage s from rank s
-    (replica 0's stage s), into `whole` and the checkpoint's optimizer `view`."""
+def gather(model, optimizer, whole, view, stage_keys, ranks, group):
+    """Before each evaluation and save: the whole model and its momentum, stage s from ranks[s], into `whole` and
+    the checkpoint's optimizer `view`, on every rank of the gloo group (which holds ranks)."""
     whole_params = dict(whole.named_parameters())
     for s, keys in enumerate(stage_keys):
         payload = [None]
-        if dist.get_rank() == s:
+        if dist.get_rank() == ranks[s]:
             state, named = model.state_dict(), dict(model.named_parameters())
             momentum = {key: optimizer.state[named[key]]["momentum_buffer"].cpu() for key in keys
                         if key in named and "momentum_buffer" in optimizer.state.get(named[key], {})}
             payload = [({key: state[key].cpu() for key in keys}, momentum)]
-        dist.broadcast_object_list(payload, src=s, group=distributed.control_group())
+        dist.broadcast_object_list(payload, src=ranks[s], group=group)
         weights, momentum = payload[0]
         whole.load_state_dict(weights, strict=False)
         for key, buffer in momentum.items():

@@ -5,7 +5,7 @@ summary reports (Tally).
 A method acts where the loops call it: before each update (allreduce averages the gradients), after it (the others
 agree on the weights), at the epoch's end, where every replica meets, and after the last one; preduce also says
 which batches an epoch takes and whether a step is one of its updates. Its class says what the rest needs to know of
-it: whether it meets every replica at every step (lockstep: the stop checks, a collective of all ranks, run there),
+it: how often the stop checks, a collective of all ranks, run (every few steps, or at epoch ends only),
 whether the last S ranks are the stages' servers (hetpipe), and whether an epoch is a count of all replicas'
 updates, claimed as they go (preduce). Where the rules depart from the authors' code, with their files and lines:
 deviations.py.
@@ -20,12 +20,17 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from recipes.common import distributed, faults
 
+# allreduce's and adpsgd's stop checks: every 10th step, each read at the next, so a rank waits there only for
+# one 10 steps behind (the methods' own waits keep them closer: a stage's replicas at each allreduce, partners at
+# each AD-PSGD step, the stages of a replica at each minibatch), and a SIGTERM stops the run within 20 steps
+STOP_CHECKS_EVERY = 10
+
 
 class Sync:
     """A --sync method at one rank of a stage: the hooks the training loops call, each doing nothing unless the
     method overrides it."""
 
-    lockstep = False  # every replica meets at every step
+    stop_checks_every = None  # steps between the stop checks (None: at the epoch's end only)
     has_servers = False  # the last S ranks are the stages' servers
     counts_updates = False  # an epoch is R x (one shard's steps) updates of all replicas together
     replica_group = None  # (counts_updates: the gloo group of this replica's stages, for the claims)

@@ -97,15 +97,15 @@ def train_one_epoch(stage, replicas, optimizer, loader, run, tally):
             run.meter.update(loss, output, target)
         dist.broadcast(loss, stage.last_rank, group=stage.pipe_group)  # for the progress line and the checks
         update(stage, replicas, optimizer, tally, epoch, step, straggled)
-        # the stop checks (SIGTERM, a non-finite loss) are a collective of all ranks: at every step where the
-        # replicas move in lockstep; preduce and hetpipe: at the epoch's end, where they meet
-        run.step_done(loss, check_stop=replicas.sync.lockstep)
+        # the stop checks (SIGTERM, a non-finite loss) are a collective of all ranks: allreduce and adpsgd every
+        # 10th step (sync.STOP_CHECKS_EVERY); preduce and hetpipe at the epoch's end, where they meet
+        run.step_done(loss, replicas.sync.stop_checks_every)
     return end_of_epoch(stage, replicas, run, tally)
 
 
 def end_of_epoch(stage, replicas, run, tally):
-    """Where the replicas meet: how far apart they drifted, and (preduce) one model to evaluate and save, the
-    average of all replicas (adpsgd's stay apart: evaluation and checkpoints take replica 0's weights)."""
+    """Where the replicas meet: how far apart they drifted, and (preduce) the average of all replicas (adpsgd's
+    stay apart: each replica scores its own weights on its share of val/, and checkpoints hold replica 0's)."""
     tally.disagreement = sync.disagreement(stage.params, replicas, stage.pipe_group)
     replicas.sync.end_epoch(stage.params, run, tally)
     return run.meter.summary()
@@ -147,7 +147,7 @@ def train_one_epoch_pipedream(stage, replicas, dream, optimizer, loader, run, ta
         x, target, following = pipedream.next_input(stage, dream, replicas.sync, order, batches, run)
         if kind == "backward":
             run.step = i  # (the batches are loaded S - s ahead of the updates)
-            run.step_done(loss, check_stop=replicas.sync.lockstep)  # (as in train_one_epoch)
+            run.step_done(loss, replicas.sync.stop_checks_every)  # (as in train_one_epoch)
         operation = following
     batches.close()  # (the epoch's progress bar ends)
     return end_of_epoch(stage, replicas, run, tally)
@@ -163,6 +163,11 @@ def main(args):
     stage, replica, replicas = layout.stage(ctx.rank), layout.replica(ctx.rank), layout.replicas
     pipe_groups = [distributed.new_group(layout.pipeline_ranks(r)) for r in range(ctx.world_size // args.stages)]
     stage_groups = [distributed.new_group(layout.stage_ranks(s)) for s in range(args.stages)]
+    # whose stages a rank puts together to evaluate (and rank 0 to save): its replica's, over a gloo group of that
+    # replica's ranks; hetpipe: replica 0's, over every rank's (after the last pull of an epoch: the servers')
+    replica_controls = [distributed.new_control_group(layout.pipeline_ranks(r)) for r in range(replicas)]
+    scored, scoring = ((layout.pipeline_ranks(0), distributed.control_group()) if layout.has_servers else
+                       (layout.pipeline_ranks(replica), replica_controls[replica]))
 
     train_set, val_set, num_classes = data.build_datasets(args)
     shard = min(replica, replicas - 1)  # replica r: the shard of ddp's rank r (hetpipe's servers: any)
@@ -187,7 +192,7 @@ def main(args):
     stage_keys = [stages.state_names(model, part) for part in parts]
     run = bookkeeping.Run(args, log, device, whole, view, scheduler, None, num_classes, global_batch,
                           steps_per_epoch=len(train_loader), seed_rank=shard,
-                          gather=lambda: stages.gather(model, optimizer, whole, view, stage_keys))
+                          gather=lambda: stages.gather(model, optimizer, whole, view, stage_keys, scored, scoring))
     run.resume()  # --resume, or <out>/checkpoint.pt with --auto-resume: then this stage's share of it
     stages.resume_stage(model, whole, view, optimizer, params)
 
@@ -223,7 +228,8 @@ def main(args):
         its_replicas.sync.end_training(tally)
 
     run.finish(val_loader, stages=args.stages, replicas=replicas, microbatches=args.microbatches,
-               schedule=args.schedule, sync=args.sync, hetero=args.hetero, hetero_prob=args.hetero_prob,
+               schedule=args.schedule, sync=args.sync, stop_checks_every=method.stop_checks_every,
+               hetero=args.hetero, hetero_prob=args.hetero_prob,
                slow_rank=args.slow_rank, slow_factor=args.slow_factor, **costs,
                **sync.counts_of_every_rank(tally, layout, ctx.rank))
     distributed.cleanup()

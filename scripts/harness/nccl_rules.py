@@ -19,11 +19,19 @@ what would fail on GPUs:
 A call that breaks a rule ends the run with one line naming the rule and the line of
 recipes/ that made the call. On CPU the device rules cannot tell the device from the
 CPU; make gpu-smoke runs this wrapper on a GPU, where they can.
+
+--collectives-per-step FILE: each rank appends one JSON line to FILE as it exits, {"rank": r,
+"per_step": [n, ...]}: for each optimizer step (Run.step_done), the collectives over every
+rank of the job (a group as large as the world) made since the step before, the step's own
+included (the first step's count holds the set-up's; a step after an epoch's end, that end's).
 """
 
 import argparse
+import atexit
 import functools
 import inspect
+import json
+import os
 import runpy
 import sys
 import threading
@@ -43,6 +51,7 @@ OBJECTS = ["all_gather_object", "broadcast_object_list", "gather_object", "scatt
            "recv_object_list"]
 _inside = threading.local()  # in batch_isend_irecv: its isends and irecvs are grouped
 _script = None  # the recipe this wrapper runs
+_job_wide = [0]  # --collectives-per-step: the collectives over every rank since the last step (then each step's)
 
 
 class RuleBroken(Exception):
@@ -126,6 +135,8 @@ def watched(name, original):
                                              "output_tensor_list", "input_tensor_list")]
         any_source = name in ("recv", "irecv") and bound.get("src") is None and bound.get("group_src") is None
         check(name, group, [t for value in values for t in tensors_of(value)], any_source)
+        if "send" not in name and "recv" not in name and dist.get_world_size(group) == dist.get_world_size():
+            _job_wide[-1] += 1
         _inside.call = True
         try:
             return original(*args, **kwargs)
@@ -145,8 +156,30 @@ def watched_batch(original):
     return call
 
 
+def count_per_step(path):
+    """Close each step's count of collectives over every rank at Run.step_done; write them at the exit."""
+    from recipes.common import bookkeeping
+
+    step_done = bookkeeping.Run.step_done
+
+    @functools.wraps(step_done)
+    def counted(*args, **kwargs):
+        try:
+            return step_done(*args, **kwargs)
+        finally:
+            _job_wide.append(0)
+    bookkeeping.Run.step_done = counted
+
+    def write():
+        with open(path, "a") as f:
+            f.write(json.dumps({"rank": int(os.environ.get("RANK", 0)), "per_step": _job_wide[:-1]}) + "\n")
+    atexit.register(write)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--collectives-per-step", metavar="FILE",
+                        help="append each rank's count of collectives over every rank at each step to FILE")
     parser.add_argument("script", help="the recipe, e.g. recipes/ps/train.py")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's arguments")
     args = parser.parse_args()
@@ -157,6 +190,8 @@ def main():
             setattr(c10d, name, wrapper)
             setattr(dist, name, wrapper)
     dist.batch_isend_irecv = c10d.batch_isend_irecv = watched_batch(c10d.batch_isend_irecv)
+    if args.collectives_per_step:
+        count_per_step(args.collectives_per_step)
     global _script
     _script = Path(args.script).resolve()
     sys.argv = [args.script, *(a for a in args.args if a != "--")]

@@ -206,6 +206,32 @@ def test_every_step_is_checked_for_sigterm_and_a_non_finite_loss_one_step_later(
     assert check.after_step(torch.tensor(1.0), 2, 8)  # ... and stops the run after the next step
 
 
+def test_checks_every_k_steps_start_one_allreduce_each_and_read_it_at_the_next(monkeypatch):
+    """every=3: only the 3rd, 6th, ... step of an epoch starts the ranks' allreduce (a collective of them all) and
+    reads the one before it: a SIGTERM by the 3rd step stops the run after the 6th; a NaN at step 4 fails it at
+    the 9th."""
+    started = []
+
+    class Done:
+        def wait(self):
+            pass
+
+    monkeypatch.setattr(faults.dist, "all_reduce", lambda flags, **kwargs: started.append(flags.clone()) or Done())
+    check = faults.StopCheck(steps_per_epoch=12, group="control")
+    assert not any(check.after_step(torch.tensor(1.0), 0, step, every=3) for step in range(2))
+    monkeypatch.setattr(faults, "_sigterm_received", True)
+    assert not check.after_step(torch.tensor(1.0), 0, 2, every=3)  # the 3rd step: the first check, started
+    assert len(started) == 1 and started[0].tolist() == [1.0, 0.0]
+    assert not any(check.after_step(torch.tensor(1.0), 0, step, every=3) for step in (3, 4))
+    assert check.after_step(torch.tensor(1.0), 0, 5, every=3) and len(started) == 1  # read at the 6th: stop
+    monkeypatch.setattr(faults, "_sigterm_received", False)
+    check = faults.StopCheck(steps_per_epoch=12, group="control")
+    for step in range(6):
+        check.after_step(torch.tensor(float("nan") if step == 3 else 1.0), 0, step, every=3)
+    with pytest.raises(RunFailed, match="non-finite loss at epoch 1 step 4"):
+        check.after_step(torch.tensor(1.0), 0, 8, every=3)
+
+
 def test_the_epoch_end_reads_the_checks_still_under_way(monkeypatch):
     check = faults.StopCheck(steps_per_epoch=4)
     check.after_step(torch.tensor(1.0), 0, 2)
@@ -426,4 +452,4 @@ def test_cleanup_keeps_the_groups_it_destroys_until_the_process_exits():
     result = subprocess.run([sys.executable, "-c", GLOO_THREADS_AFTER_CLEANUP], capture_output=True, text=True,
                             timeout=120, cwd=ROOT)
     before, after = map(int, result.stdout.split())
-    assert before > 0 and after == before, result.stdout + result.stderr
+    assert after >= before > 0, result.stdout + result.stderr  # (a thread may name itself after the first count)

@@ -1,7 +1,9 @@
 """The pipeline recipe: stages against the unsplit model, each sync method, stragglers, bad input."""
 
+import copy
 import json
 import re
+import sys
 import threading
 import time
 import types
@@ -9,7 +11,8 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, TINY, assert_one_clear_line, free_port, injected, read_summary, run_recipe, spawn
+from conftest import (ROOT, TINY, assert_one_clear_line, child_env, free_port, injected, launch_ranks, read_summary,
+                      run_recipe, spawn)
 from torch.utils.data import DistributedSampler
 
 from recipes.common import RecipeError, data, models, schedule
@@ -216,6 +219,30 @@ def test_an_adpsgd_round_keeps_the_replicas_average(tmp_path):
     assert sum(moved > 0 for _, _, moved in found) == 4  # two pairs averaged; the fifth replica sat out
 
 
+def _gather_a_replica(rank, world_size, port, results):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    layout = Layout(2, world_size)  # 2 replicas x 2 stages
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    torch.nn.init.constant_(model[layout.stage(rank)].weight, rank)  # the stage this rank holds: its rank
+    whole = copy.deepcopy(model)
+    view = torch.optim.SGD(whole.parameters(), 0.1)
+    optimizer = torch.optim.SGD(model[layout.stage(rank)].parameters(), 0.1)
+    stage_keys = [stages.state_names(model, [layer]) for layer in model]
+    groups = [dist.new_group(layout.pipeline_ranks(r), backend="gloo") for r in range(2)]
+    replica = layout.replica(rank)
+    stages.gather(model, optimizer, whole, view, stage_keys, layout.pipeline_ranks(replica), groups[replica])
+    (results / f"{rank}.json").write_text(json.dumps([layer.weight.unique().tolist() for layer in whole]))
+    dist.destroy_process_group()
+
+
+def test_each_replica_gathers_its_own_stages_to_score(tmp_path):
+    """As each of SD-PIPE's pipelines evaluates its own weights: on 2 replicas x 2 stages, the ranks of replica r
+    put together the model from replica r's stages (ranks 2r and 2r + 1), not replica 0's."""
+    spawn(_gather_a_replica, (4, free_port(), tmp_path), 4)
+    found = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(4)]
+    assert found == [[[0.0], [1.0]], [[0.0], [1.0]], [[2.0], [3.0]], [[2.0], [3.0]]], found
+
+
 def _split_and_compare(rank, world_size, port, schedule, results):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     torch.manual_seed(0)
@@ -320,6 +347,27 @@ def test_a_straggler_holds_up_allreduce_more_often_than_preduce(tiny_data, tmp_p
         assert summary["longest_without_full_sync"] <= (1 if sync_method == "allreduce" else 2 * 6)
     assert waits["allreduce"] > waits["preduce"], waits
     assert read_summary(tmp_path / "preduce")["full_syncs"] == 2  # the epochs' ends
+
+
+@pytest.mark.parametrize("sync_method", ["allreduce", "adpsgd"])
+def test_a_step_makes_no_collective_of_every_rank_but_the_stop_check_every_tenth(tiny_data, tmp_path, sync_method):
+    """AD-PSGD's replicas wait for their partners only, allreduce's for their stage's replicas: no step makes a
+    collective over every rank (which would hold each rank to the slowest of the job) but every 10th, the stop
+    checks' (each read 10 steps later); the first step of each epoch counts what came before it (the set-up, the
+    epoch's end). 2 x 2 ranks, 12 steps an epoch, counted by scripts/harness/nccl_rules.py."""
+    counts = tmp_path / "collectives.jsonl"
+    flags = [tiny_data, *TINY, "--epochs", "2", "-b", "2", "--microbatches", "2", "--stages", "2", "--sync",
+             sync_method, "--out", tmp_path / "run"]
+    command = [sys.executable, ROOT / "scripts" / "harness" / "nccl_rules.py", "--collectives-per-step", counts,
+               ROOT / "recipes" / "pipeline" / "train.py", *flags]
+    result = launch_ranks([str(part) for part in command], 4, child_env(), 300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = [0, 9, 12, 21]  # (each epoch's first and 10th step)
+    ranks = [json.loads(line) for line in counts.read_text().splitlines()]
+    assert sorted(rank["rank"] for rank in ranks) == [0, 1, 2, 3]
+    for rank in ranks:
+        assert len(rank["per_step"]) == 2 * 12, rank
+        assert [step for step, count in enumerate(rank["per_step"]) if count] == expected, rank
 
 
 def test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked(tiny_data, tmp_path):
@@ -493,19 +541,20 @@ def test_pipedream_with_preduce_counts_epochs_in_updates_and_every_stage_updates
 
 
 def test_pipedream_stops_on_sigterm_after_a_saved_update_and_resumes(tiny_data, tmp_path):
-    """A SIGTERM to stage 0: every stage stops after the same update, with no message left unmatched, and saves;
-    the relaunch trains the updates left."""
+    """A SIGTERM to stage 0 after its 4th update: every stage stops after the same update, the 20th (the stop
+    checks run every 10th and are read at the next), with no message left unmatched, and saves; the relaunch
+    trains the updates left."""
     out = tmp_path / "run"
-    flags = [tiny_data, *TINY, "--epochs", "2", "--stages", "2", "--schedule", "pipedream", "-p", "100",
+    flags = [tiny_data, *TINY, "--epochs", "2", "-b", "2", "--stages", "2", "--schedule", "pipedream", "-p", "100",
              "--auto-resume", "--out", out]
     result = injected("pipeline", flags, "term", 4, nproc=2, inject_args=["--rank", "0"])
     assert result.returncode != 0 and "preempted: SIGTERM received; saved" in result.stdout + result.stderr, \
         result.stderr[-3000:]
     saved = torch.load(out / "checkpoint.pt", weights_only=True)
-    assert (saved["epoch"], saved["step"]) == (0, 5), (saved["epoch"], saved["step"])  # (agreed a step later)
+    assert (saved["epoch"], saved["step"]) == (0, 20), (saved["epoch"], saved["step"])
     run_recipe("pipeline", flags, nproc=2)
     summary = read_summary(out)
-    assert summary["epochs"] == 2 and summary["updates_per_replica"] == [2 * 6 - 5], summary
+    assert summary["epochs"] == 2 and summary["updates_per_replica"] == [2 * 24 - 20], summary
 
 
 # ---- bad input ------------------------------------------------------------------------------------------------

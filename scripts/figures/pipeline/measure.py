@@ -75,7 +75,8 @@ MICROBATCHES = [1, 2, 4, 8, 16]
 FIELDS = ["part", "sync", "hetero", "schedule", "microbatches", "batch", "stages", "replicas", "processes", "seed",
           "epochs", "top1", "images_per_s", "updates_per_s", "step_s", "train_s", "seconds_to_target", "target",
           "waits", "full_syncs", "partial_syncs", "connectivity_syncs", "mean_group_size",
-          "longest_unconnected_updates", "disagreement", "max_applied_staleness", "cpu", "cores", "gpu", "torch"]
+          "longest_unconnected_updates", "disagreement", "max_applied_staleness", "stop_checks_every", "cpu", "cores",
+          "gpu", "torch"]
 BATCH = {"sync": 8, "vit": 8, "time": 8, "bubble": 256}  # per replica
 PARTS = ["sync", "vit", "time", "bubble", "cluster"]
 TIME_LAYOUTS, TIME_EPOCHS = [(1, 4), (1, 8), (2, 2), (2, 4)], 5  # (stages S, replicas R); epochs of the time part
@@ -242,7 +243,8 @@ def main():
                      "top1": round(summary["top1"], 2), "images_per_s": round(summary["images_per_s"], 1),
                      "updates_per_s": round(updates / train_s, 2), "step_s": round(train_s * replicas / updates, 5),
                      "train_s": round(train_s, 2), "seconds_to_target": reached[0] if reached else "",
-                     "target": TARGET, **{key: round(summary[key], 6) for key in FIELDS[18:26]}, **machine})
+                     "target": TARGET, **{key: round(summary[key], 6) for key in FIELDS[18:26]},
+                     "stop_checks_every": summary["stop_checks_every"] or "", **machine})
         if part == "time":
             times += [{"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages, "replicas": replicas,
                        "seed": seed, "epoch": epoch, "seconds": seconds, "top1": top1, **machine}

@@ -10,6 +10,7 @@ stragglers cost (scripts/figures/pipeline/render_targets.py), and the bubble (sc
 """
 
 from recipes.pipeline.deviations import AUTHORS_COMMIT, DEVIATIONS, FILES
+from recipes.pipeline.sync import STOP_CHECKS_EVERY
 from scripts.figures.pipeline import measure as pipeline_measure, render_time
 from scripts.figures.rendering import mean_of, plt, read_csv, save, spread, table, targets_held, with_range
 from scripts.figures.pipeline.render_targets import (LAYOUTS, of, pipeline_groups, pipeline_model_rows,
@@ -44,7 +45,7 @@ def pipeline_tables(rows):
             f"training, all replicas together; seconds to {target:g} %: training and evaluation until the first "
             f"epoch whose top-1 reaches it; group size: `preduce`'s mean group, single replicas included; waits: "
             f"syncs per stage in which a replica was held up by a straggling one; disagreement: the replicas' mean "
-            f"L2 distance from their average weights before the last epoch's end.")
+            f"L2 distance from their average weights before the last epoch's end." + stop_checks(rows))
         model_rows = pipeline_model_rows(groups)
         sections["pipeline-model"] = table(
             ["replicas x stages", "schedule", "sync", "trainers / cores", "c without stragglers (s)", "X (s)",
@@ -141,6 +142,20 @@ def plot_pipeline(rows, figures):
     right.set(xlabel="microbatches M", ylabel="train images/s", title="The pipeline bubble, 1 replica x 2 stages")
     right.grid(alpha=0.3), right.legend(fontsize=7)
     save(fig, figures / "pipeline.png")
+
+
+def stop_checks(rows):
+    """How often the allreduce and adpsgd runs of every part checked for a stop (a collective of every rank), as
+    their rows say: runs measured before the column checked at every step, and scored adpsgd on replica 0 alone."""
+    periods = {r.get("stop_checks_every") or "every" for r in rows if r["sync"] in ("allreduce", "adpsgd")}
+    if periods == {str(STOP_CHECKS_EVERY)}:
+        return (f" In every part, `allreduce` and `adpsgd` checked for a stop (an allreduce of every rank) every "
+                f"{STOP_CHECKS_EVERY}th step.")
+    return (f" The `allreduce` and `adpsgd` rows of every part were measured with a check for a stop (an allreduce "
+            f"of every rank) at {' or '.join(f'every {p}th' if p != 'every' else 'every' for p in sorted(periods))} "
+            f"step (which holds every rank to the slowest of the job, a wait `adpsgd`'s model leaves out), and "
+            f"`adpsgd`'s top-1 is replica 0's model's alone, where the recipe now checks every {STOP_CHECKS_EVERY}th "
+            f"and pools each replica's own: `make figures ONLY=pipeline` measures them again.")
 
 
 def deviations():
