@@ -431,12 +431,15 @@ def test_the_last_line_names_the_last_epoch_and_the_epoch_best_pt_holds(tmp_path
 
 
 GLOO_THREADS_AFTER_CLEANUP = """
-import gc, pathlib, torch.distributed as dist
+import gc, pathlib, time, torch.distributed as dist
 from recipes.common import distributed
 def gloo_threads():
     return sum(task.joinpath("comm").read_text().strip() == "pt_gloo_runloop"
                for task in pathlib.Path("/proc/self/task").iterdir())
 dist.init_process_group("gloo", store=dist.HashStore(), world_size=1, rank=0)
+started = time.monotonic()
+while gloo_threads() < 2 and time.monotonic() < started + 30:  # (each thread names itself once it runs)
+    time.sleep(0.01)
 before = gloo_threads()
 distributed.cleanup()
 gc.collect()  # as launch.release() frees the run's objects
@@ -452,4 +455,4 @@ def test_cleanup_keeps_the_groups_it_destroys_until_the_process_exits():
     result = subprocess.run([sys.executable, "-c", GLOO_THREADS_AFTER_CLEANUP], capture_output=True, text=True,
                             timeout=120, cwd=ROOT)
     before, after = map(int, result.stdout.split())
-    assert after >= before > 0, result.stdout + result.stderr  # (a thread may name itself after the first count)
+    assert after == before > 0, result.stdout + result.stderr
