@@ -489,7 +489,7 @@ def test_a_sigterm_while_a_slow_but_living_peer_computes_still_saves(tiny_data, 
     still ends in the checkpoint saved at the next stop check (here the epoch's end), not in giving up after 1 s.
     (Made slow with --slow-factor, whose sleeps scale with the step's time, rank 3 made a peer wait over three
     times its longest recent wait on a loaded machine, and that peer rightly gave up.)"""
-    args = [tiny_data, *TINY, "-b", "4", "--epochs", "100", "--stages", "2", "--microbatches", "2",
+    args = [tiny_data, *TINY, "-b", "8", "--epochs", "100", "--stages", "2", "--microbatches", "2",
             "--out", tmp_path / "run"]
     output = tmp_path / "output.log"
     job = subprocess.Popen(injected_command("pipeline", args, "slow", 1, nproc=4, inject_args=["--rank", "3"]),
