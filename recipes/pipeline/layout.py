@@ -96,6 +96,7 @@ class Replicas:
     stage_group: Any
     steps_per_epoch: int
     sync: Any = None
+    pipe_control: Any = None  # the gloo group its model is gathered over: its replica's stages (hetpipe: all ranks)
 
 
 def add_args(parser):

@@ -98,12 +98,9 @@ class PartialReduce(Sync):
 
     @classmethod
     def join(cls, args, replicas, params):
-        """With each replica's gloo group of its stages, for the claims (every rank makes each: preduce has no
-        servers, so every rank is here; none with one stage)."""
+        """With the replica's gloo group of its stages, for the claims (none with one stage)."""
         layout = replicas.layout
-        groups = [distributed.new_control_group(layout.pipeline_ranks(r)) if layout.stages > 1 else None
-                  for r in range(layout.replicas)]
-        return cls(args, layout, replicas.stage, replicas.replica, groups[replicas.replica],
+        return cls(args, layout, replicas.stage, replicas.replica, replicas.pipe_control if layout.stages > 1 else None,
                    dist.distributed_c10d._get_default_store(), replicas.stage_group)
 
     def shard(self, loader, run):

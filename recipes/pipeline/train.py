@@ -165,9 +165,10 @@ def main(args):
     stage_groups = [distributed.new_group(layout.stage_ranks(s)) for s in range(args.stages)]
     # whose stages a rank puts together to evaluate (and rank 0 to save): its replica's, over a gloo group of that
     # replica's ranks; hetpipe: replica 0's, over every rank's (after the last pull of an epoch: the servers')
-    replica_controls = [distributed.new_control_group(layout.pipeline_ranks(r)) for r in range(replicas)]
+    pipe_controls = [] if layout.has_servers else [distributed.new_control_group(layout.pipeline_ranks(r))
+                                                   for r in range(replicas)]
     scored, scoring = ((layout.pipeline_ranks(0), distributed.control_group()) if layout.has_servers else
-                       (layout.pipeline_ranks(replica), replica_controls[replica]))
+                       (layout.pipeline_ranks(replica), pipe_controls[replica]))
 
     train_set, val_set, num_classes = data.build_datasets(args)
     shard = min(replica, replicas - 1)  # replica r: the shard of ddp's rank r (hetpipe's servers: any)
@@ -212,7 +213,8 @@ def main(args):
         delays = stragglers.Delays(args.hetero, args.hetero_prob, args.seed, args.slow_rank, args.slow_factor)
         this_stage = Stage(layout, ctx.rank, module, params, pipe_groups[replica], flushing, delays,
                            slots=stragglers.inject(module, delays))
-        its_replicas = Replicas(layout, stage, replica, replicas, stage_groups[stage], len(train_loader))
+        its_replicas = Replicas(layout, stage, replica, replicas, stage_groups[stage], len(train_loader),
+                                pipe_control=scoring)
         its_replicas.sync = method.join(args, its_replicas, params)  # this rank's side of the --sync method
         dream = None if synchronous else pipedream.state(this_stage, its_replicas, device, shapes[stage], criterion,
                                                          tally, args.batch_size)
