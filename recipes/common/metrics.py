@@ -19,11 +19,17 @@ def correct_counts(output, target, topk=(1, 5)):
 
 
 def batch_sums(loss, output, target):
-    """(loss x n, top-1 hits, top-5 hits) of a batch of n images, and n: what an EpochMeter adds up."""
-    if target.ndim == 2:  # mixup/cutmix soft targets: count hits on each image's larger share
+    """(loss x n, top-1 hits, top-5 hits) of a batch of n images, and n: what an EpochMeter adds up. A masked
+    language model's batch of n sequences (output: sequences x vocabulary x positions) counts its hits on the
+    scored positions as a share of each sequence's: exact per-token sums when every sequence has as many (as
+    data.MaskedTokens makes them), with no copy to the host."""
+    if target.is_floating_point():  # mixup/cutmix soft targets: count hits on each image's larger share
         target = target.argmax(dim=1)
-    top1, top5 = correct_counts(output.detach(), target)
+    top1, top5 = correct_counts(output.detach(), target)  # (a label IGNORED is never among the top k)
     n = target.size(0)
+    if output.ndim == 3:
+        per_sequence = n / target.ne(data.IGNORED).sum().clamp(min=1)
+        top1, top5 = top1 * per_sequence, top5 * per_sequence
     return torch.stack([loss.detach().double() * n, top1.double(), top5.double()]), n
 
 

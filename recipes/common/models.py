@@ -1,4 +1,5 @@
-"""Models by name: torchvision's classification models, one small CNN and one small vision transformer."""
+"""Models by name: torchvision's classification models, one small CNN, one small vision transformer and one small
+BERT (a masked language model)."""
 
 import itertools
 import os
@@ -36,6 +37,49 @@ def vit_tiny(num_classes, image_size):
                                                 num_heads=4, hidden_dim=64, mlp_dim=256, num_classes=num_classes)
 
 
+BERT_POSITIONS = 128  # bert_tiny's longest sequence (SD-PIPE's BERT: max_position_embeddings 128)
+
+
+class TokenEmbedding(nn.Module):
+    """BERT's input end: each token's embedding and its position's, added, normalised (post-LN), dropout."""
+
+    def __init__(self, vocabulary, width, dropout):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocabulary, width), nn.Embedding(BERT_POSITIONS, width)
+        self.norm, self.dropout = nn.LayerNorm(width), nn.Dropout(dropout)
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.dropout(self.norm(self.tokens(tokens) + self.positions(positions)))
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's output end: a dense layer, GELU and a layer norm, then a decoder to the vocabulary, untied from the
+    input embedding (as SD-PIPE's, hetu_bert 373-374). Scores are (sequences, vocabulary, positions), the layout
+    CrossEntropyLoss takes."""
+
+    def __init__(self, vocabulary, width):
+        super().__init__()
+        self.transform = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.LayerNorm(width))
+        self.decoder = nn.Linear(width, vocabulary)
+
+    def forward(self, hidden):
+        return self.decoder(self.transform(hidden)).transpose(1, 2)
+
+
+def bert_tiny(vocabulary, layers=6, width=64, heads=4, dropout=0.1):
+    """A small BERT for masked-language-model training, in plain torch.nn: token and position embeddings, 6
+    post-LN encoder layers (nn.TransformerEncoderLayer, GELU, an MLP of 4 x the width: BERT's), and an untied
+    vocabulary head. A sequence of layers, so a pipeline cuts it as SD-PIPE cuts BERT (stages.py)."""
+    return nn.Sequential(TokenEmbedding(vocabulary, width, dropout),
+                         *[nn.TransformerEncoderLayer(width, heads, 4 * width, dropout, activation="gelu",
+                                                      batch_first=True) for _ in range(layers)],
+                         MaskedLMHead(vocabulary, width))
+
+
+OWN_MODELS = ("lenet", "vit_tiny", "bert_tiny")  # the models torchvision does not build
+
+
 def vit_patch(arch):
     """The patch size of a vision transformer by name (vit_b_16: 16 px), None for vit_tiny (1/7 of the image)
     and for the models that are not ViTs."""
@@ -45,9 +89,9 @@ def vit_patch(arch):
 def check_arch(arch, image_size=224):
     """lenet, vit_tiny or a torchvision classification model, at an image size a ViT can cut into patches; else
     one clear error (runlog.RunLog checks it first)."""
-    if arch not in ("lenet", "vit_tiny") and arch not in torchvision.models.list_models(module=torchvision.models):
+    if arch not in OWN_MODELS and arch not in torchvision.models.list_models(module=torchvision.models):
         raise RecipeError(f"unknown --arch {arch!r}: use a torchvision classification model "
-                          f"(resnet18, resnet50, mobilenet_v3_small, vit_b_16, ...), lenet or vit_tiny")
+                          f"(resnet18, resnet50, mobilenet_v3_small, vit_b_16, ...), lenet, vit_tiny or bert_tiny")
     if arch == "vit_tiny" and image_size % VIT_GRID:
         raise RecipeError(f"-a vit_tiny cuts the image into a grid of {VIT_GRID} x {VIT_GRID} patches: --image-size "
                           f"{image_size} is not a multiple of {VIT_GRID} (use 28, 56, 112 or 224)")
@@ -68,6 +112,8 @@ def build_model(arch, num_classes, image_size=224, weights=None):
         model = lenet(num_classes)
     elif arch == "vit_tiny":
         model = vit_tiny(num_classes, image_size)
+    elif arch == "bert_tiny":  # (its classes: the vocabulary)
+        model = bert_tiny(num_classes)
     elif vit_patch(arch):  # torchvision's ViTs
         model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes, image_size=image_size)
     else:
@@ -81,7 +127,7 @@ def starting_state(arch, weights):
     """(the state dict, where it came from) of --weights FILE (a model's state dict, or a recipe's checkpoint)
     or --pretrained: torchvision's default weights for arch, from torch.hub's cache, downloaded where online."""
     if weights == PRETRAINED:
-        if arch in ("lenet", "vit_tiny"):
+        if arch in OWN_MODELS:
             raise RecipeError(f"--pretrained: torchvision has no weights for -a {arch} (use --weights FILE)")
         entry = torchvision.models.get_model_weights(arch).DEFAULT
         try:

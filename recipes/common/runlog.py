@@ -182,10 +182,11 @@ class RunLog:
             "ema": {key: ema_stats[key] for key in ("top1", "top5", "loss")} if ema_stats else None,
             "skipped_steps": self.skipped_steps, **precision(args), **extra}
         self.write_json("summary.json", summary)
-        throughput = f"{summary['images_per_s']:.1f} images/s" if rates else f"evaluation only{in_fp32(args)}"
+        samples = "sequences" if args.arch == "bert_tiny" else "images"  # (bert_tiny's top-1: of the masked tokens)
+        throughput = f"{summary['images_per_s']:.1f} {samples}/s" if rates else f"evaluation only{in_fp32(args)}"
         ema = f"  (EMA: top1 {ema_stats['top1']:.2f} %  top5 {ema_stats['top5']:.2f} %)" if ema_stats else ""
         self.print(f"done: top1 {summary['top1']:.2f} %  top5 {summary['top5']:.2f} %{ema}  on "
-                   f"{summary['val_images']} val images{self.best_of(args, best_top1)}  |  {throughput}  |  "
+                   f"{summary['val_images']} val {samples}{self.best_of(args, best_top1)}  |  {throughput}  |  "
                    f"wall {summary['wall_s']:.1f} s")
         self.print(f"run directory {self.out}  (tensorboard --logdir {self.out})")
         self.close()

@@ -119,6 +119,9 @@ def add_args(parser):
     group.add_argument("--staleness", type=int, metavar="D",
                        help="hetpipe: waves a replica may run ahead of the slowest when it pulls (default: no "
                             "bound, SD-PIPE's)")
+    group.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                       help="SGD with --momentum, or AdamW (betas 0.9 and 0.999: SD-PIPE's BERT; with -a "
+                            "bert_tiny); both with --weight-decay")
     group.add_argument("--hetero", type=float, default=0.0, metavar="X",
                        help="a process sleeps X seconds with probability --hetero-prob before the forward "
                             "and the backward of each minibatch (default: 0)")

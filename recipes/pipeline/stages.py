@@ -49,11 +49,11 @@ def cpu_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=No
     return 2 * batch * heads * queries * key_shape[2] * (width + value_shape[3])
 
 
-def unit_flops(units, image_size):
-    """Forward FLOPs of each unit for one image (torch.utils.flop_counter), in the order they run, and the shape of
+def unit_flops(units, example):
+    """Forward FLOPs of each unit for one input (torch.utils.flop_counter), in the order they run, and the shape of
     each unit's input and of the last one's output (evaluation mode: the running statistics stay as they are; with
     autograd on, so that attention runs its counted kernels, not the inference fast path)."""
-    flops, shapes, x = [], [], torch.zeros(1, 3, image_size, image_size)
+    flops, shapes, x = [], [], example
     for unit in units:
         shapes.append(tuple(x.shape[1:]))
         counter = FlopCounterMode(display=False, custom_mapping={
@@ -65,14 +65,31 @@ def unit_flops(units, image_size):
     return flops, shapes + [tuple(x.shape[1:])]
 
 
-def split_model(model, args, log):
-    """The model's layers cut into --stages parts of about equal forward FLOPs: [[layer, ...] per stage]; each
+def bert_cuts(units, stages):
+    """SD-PIPE's cut of BERT, [2, 4, 4, 2] of its 12 layers over 4 stages (train_bert 50): the end stages, which
+    also hold the embeddings and the vocabulary head (units[0] and units[-1]), take half as many encoder layers
+    as a middle one; with 2 stages, half each. Returns the stages' first units (and len(units) at the end)."""
+    layers = len(units) - 2
+    shares = [1 if s in (0, stages - 1) and stages > 2 else 2 for s in range(stages)]
+    counts = [layers * share // sum(shares) for share in shares]
+    for s in sorted(range(stages), key=lambda s: -(layers * shares[s] % sum(shares)))[:layers - sum(counts)]:
+        counts[s] += 1  # (the largest remainders)
+    cuts = [0]
+    for s, count in enumerate(counts):
+        cuts.append(cuts[-1] + count + (s == 0))
+    return cuts[:-1] + [len(units)]
+
+
+def split_model(model, args, log, example=None):
+    """The model's layers cut into --stages parts of about equal forward FLOPs (bert_tiny: as SD-PIPE cuts BERT,
+    bert_cuts), measured on `example` (default: an image of --image-size): [[layer, ...] per stage]; each
     stage's input shape for one image (PipeDream's receives); and what each stage costs per image, for the run's
     summary: its forward MFLOPs and the bytes of the activation it sends to the next stage (fp32; its gradient
     comes back at the same size; the last stage sends none: the loss is computed there)."""
     units = weighted_units(models.sequential_layers(model, args.arch))
-    flops, shapes = unit_flops(units, args.image_size)
-    cuts = balanced_split(flops, args.stages)
+    example = torch.zeros(1, 3, args.image_size, args.image_size) if example is None else example
+    flops, shapes = unit_flops(units, example)
+    cuts = bert_cuts(units, args.stages) if args.arch == "bert_tiny" else balanced_split(flops, args.stages)
     parts = [[layer for unit in units[a:b] for layer in unit] for a, b in zip(cuts[:-1], cuts[1:])]
     costs = {"stage_mflops": [round(sum(flops[a:b]) / 1e6, 3) for a, b in zip(cuts[:-1], cuts[1:])],
              "stage_activation_bytes": [4 * math.prod(shapes[b]) for b in cuts[1:-1]] + [0]}
@@ -103,27 +120,29 @@ def state_names(model, part):
 
 
 def gather(model, optimizer, whole, view, stage_keys, ranks, group):
-    """Before each evaluation and save: the whole model and its momentum, stage s from ranks[s], into `whole` and
-    the checkpoint's optimizer `view`, on every rank of the gloo group (which holds ranks)."""
+    """Before each evaluation and save: the whole model and its optimizer's state (SGD's momentum, AdamW's
+    moments), stage s from ranks[s], into `whole` and the checkpoint's optimizer `view`, on every rank of the gloo
+    group (which holds ranks)."""
     whole_params = dict(whole.named_parameters())
     for s, keys in enumerate(stage_keys):
         payload = [None]
         if dist.get_rank() == ranks[s]:
             state, named = model.state_dict(), dict(model.named_parameters())
-            momentum = {key: optimizer.state[named[key]]["momentum_buffer"].cpu() for key in keys
-                        if key in named and "momentum_buffer" in optimizer.state.get(named[key], {})}
-            payload = [({key: state[key].cpu() for key in keys}, momentum)]
+            optimizer_state = {key: {name: value.cpu() for name, value in optimizer.state[named[key]].items()}
+                               for key in keys if key in named and optimizer.state.get(named[key])}
+            payload = [({key: state[key].cpu() for key in keys}, optimizer_state)]
         dist.broadcast_object_list(payload, src=ranks[s], group=group)
-        weights, momentum = payload[0]
+        weights, optimizer_state = payload[0]
         whole.load_state_dict(weights, strict=False)
-        for key, buffer in momentum.items():
-            view.state[whole_params[key]]["momentum_buffer"] = buffer.to(whole_params[key].device)
+        for key, values in optimizer_state.items():
+            p = whole_params[key]
+            view.state[p] = {name: value if name == "step" else value.to(p.device) for name, value in values.items()}
     view.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"]
 
 
 def resume_stage(model, whole, view, optimizer, params):
-    """After run.resume(): this stage's weights and momentum from the checkpoint's whole model."""
+    """After run.resume(): this stage's weights and optimizer state from the checkpoint's whole model."""
     model.load_state_dict(whole.state_dict())
     for p, q in zip(model.parameters(), whole.parameters()):
-        if "momentum_buffer" in view.state.get(q, {}) and any(p is mine for mine in params):
-            optimizer.state[p]["momentum_buffer"] = view.state[q]["momentum_buffer"].clone()
+        if view.state.get(q) and any(p is mine for mine in params):
+            optimizer.state[p] = {name: value.clone() for name, value in view.state[q].items()}

@@ -61,6 +61,13 @@ def parse_args(argv=None):
     return args
 
 
+def build_optimizer(params, lr, args):
+    """--optimizer: SGD with momentum, as every recipe; or AdamW as SD-PIPE trains BERT (train_bert 72)."""
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr, betas=(0.9, 0.999), eps=1e-7, weight_decay=args.weight_decay)
+    return torch.optim.SGD(params, lr, momentum=args.momentum, weight_decay=args.weight_decay)
+
+
 def update(stage, replicas, optimizer, tally, epoch, step, straggled):
     """The stage's update and the replicas' agreement, the same under every schedule and --sync method (sync.py):
     allreduce averages the gradients before the step (as DDP); the others agree on the weights after it. Counts
@@ -178,7 +185,7 @@ def main(args):
 
     data.set_seed(args.seed)
     model = models.build_model(args.arch, num_classes, args.image_size, args.weights)
-    parts, shapes, costs = stages.split_model(model, args, log)  # (each stage's input: PipeDream's receives)
+    parts, shapes, costs = stages.split_model(model, args, log, data.example_input(val_set, args.image_size))
     model.to(device)
     for tensor in model.state_dict().values():  # every replica starts from rank 0's weights, as with DDP
         dist.broadcast(tensor, 0)
@@ -186,8 +193,7 @@ def main(args):
     params = [p for layer in parts[stage] for p in layer.parameters()]  # this stage's weights
     global_batch = args.batch_size * replicas
     lr = args.lr * global_batch / 256
-    optimizer = torch.optim.SGD(params, lr, momentum=args.momentum, weight_decay=args.weight_decay)
-    view = torch.optim.SGD(whole.parameters(), lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer, view = build_optimizer(params, lr, args), build_optimizer(whole.parameters(), lr, args)
     view.param_groups[0]["initial_lr"] = lr  # the checkpoint's optimizer, as the other recipes save it
     scheduler = schedule.build_scheduler(optimizer, args, steps_per_epoch=len(train_loader))
     stage_keys = [stages.state_names(model, part) for part in parts]

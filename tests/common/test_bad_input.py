@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import ROOT, TINY, assert_one_clear_line, run_recipe, write_tiny_folder
+from conftest import ROOT, TINY, assert_one_clear_line, run_recipe, write_tiny_folder, write_tiny_text
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from recipes import RECIPES as CATALOGUE
@@ -95,6 +95,20 @@ def test_unreadable_image(tmp_path):
 def test_unknown_arch(tiny_data, tmp_path):
     result = run_recipe("nd", [tiny_data, *TINY, "-a", "resnet19", "--out", tmp_path / "out"], expect_ok=False)
     assert_one_clear_line(result, "unknown --arch 'resnet19'")
+
+
+@pytest.mark.parametrize("arch, text, phrase", [
+    ("bert_tiny", False, "holds images, and --arch is bert_tiny"),
+    ("lenet", True, "holds a text, and --arch is lenet"),
+    ("bert_tiny", "garbled", "tokens.pt: not a tokenised text")])
+def test_a_model_on_data_of_the_other_kind_or_a_garbled_text(tiny_data, tmp_path, arch, text, phrase):
+    folder = write_tiny_text(tmp_path / "text") if text else tiny_data
+    if text == "garbled":
+        (folder / "train" / "tokens.pt").write_bytes(b"not torch")
+        phrase = f"{folder}/train/{phrase}"
+    result = run_recipe("nd", [folder, *TINY, "-a", arch, "--out", tmp_path / "out"], expect_ok=False)
+    assert_one_clear_line(result, phrase)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("arch, size, phrase", [

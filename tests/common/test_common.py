@@ -9,10 +9,55 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, write_tiny_text
 from torch.utils.data import DataLoader, DistributedSampler
 
 from recipes.common import RecipeError, RunFailed, checkpoint, data, faults, metrics, models, runlog, schedule
+
+
+def test_a_masked_language_models_hits_are_counted_on_its_masked_tokens_only():
+    """Output (sequences, vocabulary, positions): top-1 and top-5 among the positions not IGNORED, as a share of
+    each sequence's, so that n x the share is the per-token accuracy when each sequence has as many."""
+    output = torch.randn(4, 20, 6)
+    target = torch.full((4, 6), data.IGNORED)
+    target[:, [1, 4]] = torch.randint(20, (4, 2))
+    target[0, 1] = output[0, :, 1].argmax()  # one sure hit
+    sums, n = metrics.batch_sums(torch.tensor(2.0), output, target)
+    scored = target != data.IGNORED
+    scores, labels = output.transpose(1, 2)[scored], target[scored]
+    assert n == 4 and sums[0] == 8.0
+    assert sums[1] / n == pytest.approx((scores.argmax(1) == labels).float().mean().item())
+    assert sums[2] / n == pytest.approx((scores.topk(5).indices == labels[:, None]).any(1).float().mean().item())
+
+
+def test_a_texts_masks_are_berts_and_the_same_at_every_read(tmp_path):
+    """data.MaskedTokens: round(0.15 T) positions a sequence, labelled with their token, IGNORED elsewhere; about
+    80 % of them [MASK], 10 % another token, 10 % kept; drawn from the index, so two processes reading a
+    sequence (a pipeline's first and last stage) see the same masks, in every epoch."""
+    text = data.MaskedTokens(write_tiny_text(tmp_path) / "train" / data.TOKENS)
+    assert len(text) == 48 and text.masked == 2 and text.classes[text.mask] == data.MASK
+    masked = kept = 0
+    for index in range(len(text)):
+        tokens, target = text[index]
+        original = text.sequences[index]
+        scored = target != data.IGNORED
+        assert scored.sum() == 2 and torch.equal(target[scored], original[scored])
+        assert torch.equal(tokens[~scored], original[~scored])
+        masked += (tokens[scored] == text.mask).sum().item()
+        kept += (tokens[scored] == original[scored]).sum().item()
+        again = text[index]
+        assert torch.equal(again[0], tokens) and torch.equal(again[1], target)
+    assert 0.65 < masked / 96 < 0.95 and kept / 96 < 0.25, (masked, kept)
+
+
+def test_bert_tiny_is_a_sequence_of_layers_scoring_every_position():
+    model = models.build_model("bert_tiny", 11).eval()
+    layers = models.sequential_layers(model, "bert_tiny")
+    assert [type(layer).__name__ for layer in layers] == ["TokenEmbedding", *["TransformerEncoderLayer"] * 6,
+                                                          "MaskedLMHead"]
+    tokens = torch.randint(11, (2, 16))
+    assert model(tokens).shape == (2, 11, 16)  # (sequences, vocabulary, positions): what CrossEntropyLoss takes
+    assert model[-1].decoder.weight.data_ptr() != model[0].tokens.weight.data_ptr()  # untied
 
 
 def test_correct_counts_top1_top5():
