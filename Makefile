@@ -46,6 +46,7 @@ STAND_IN ?=
 # one process per GPU, else 2 CPU processes (evaluated only once the environment exists)
 NPROC = $(shell $(PY) -c "import torch; print(torch.cuda.device_count() or 2)")
 DEMO_DATA := data/mnist5k
+TEXT_DATA := data/pydoc
 JPEG_DATA := data/imagenet-like
 GPU_JPEG_DATA := data/imagenet-like-gpu
 PARTS := cluster io scaling curves recovery compile precision compression ps pipeline sharding
@@ -88,6 +89,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 $(DEMO_DATA)/.complete: | $(SETUP)
 	$(PY) scripts/make_demo_data.py --out $(DEMO_DATA)
+	touch $@
+
+# the text the pipeline part's masked language model trains on: Python's pydoc topics
+$(TEXT_DATA)/.complete: | $(SETUP)
+	$(PY) scripts/make_demo_data.py --text $(TEXT_DATA)
 	touch $@
 
 demo: $(SETUP) $(DEMO_DATA)/.complete
@@ -135,7 +141,8 @@ figure-part-compression = $(PY) scripts/figures/compression/measure.py --data $(
 	--cluster-nodes 2 --cluster-epochs 2)
 figure-part-ps = $(PY) scripts/figures/ps/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) --runs $(RUNS)/ps \
 	$(if $(quick),--quick --epochs 1 --seeds 0)
-figure-part-pipeline = $(PY) scripts/figures/pipeline/measure.py --data $(DEMO_DATA) --figures-data $(FIG_DATA) \
+figure-part-pipeline = $(PY) scripts/figures/pipeline/measure.py --data $(DEMO_DATA) --text $(TEXT_DATA) \
+	--figures-data $(FIG_DATA) \
 	--runs $(RUNS)/pipeline $(if $(quick),--quick --epochs 1 --seeds 0)
 figure-part-sharding = $(PY) scripts/figures/sharding/measure.py --data $(JPEG_DATA) --csv $(FIG_DATA)/sharding.csv \
 	--runs $(RUNS)/sharding $(if $(quick),-a lenet --image-size 16 --processes 1 2)
@@ -144,7 +151,7 @@ define newline
 
 endef
 
-figures: $(SETUP) $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete
+figures: $(SETUP) $(DEMO_DATA)/.complete $(JPEG_DATA)/.complete $(TEXT_DATA)/.complete
 	mkdir -p $(FIG_DATA)
 	$(if $(quick),rm -rf runs/figures-quick/docs && mkdir -p runs/figures-quick/docs && cp RESULTS.md $(RESULTS) && \
 		cp -r docs/results runs/figures-quick/docs/)

@@ -103,14 +103,36 @@ DEVIATIONS = [
          where="artifacts/pipeline/config/w0_w1.yml 3, 7",
          shows=("artifacts/pipeline/config/w0_w1.yml", 3, "servers: 1"),
          why="torchrun launches the servers as ranks; each stage's pushes go to a process of their own"),
-    dict(here="the model is cut into stages of about equal forward FLOPs",
+    dict(here="the model is cut into stages of about equal forward FLOPs (bert_tiny as their BERT: [1, 2, 2, 1] "
+              "of its 6 layers)",
          theirs="fixed cuts, set by hand per model",
          where="artifacts/pipeline/resnet.py 156-169; train_bert 50",
          shows=("train_bert", 50, "model_partition = [2, 4, 4, 2]"),
          why="any `--arch` and `--stages` split, with no table of cuts"),
     dict(here="`--lr` for a global batch of 256, scaled to -b x R, with the project's schedules",
-         theirs="the learning rate whatever R (0.01 at -b 64), a one-epoch linear warmup, then steps down",
-         where="train_resnet 63, 76-81, 129-132; artifacts/README.md 48",
-         shows=("train_resnet", 63, "when we use model average, we don't need to modify lr"),
-         why="the project's contract, so that `allreduce` trains DDP's model"),
+         theirs="the learning rate whatever R (0.01 at -b 64); a one-epoch linear warmup, which set_learning_rate "
+                "replaces after each epoch with lr x 0.2^(epoch // 30) (ImageNet; CIFAR-100: 0.1^(epoch // 60)), "
+                "so the scheduler's own steps never apply; BERT: 2,000 warm-up steps, then constant",
+         where="train_resnet 63, 76-81, 129-132; train_bert 70; artifacts/README.md 48",
+         shows=("train_resnet", 132, "opt.set_learning_rate(args.learning_rate * (0.2 ** (iteration // 30)))"),
+         why="the project's contract, so that `allreduce` trains DDP's model; the bert part warms up for one "
+             "epoch, then keeps its lr, as their BERT does"),
+    dict(here="replica r reads ddp's rank r's shard of train/ (DistributedSampler: the shards are disjoint), "
+              "reshuffled each epoch; under `preduce` a replica that ends its shard before the epoch's updates "
+              "are taken reads it again (`shard_again`), so a lasting straggler's shard is read less",
+         theirs="each pipeline streams the whole training set, shuffled by a generator seeded with its rank, "
+                "epoch after epoch (ImageNet); BERT: each reads its own files of the corpus in turn",
+         where="artifacts/pipeline/datasets/imagenet.py 91-97, 105-107; artifacts/pipeline/models/wiki.py 23-30",
+         shows=("artifacts/pipeline/datasets/imagenet.py", 94, "gen.manual_seed(rank)"),
+         why="replica r sees what ddp's rank r would, so that `allreduce` trains DDP's model; the effect of the "
+             "difference is not measured"),
+    dict(here="the bert part: bert_tiny, 6 post-LN layers of width 64, a vocabulary of the 2,386 words and marks of "
+              "Python's pydoc topics, sequences of 64, the masked-LM loss alone; masks drawn once per sequence",
+         theirs="BERT-base: 12 layers of width 768, a vocabulary of 30,522, sequences of 128, English Wikipedia, "
+                "the masked-LM and next-sentence losses; masks drawn once, in their data files",
+         where="train_bert 58-68; artifacts/pipeline/models/hetu_bert.py 505-569; "
+               "artifacts/pipeline/models/wiki.py 36-43",
+         shows=("train_bert", 58, "config = BertConfig(vocab_size=30522,"),
+         why="a CPU trains it in minutes, on a text every Python ships (no download); the cut, AdamW and the "
+             "heavy end stages are theirs"),
 ]

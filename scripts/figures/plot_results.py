@@ -21,8 +21,9 @@ benchmark scripts write:
   ps.csv                the parameter server against Byzantine workers, per run and seed (scripts/figures/ps/measure.py)
   ps_byzfl.csv          ByzFL's own benchmark on the same digits, per rule, attack and seed
                         (scripts/figures/ps/byzfl_reference.py)
-  pipeline.csv, pipeline_curves.csv, pipeline_time.csv   pipelined replicas per sync method, stragglers, the
-                        time to a target and the bubble (scripts/figures/pipeline/measure.py)
+  pipeline.csv, pipeline_curves.csv, pipeline_time.csv, pipeline_bert.csv   pipelined replicas per sync method,
+                        stragglers, the time to a target, the masked language model's loss against seconds and
+                        the bubble (scripts/figures/pipeline/measure.py)
   sharding.csv          bytes per rank and images/s of each --shard mode against processes
                         (scripts/figures/sharding/measure.py)
   timings.csv           how long each part of make figures took (every script above)

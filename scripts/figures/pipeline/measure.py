@@ -6,6 +6,7 @@ bubble.
     python scripts/figures/pipeline/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
     python scripts/figures/pipeline/measure.py --parts vit   # one part; the CSV keeps the others' rows
     python scripts/figures/pipeline/measure.py --parts time  # time to a target (after the sync part: its X)
+    python scripts/figures/pipeline/measure.py --parts bert  # the masked language model (--text data/pydoc)
 
 sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS
         epochs, one thread per process; allreduce, preduce, adpsgd and hetpipe, each without stragglers and with
@@ -26,6 +27,12 @@ time    SD-PIPE's claim, time to a target accuracy: pipedream with stragglers (t
         layout) at R x S = 4 x 1, 8 x 1, 2 x 2 and 4 x 2, each sync method, TIME_EPOCHS epochs so that staleness
         can show in the accuracy, for every seed: the val top-1 after each epoch and the seconds to it
         (pipeline_time.csv). The renderer sets each layout's target near the best method's final top-1.
+bert    SD-PIPE's BERT measure, masked-LM loss against seconds: bert_tiny (recipes/common/models.py) on the
+        pydoc topics (make_demo_data.py --text), cut as SD-PIPE cuts BERT, at R x S = 2 x 4 (their 4 stages) under
+        PipeDream, AdamW (--lr 0.016: 1e-3 at -b 8 x 2, weight decay 0.01) after a warm-up epoch, then a
+        constant lr (their schedule: train_bert 70), BERT_EPOCHS epochs; allreduce without stragglers (for X,
+        sized as in the sync part from its own c), then each sync method with them, for every seed: the training
+        and validation loss after each epoch and the seconds to it (pipeline_bert.csv).
 bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which needs M >= S),
         one epoch of seed 0: images/s beside the model's bubble (S - 1) / (M + S - 1).
 cluster the time part's race at R x S = 4 x 1 and 8 x 1 on the virtual cluster, a node a replica and one for
@@ -77,13 +84,17 @@ FIELDS = ["part", "sync", "hetero", "schedule", "microbatches", "batch", "stages
           "waits", "full_syncs", "partial_syncs", "connectivity_syncs", "mean_group_size",
           "longest_unconnected_updates", "disagreement", "max_applied_staleness", "stop_checks_every", "cpu", "cores",
           "gpu", "torch"]
-BATCH = {"sync": 8, "vit": 8, "time": 8, "bubble": 256}  # per replica
-PARTS = ["sync", "vit", "time", "bubble", "cluster"]
+BATCH = {"sync": 8, "vit": 8, "time": 8, "bert": 8, "bubble": 256}  # per replica
+PARTS = ["sync", "vit", "time", "bert", "bubble", "cluster"]
 TIME_LAYOUTS, TIME_EPOCHS = [(1, 4), (1, 8), (2, 2), (2, 4)], 5  # (stages S, replicas R); epochs of the time part
+BERT_LAYOUT, BERT_EPOCHS = (4, 2), 8  # (stages S, replicas R): SD-PIPE's 4 stages; epochs of the bert part
+BERT = ["-a", "bert_tiny", "--optimizer", "adamw", "--lr", "0.016", "--weight-decay", "0.01"]
 VIT_LAYOUTS, VIT_SYNCS = [(2, 2), (4, 2)], ["allreduce", "preduce"]  # (stages S, replicas R): R x S = 2 x 2, 2 x 4
 VIT = ["-a", "vit_tiny"]  # (in place of ACCURACY's lenet, at its 28 px)
 CURVE_FIELDS = ["sync", "hetero", "schedule", "stages", "replicas", "seed", "epoch", "seconds", "top1"]
 TIME_FIELDS = CURVE_FIELDS + ["cpu", "cores", "gpu", "torch"]
+BERT_FIELDS = ["sync", "hetero", "stages", "replicas", "seed", "epoch", "seconds", "train_loss", "val_loss", "top1",
+               "cpu", "cores", "gpu", "torch"]
 
 
 def schedules_of(stages):
@@ -104,6 +115,8 @@ def plan(seeds, quick=False, parts=PARTS):
              for sync in VIT_SYNCS]
     runs += [("time", sync, True, stages, replicas, "pipedream", 1, seed) for seed in seeds
              for stages, replicas in ([] if quick else TIME_LAYOUTS) for sync in SYNCS]
+    runs += [("bert", sync, stragglers, *BERT_LAYOUT, "pipedream", 1, seed) for seed in ([] if quick else seeds)
+             for stragglers, sync in [(False, "allreduce"), *((True, sync) for sync in SYNCS)]]
     runs += [("bubble", "allreduce", False, 2, 1, schedule, m, seeds[0]) for m in microbatches
              for schedule in ("gpipe", "1f1b") if schedule == "gpipe" or m >= 2]  # (1f1b needs M >= S)
     return [run for run in runs if run[0] in parts]
@@ -111,24 +124,35 @@ def plan(seeds, quick=False, parts=PARTS):
 
 def flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args):
     """The processes and flags of one run (hetero: X in seconds, 0 without stragglers)."""
-    model = [*(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY), *(VIT if part == "vit" else [])]
-    epochs = {"sync": args.epochs, "vit": args.epochs, "time": TIME_EPOCHS}.get(part, 1)
-    flags = [args.data, *model, "--epochs", str(epochs), "--seed", str(seed), "-p", "1000", "--dist-timeout", "120",
+    model = [*(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY), *(VIT if part == "vit" else []),
+             *(BERT if part == "bert" else [])]
+    epochs = {"sync": args.epochs, "vit": args.epochs, "time": TIME_EPOCHS, "bert": BERT_EPOCHS}.get(part, 1)
+    flags = [args.text if part == "bert" else args.data, *model, "--epochs", str(epochs), "--seed", str(seed),
+             "-p", "1000", "--dist-timeout", "120",
              "--stages", str(stages), "--microbatches", str(microbatches), "--schedule", schedule, "--sync", sync,
              "--hetero", f"{hetero:g}", "--hetero-prob", str(HETERO_PROB), "--wave", str(WAVE),
-             "-b", str(BATCH[part]), "--warmup-epochs", "0"]
+             "-b", str(BATCH[part]), "--warmup-epochs", str(int(part == "bert"))]
     return stages * (replicas + (sync == "hetpipe")), flags
 
 
 def curve(out):
     """(epoch, seconds so far, val top-1) of each epoch of a run directory: training and evaluation, summed."""
+    return [(epoch, seconds, top1) for epoch, seconds, _, _, top1 in loss_curve(out)]
+
+
+def loss_curve(out):
+    """(epoch, seconds so far, training loss, val loss, val top-1) of each epoch of a run directory (training and
+    evaluation, summed)."""
     with open(Path(out) / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    points, seconds = [], 0.0
+    points, seconds, train_loss = [], 0.0, None
     for row in rows:
         seconds += float(row["epoch_s"])
+        if row["split"] == "train":
+            train_loss = round(float(row["loss"]), 4)
         if row["split"] == "val":
-            points.append((int(row["epoch"]), round(seconds, 2), round(float(row["top1"]), 2)))
+            points.append((int(row["epoch"]), round(seconds, 2), train_loss, round(float(row["loss"]), 4),
+                           round(float(row["top1"]), 2)))
     return points
 
 
@@ -194,7 +218,8 @@ def kept(args, name):
     return [r for r in rows if r["part"] not in args.parts]
 
 
-CURVES_OF = {"pipeline_curves.csv": "sync", "pipeline_time.csv": "time"}  # (each file's part)
+CURVES_OF = {"pipeline_curves.csv": "sync", "pipeline_time.csv": "time", "pipeline_bert.csv": "bert"}  # (each
+# file's part)
 
 
 def sync_part_sleeps(rows):
@@ -207,6 +232,7 @@ def main():
     started = time.time()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="data/mnist5k")
+    parser.add_argument("--text", default="data/pydoc", help="the bert part's text (make_demo_data.py --text)")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--quick", action="store_true", help="a few rows of lenet at 16 px, for tests and QUICK=1")
     parser.add_argument("--seeds", type=int, nargs="+", default=measuring.SEEDS)
@@ -216,8 +242,11 @@ def main():
     parser.add_argument("--figures-data", default="figures/data", help="where the CSV files go")
     args = parser.parse_args()
     measuring.require_digits(args.data)
+    if "bert" in args.parts and not args.quick and not (Path(args.text) / "train" / "tokens.pt").exists():
+        sys.exit(f"error: {args.text} has no train/tokens.pt; run `python scripts/make_demo_data.py --text "
+                 f"{args.text}` first")
     machine, rows, curves = measuring.hardware(), kept(args, "pipeline.csv"), kept(args, "pipeline_curves.csv")
-    times = kept(args, "pipeline_time.csv")
+    times, berts = kept(args, "pipeline_time.csv"), kept(args, "pipeline_bert.csv")
     sleep = {}  # (part, stages, replicas, schedule): X
     for part, sync, stragglers, stages, replicas, schedule, microbatches, seed in plan(args.seeds, args.quick,
                                                                                        args.parts):
@@ -235,7 +264,7 @@ def main():
         reached = [seconds for _, seconds, top1 in points if top1 >= TARGET]
         train_s = measuring.train_seconds(out)
         updates = sum(summary["updates_per_replica"])
-        if part in ("sync", "vit") and sync == "allreduce" and not stragglers and layout not in sleep:
+        if part in ("sync", "vit", "bert") and sync == "allreduce" and not stragglers and layout not in sleep:
             sleep[layout] = straggler_sleep(train_s * replicas / updates)
         rows.append({"part": part, "sync": sync, "hetero": hetero, "schedule": schedule, "microbatches": microbatches,
                      "batch": BATCH[part], "stages": stages, "replicas": summary["replicas"],
@@ -249,6 +278,10 @@ def main():
             times += [{"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages, "replicas": replicas,
                        "seed": seed, "epoch": epoch, "seconds": seconds, "top1": top1, **machine}
                       for epoch, seconds, top1 in points]
+        if part == "bert":
+            berts += [{"sync": sync, "hetero": hetero, "stages": stages, "replicas": replicas, "seed": seed,
+                       "epoch": epoch, "seconds": seconds, "train_loss": train_loss, "val_loss": val_loss, "top1": top1,
+                       **machine} for epoch, seconds, train_loss, val_loss, top1 in loss_curve(out)]
         if part == "sync":
             curves += [{"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages, "replicas": replicas,
                         "seed": seed, "epoch": epoch, "seconds": seconds, "top1": top1}
@@ -258,6 +291,7 @@ def main():
         measuring.write_csv(Path(args.figures_data) / "pipeline.csv", FIELDS, rows)
         measuring.write_csv(Path(args.figures_data) / "pipeline_curves.csv", CURVE_FIELDS, curves)
         measuring.write_csv(Path(args.figures_data) / "pipeline_time.csv", TIME_FIELDS, times)
+        measuring.write_csv(Path(args.figures_data) / "pipeline_bert.csv", BERT_FIELDS, berts)
     if "cluster" in args.parts:
         cluster.measure(args, flags_of, curve, SYNCS, C_OVER_X)
     measuring.record_part(args.figures_data, "pipeline", started, adding=set(args.parts) != set(PARTS))

@@ -4,14 +4,13 @@ stragglers cost (scripts/figures/pipeline/render_targets.py), and the bubble (sc
     reads    figures/data/pipeline.csv, pipeline_curves.csv
     draws    figures/pipeline.png
     writes   sections pipeline-sync, pipeline-model, pipeline-targets, pipeline-vit, pipeline-bubble,
-             pipeline-time and pipeline-cluster (render_time.py, from pipeline_time.csv and
-             pipeline_cluster*.csv), and pipeline-deviations (from
-             recipes/pipeline/deviations.py, no measurement)
+             pipeline-time and pipeline-cluster (render_time.py, from pipeline_time.csv and pipeline_cluster*.csv),
+             pipeline-bert (render_bert.py), and pipeline-deviations (recipes/pipeline/deviations.py)
 """
 
 from recipes.pipeline.deviations import AUTHORS_COMMIT, DEVIATIONS, FILES
 from recipes.pipeline.sync import STOP_CHECKS_EVERY
-from scripts.figures.pipeline import measure as pipeline_measure, render_time
+from scripts.figures.pipeline import measure as pipeline_measure, render_bert, render_time
 from scripts.figures.rendering import mean_of, plt, read_csv, save, spread, table, targets_held, with_range
 from scripts.figures.pipeline.render_targets import (LAYOUTS, of, pipeline_groups, pipeline_model_rows,
                                               pipeline_targets, ratios)
@@ -172,7 +171,8 @@ def render(data, figures, missing):
         missing.append("pipeline.csv (scripts/figures/pipeline/measure.py)")
         return {"pipeline-deviations": deviations()}
     plot_pipeline(rows, figures)
-    return {**pipeline_tables(rows), **render_time.render(data), "pipeline-deviations": deviations()}
+    return {**pipeline_tables(rows), **render_time.render(data), **render_bert.render(data, figures),
+            "pipeline-deviations": deviations()}
 
 
 def headline(data):
@@ -193,6 +193,6 @@ def headline(data):
             f"processes; {held} of its {total} targets hold" +
             ("; the transformer (vit_tiny): " + " and ".join(f"{speed['mean']:.2f}x ({r} x {s})"
                                                                for s, r, speed in vit_speeds) if vit_speeds else "") +
-            (f"; {first}" if first else "") +
+            (f"; {first}" if first else "") + (f"; {bert}" if (bert := render_bert.headline(data)) else "") +
             (f"; on the virtual cluster, {cluster}" if (cluster := render_time.first_to_target(
                 data, "pipeline_cluster_time.csv")) else ""))
