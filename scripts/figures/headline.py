@@ -25,14 +25,18 @@ QUESTIONS = [("gpu", "What does mixed precision buy on a GPU?", "gpus"),
              ("cluster", "Does the virtual cluster's wire run at the rate it is set to?", "a-cluster-on-one-machine"),
              ("recovery", "How soon does a killed run train again?", "recovery"),
              ("io", "How fast can the loader feed a trainer?", "input-pipeline"),
-             ("compile", "What does torch.compile buy?", "torchcompile")]
+             ("compile", "What does torch.compile buy?", "torchcompile"),
+             ("papers", "Where do the results agree with the papers the recipes follow, and why not?",
+              "docs/results/papers.md")]
 
 
 def render(data, figures, missing):
     rows = []
     for part, question, anchor in QUESTIONS:
         module, machine = (gpu, gpu.measured_on(data)) if part == "gpu" else (renderer(part), measured_on(data, part))
+        if part == "papers":  # (no data of its own: the parts' whose papers it reads)
+            machine = "; ".join(dict.fromkeys(measured_on(data, p) for p in ("ps", "pipeline")))
         answer = module.headline(data)
         if answer:
-            rows.append([f"[{question}](#{anchor})", answer, machine])
+            rows.append([f"[{question}]({anchor if '/' in anchor else f'#{anchor}'})", answer, machine])
     return {"headline": table(["question", "answer", "measured on"], rows)}

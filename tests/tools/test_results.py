@@ -733,3 +733,44 @@ def test_the_input_pipeline_says_what_the_seeds_storage_delivered_and_what_folde
     assert "40,000 read calls/s of a folder (2.00 an image" in text and "20,000 of shards (1.00 an image" in text
     (tmp_path / "cluster" / "seed_io.csv").unlink()
     assert io_render.seed_storage(tmp_path) is None
+
+
+def test_a_papers_verdict_follows_the_data():
+    """papers.py: zenops is said to hold under an attack only where it ends above the plain rule beyond the seeds'
+    spread; where both diverge, or their ranges overlap, it is not."""
+    from scripts.figures import papers
+
+    def rows(zenops, mean):
+        return [{"part": "sync-1v", "aggregate": rule, "attack": "signflip x6", "seed": str(seed),
+                 "top1": "" if top1 is None else str(top1), "diverged": "1" if top1 is None else "0"}
+                for rule, tops in (("zenops", zenops), ("mean", mean)) for seed, top1 in enumerate(tops)]
+
+    held = papers.ps_papers(rows([94.0, 95.0, 93.5], [None, None, None]))["ZenoPS"]
+    assert "sync signflip x6: zenops 94.2 (93.5–95.0) %, mean diverged" in held[0] and "1 of 1" in held[3], held
+    for zenops, mean in (([None, None, None], [None, None, None]), ([90.0, 94.0, 93.0], [91.0, 92.0, 89.0])):
+        said = papers.ps_papers(rows(zenops, mean))["ZenoPS"]
+        assert "signflip" not in said[0] and "0 of 1" in said[3], said
+
+
+def test_the_masked_language_models_section_names_the_first_to_the_loss_every_method_reaches(tmp_path):
+    """render_bert: the target is the highest final training loss of any run with stragglers; the first
+    is the method whose every seed gets there soonest on average; allreduce without stragglers is shown, not
+    ranked."""
+    from scripts.figures.pipeline import render_bert
+
+    machine = {"cpu": "test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+    losses = {("allreduce", 0.0): (5.0, 4.5, 4.0), ("allreduce", 0.2): (5.2, 4.8, 4.3),
+              ("preduce", 0.2): (4.9, 4.4, 4.1), ("hetpipe", 0.2): (5.5, 5.0, 4.6)}  # (the target: hetpipe's 4.62)
+    rows = [{"sync": sync, "hetero": hetero, "stages": 4, "replicas": 2, "seed": seed, "epoch": epoch,
+             "seconds": 10 * epoch * (1 + hetero) + seed, "train_loss": loss + 0.01 * seed, "val_loss": loss + 0.5,
+             "top1": 10 + epoch, **machine}
+            for (sync, hetero), curve in losses.items() for seed in range(3) for epoch, loss in enumerate(curve, 1)]
+    with open(tmp_path / "pipeline_bert.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=pipeline_measure.BERT_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    text = render_bert.render(tmp_path, tmp_path)["pipeline-bert"]
+    assert "| **first**: `preduce` | 25.0 (24.0–26.0) |" in text, text  # (epoch 2 at 4.4: 24 s + the seed)
+    assert "| `allreduce` without stragglers |" in text and "any run with stragglers, 4.620" in text, text
+    assert "preduce's time is beyond the seeds' spread of allreduce's" in text, text
+    assert (tmp_path / "pipeline_bert.png").exists()

@@ -2,15 +2,14 @@
 (scripts/figures/ps/table.py), with its figures (table_plot.py) and targets (render_targets.py); the part's other
 studies each by its render_<study>.py (ByzFL's benchmark, why the misses miss, ZenoPS on the virtual cluster).
 
-    reads    figures/data/ps.csv, ps_byzfl.csv, ps_why.csv (render_why.py), ps_cluster.csv (render_cluster.py)
-    draws    figures/ps.png, ps_eta.png (table_plot.py)
-    writes   sections ps-<each MATRICES part>, -rejections, -batch, -eta, -speed, -targets, -byzfl, -why-*
-             (render_why.py), -cluster (render_cluster.py), -deviations (render_deviations.py)
+    reads    figures/data/ps.csv, ps_byzfl.csv; ps_why.csv, ps_cluster.csv, ps_curves.csv (render_<study>.py)
+    draws    figures/ps.png, ps_eta.png (table_plot.py), ps_curves.png; writes sections ps-<each MATRICES part>,
+             -rejections, -batch, -eta, -speed, -targets, -byzfl, -deviations, -why-*, -cluster and -curves
 """
 
 import statistics
 
-from scripts.figures.ps import render_cluster, render_deviations  # (ZenoPS on the virtual cluster; the deviations)
+from scripts.figures.ps import render_cluster, render_curves, render_deviations  # (the cluster; time; deviations)
 from scripts.figures.ps.render_byzfl_reference import ps_byzfl_table  # (ByzFL's benchmark beside the table)
 from scripts.figures.ps.render_targets import ps_batch, ps_targets  # (the table's targets and its batch part)
 from scripts.figures.ps.render_why import why_sections  # (and why its misses miss)
@@ -160,7 +159,8 @@ def render(data, figures, missing):
         sections["ps-byzfl"] = ps_byzfl_table(read_csv(data / "ps_byzfl.csv"), rows)
     else:
         missing.append("ps_byzfl.csv (scripts/figures/ps/byzfl_reference.py)")
-    return {**sections, **why_sections(data, missing, rows), **render_cluster.render(data)}
+    return {**sections, **why_sections(data, missing, rows), **render_cluster.render(data),
+            **render_curves.render(data, figures)}
 
 
 def speed_vs_ddp(rows):

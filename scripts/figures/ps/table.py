@@ -147,6 +147,8 @@ FIELDS = ["part", "mode", "aggregate", "attack", "zeno_eta", "seed", "processes"
           *(f"{who}_params_failed_{test}" for who in ("honest", "byzantine") for test in ("norm", "sign")),
           "lr", "momentum", "images_per_s", "train_s", "cpu", "cores", "gpu", "torch"]
 COUNTS = FIELDS[10:27]  # (the update counts, stale_dropped and which of zenops' tests failed, from summary.json)
+CURVE_FIELDS = ["part", "mode", "aggregate", "attack", "zeno_eta", "seed", "epoch", "seconds", "top1", "cpu", "cores",
+                "gpu", "torch"]  # ps_curves.csv: each run's val top-1 after each epoch, at its training seconds
 
 
 def plan(seeds, quick=False):
@@ -256,13 +258,19 @@ def key_of(part, mode, aggregate, attack, zeno_eta, seed):
 
 
 def run(data, runs, figures_data, seeds, epochs, quick=False, only=None):
-    """Every row of the table, seed by seed, into <figures_data>/ps.csv; a run already finished is read back.
+    """Every row of the table, seed by seed, into <figures_data>/ps.csv, and each run's top-1 after each epoch
+    against its training seconds (evaluation left out) into ps_curves.csv; a run already finished is read back.
     only: patterns of part/aggregate/attack (fnmatch): only the runs that match are measured, every other run's
     row is kept from ps.csv as it is (a run with no row there stays out). Returns, for the part's time, what the
     measured runs replace: (their seconds, start-up included, and number; the replaced rows' training seconds,
     their start-up unknown, and number), counting only runs whose row in ps.csv was another run's."""
     args = argparse.Namespace(data=data, runs=runs, figures_data=figures_data, seeds=seeds, epochs=epochs, quick=quick)
     machine, rows, runs, csv_path = measuring.hardware(), [], Path(args.runs), Path(args.figures_data) / "ps.csv"
+    curves_path, curves = Path(args.figures_data) / "ps_curves.csv", []
+    kept_curves = {}  # (only) the curves of the runs not measured again, by key
+    for r in measuring.read_csv(curves_path) if only and curves_path.exists() else []:
+        kept_curves.setdefault(key_of(*(r[k] for k in ("part", "mode", "aggregate", "attack", "zeno_eta", "seed"))),
+                               []).append(r)
     measured = {}  # (only) the measured runs' keys: (their run directory, their row)
     kept = {key_of(*(r[k] for k in ("part", "mode", "aggregate", "attack", "zeno_eta", "seed"))): r
             for r in (measuring.read_csv(csv_path) if only and csv_path.exists() else [])}
@@ -270,6 +278,7 @@ def run(data, runs, figures_data, seeds, epochs, quick=False, only=None):
         if only and not any(fnmatch.fnmatchcase(f"{part}/{aggregate}/{attack}", pattern) for pattern in only):
             key = key_of(part, mode, aggregate, attack, zeno_eta, seed)
             rows += [kept[key]] if key in kept else []
+            curves += kept_curves.get(key, [])
             continue
         name = f"{part}-{mode}-{aggregate}-{attack}" + (f"-eta{zeno_eta:g}" if zeno_eta is not None else "")
         out = runs / f"{re.sub(r'[^A-Za-z0-9.+-]+', '_', name)}-seed{seed}"
@@ -287,12 +296,16 @@ def run(data, runs, figures_data, seeds, epochs, quick=False, only=None):
                          **{key: summary.get(key, "") for key in COUNTS},
                          "images_per_s": round(summary["images_per_s"], 1),
                          "train_s": round(measuring.train_seconds(out), 2)})
+            curves += [{**{k: row[k] for k in CURVE_FIELDS[:6]}, "epoch": epoch, "seconds": round(seconds, 2),
+                        "top1": top1, **machine} for epoch, seconds, top1 in measuring.training_curve(out)]
             print(f"{name} seed {seed}: top-1 {summary['top1']:.2f} %  " + json.dumps(
                 {key: summary.get(key) for key in COUNTS[:4]}), flush=True)
         measured[key_of(part, mode, aggregate, attack, zeno_eta, seed)] = (out, rows[-1])
         if not only:  # (with only, ps.csv is written once at the end: a stopped run leaves it whole)
             measuring.write_csv(csv_path, FIELDS, rows)
+            measuring.write_csv(curves_path, CURVE_FIELDS, curves)
     measuring.write_csv(csv_path, FIELDS, rows)
+    measuring.write_csv(curves_path, CURVE_FIELDS, curves)
     new_s = new_runs = old_s = old_runs = 0
     for key, (out, row) in measured.items():
         old = kept.get(key)
