@@ -466,12 +466,14 @@ SHUFFLE_BUFFER = 1000
 TOKENS = "tokens.pt"  # a split of a text: {"sequences": (N, T) token ids, "vocabulary": [token, ...]}
 MASK, IGNORED = "[MASK]", -100  # the mask token; a label nothing is scored on (CrossEntropyLoss's ignore_index)
 MASKED_FRACTION = 0.15  # BERT's: of each sequence's tokens, this share is predicted
+BERT_POSITIONS = 128  # the longest sequence bert_tiny embeds (recipes/common/models.py)
 
 
 class MaskedTokens(Dataset):
     """A text's fixed-length token sequences for masked-language-model training, after BERT (Devlin et al., 2019):
-    in each sequence round(0.15 T) positions are chosen, each replaced by [MASK] (80 %), a random token (10 %) or
-    left as it is (10 %), and only they are scored: the label is the original token there, IGNORED elsewhere.
+    in each sequence round(0.15 T) positions (at least one) are chosen, each replaced by [MASK] (80 %), a random
+    token (10 %) or left as it is (10 %), and only they are scored: the label is the original token there,
+    IGNORED elsewhere.
     Every sequence has the same count of scored positions, so the meters' per-sequence sums are exact per-token
     ones. The masks are drawn from the sequence's index, the same in every epoch (BERT's static masking, with
     one copy of each sequence where BERT's data writes 10): a pipeline's first stage, which reads the tokens,
@@ -485,8 +487,14 @@ class MaskedTokens(Dataset):
         except Exception as error:  # (a file torch cannot read, or a state without the two keys)
             raise RecipeError(f"{path}: not a tokenised text ({reason(error)}): write it with "
                               f"python scripts/make_demo_data.py --text DIR") from None
-        if self.sequences.ndim != 2 or not len(self.sequences) or MASK not in self.classes:
+        if self.sequences.ndim != 2 or not self.sequences.numel() or MASK not in self.classes:
             raise RecipeError(f"{path}: expected (sequences, tokens) token ids and a vocabulary with {MASK}")
+        if not 4 <= self.sequences.shape[1] <= BERT_POSITIONS:  # (bert_tiny's position embeddings)
+            raise RecipeError(f"{path}: sequences of {self.sequences.shape[1]} tokens; bert_tiny takes 4 to "
+                              f"{BERT_POSITIONS}")
+        if self.sequences.min() < 0 or self.sequences.max() >= len(self.classes):
+            raise RecipeError(f"{path}: token ids outside the vocabulary of {len(self.classes)}")
+        self.sequences = self.sequences.long()  # (ids, never pixels: uint8 ones would be normalised as images)
         self.mask = self.classes.index(MASK)
         self.masked = max(1, round(MASKED_FRACTION * self.sequences.shape[1]))
 

@@ -116,7 +116,7 @@ DEVIATIONS = [
          where="train_resnet 63, 76-81, 129-132; train_bert 70; artifacts/README.md 48",
          shows=("train_resnet", 132, "opt.set_learning_rate(args.learning_rate * (0.2 ** (iteration // 30)))"),
          why="the project's contract, so that `allreduce` trains DDP's model; the bert part warms up for one "
-             "epoch, then keeps its lr, as their BERT does"),
+             "epoch, then decays along a cosine as the other parts do"),
     dict(here="replica r reads ddp's rank r's shard of train/ (DistributedSampler: the shards are disjoint), "
               "reshuffled each epoch; under `preduce` a replica that ends its shard before the epoch's updates "
               "are taken reads it again (`shard_again`), so a lasting straggler's shard is read less",

@@ -126,7 +126,8 @@ def pipeline_paper(data):
     local = {layout: leader for layout, _, _, leader in render_time.by_layout(render_time.read(data))}
     cluster = {layout: leader for layout, _, _, leader in
                render_time.by_layout(render_time.read(data, "pipeline_cluster_time.csv"))}
-    first_here = [f"{layout}: {leader}" for layout, leader in local.items() if leader != "preduce"]
+    first_here = [f"{layout}: {leader or 'no method in every seed'}" for layout, leader in local.items()
+                  if leader != "preduce"]
     agree = ["partial reduce at " + ", ".join(faster) + " allreduce's updates/s with stragglers"] if faster else []
     agree += [f"on the virtual cluster, partial reduce first to the target at "
               f"{', '.join(layout for layout, leader in cluster.items() if leader == 'preduce')}"] if any(
@@ -134,18 +135,20 @@ def pipeline_paper(data):
     bert = render_bert.read(data)
     bert_first, second, beyond = (render_bert.race(bert, render_bert.target_of(bert)) if render_bert.methods_of(bert)
                                   else (None, None, False))
-    bert_said = f"bert_tiny's masked-LM loss: {bert_first} first to the target" + (
-        f", {'beyond' if beyond else 'within'} the seeds' spread of {second}'s time" if second else "")
-    if bert_first == "preduce":
-        agree.append(bert_said)
-    not_agree = ([f"on loopback, first to the target: {'; '.join(first_here)}"] if first_here else []) + (
-        [bert_said] if bert_first not in (None, "preduce") else [])
+    level = "preduce" in (bert_first, second) and not beyond  # (first and second within the seeds' spread: a tie)
+    bert_said = (f"bert_tiny's masked-LM loss: {bert_first} and {second} first to the target together (within the "
+                 f"seeds' spread of each other)" if level else f"bert_tiny's masked-LM loss: {bert_first} first to "
+                 f"the target" + (f", beyond the seeds' spread of {second}'s time" if second else ""))
+    bert_agrees = bert_first == "preduce" or level
+    agree += [bert_said] if bert_first and bert_agrees else []
+    loopback = [f"on loopback, first to the target: {'; '.join(first_here)}"] if first_here else []
+    not_agree = loopback + ([bert_said] if bert_first and not bert_agrees else [])
     hetpipe_first = any(leader == "hetpipe" for leader in local.values())
-    short = "; ".join(agree + [f"on loopback, partial reduce first to the target at "
-                               f"{sum(leader == 'preduce' for leader in local.values())} of {len(local)} layouts" +
-                               (f", HetPipe at {sum(leader == 'hetpipe' for leader in local.values())} (its server's "
-                                f"link is free there)" if hetpipe_first else "")]
-                      + not_agree[1:])
+    short = "; ".join(agree + ([f"on loopback, partial reduce first to the target at "
+                                f"{sum(leader == 'preduce' for leader in local.values())} of {len(local)} layouts" +
+                                (f", HetPipe at {sum(leader == 'hetpipe' for leader in local.values())} (its "
+                                 f"server's link is free there)" if hetpipe_first else "")] if local else [])
+                      + not_agree[len(loopback):])
     return ("; ".join(agree), "; ".join(not_agree),
             "on loopback HetPipe's central server has a link that costs nothing, and that link is the bottleneck "
             "SD-PIPE names; on the virtual cluster it carries every replica's pushes and pulls" if hetpipe_first

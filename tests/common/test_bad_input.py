@@ -100,11 +100,17 @@ def test_unknown_arch(tiny_data, tmp_path):
 @pytest.mark.parametrize("arch, text, phrase", [
     ("bert_tiny", False, "holds images, and --arch is bert_tiny"),
     ("lenet", True, "holds a text, and --arch is lenet"),
-    ("bert_tiny", "garbled", "tokens.pt: not a tokenised text")])
+    ("bert_tiny", "garbled", "tokens.pt: not a tokenised text"),
+    ("bert_tiny", "long", "tokens.pt: sequences of 200 tokens; bert_tiny takes 4 to 128"),
+    ("bert_tiny", "foreign", "tokens.pt: token ids outside the vocabulary of 11")])
 def test_a_model_on_data_of_the_other_kind_or_a_garbled_text(tiny_data, tmp_path, arch, text, phrase):
     folder = write_tiny_text(tmp_path / "text") if text else tiny_data
-    if text == "garbled":
-        (folder / "train" / "tokens.pt").write_bytes(b"not torch")
+    if text in ("garbled", "long", "foreign"):
+        state = {"sequences": torch.full((4, 200 if text == "long" else 16), 3 if text == "long" else 11),
+                 "vocabulary": [*"abcdefgh", "[PAD]", "[UNK]", "[MASK]"]}
+        torch.save(state, folder / "train" / "tokens.pt")
+        if text == "garbled":
+            (folder / "train" / "tokens.pt").write_bytes(b"not torch")
         phrase = f"{folder}/train/{phrase}"
     result = run_recipe("nd", [folder, *TINY, "-a", arch, "--out", tmp_path / "out"], expect_ok=False)
     assert_one_clear_line(result, phrase)

@@ -29,8 +29,9 @@ time    SD-PIPE's claim, time to a target accuracy: pipedream with stragglers (t
         (pipeline_time.csv). The renderer sets each layout's target near the best method's final top-1.
 bert    SD-PIPE's BERT measure, masked-LM loss against seconds: bert_tiny (recipes/common/models.py) on the
         pydoc topics (make_demo_data.py --text), cut as SD-PIPE cuts BERT, at R x S = 2 x 4 (their 4 stages) under
-        PipeDream, AdamW (--lr 0.016: 1e-3 at -b 8 x 2, weight decay 0.01) after a warm-up epoch, then a
-        constant lr (their schedule: train_bert 70), BERT_EPOCHS epochs; allreduce without stragglers (for X,
+        PipeDream, AdamW (--lr 0.016: 1e-3 at -b 8 x 2, weight decay 0.01), a warm-up epoch, then the sync
+        part's cosine decay (their BERT keeps its lr after 2,000 warm-up steps: train_bert 70), BERT_EPOCHS
+        epochs; allreduce without stragglers (for X,
         sized as in the sync part from its own c), then each sync method with them, for every seed: the training
         and validation loss after each epoch and the seconds to it (pipeline_bert.csv).
 bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which needs M >= S),

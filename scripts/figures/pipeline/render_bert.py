@@ -104,17 +104,19 @@ def section(runs):
     ends = {key[0]: final(runs[key], 2) for key in methods_of(runs)}
     best = min(ends, key=lambda sync: ends[sync]["mean"])
     higher = [sync for sync in ends if sync != best and beyond_spread(ends[sync], ends[best])]
-    others = "; ".join(f"{abs(d):g} {'above' if d > 0 else 'below'} it ({target + d:.3f}), "
+    others = "; ".join(f"{abs(d):g} {'above' if d > 0 else 'below'} it ({target + d:.3f}): "
                        f"{first(runs, target + d) or 'none in every seed'}" for d in OTHER_TARGETS)
     points = next(iter(runs[keys[0]].values()))
     row = (f"bert_tiny at R x S = 2 x 4 under PipeDream, AdamW, {len(points)} epochs, "
            f"{max(len(s) for s in runs.values())} seeds: the mean, in brackets the lowest and highest. The target is "
            f"the highest final training loss of any run with stragglers, {target:.3f}; a time is the first epoch's "
            f"end at or under it (training and evaluation). First: every seed reached it, in the least time on "
-           f"average.{versus} With the target {others} first. Final training losses beyond the seeds' spread "
+           f"average; the times are epochs' ends, so they move by whole epochs.{versus} The first with the target "
+           f"moved {others}. Seconds in all: the run's training and evaluation. Top-1: of the positions of val/ "
+           f"chosen for prediction (15 %: masked, replaced or kept). Final training losses beyond the seeds' spread "
            f"(ranges that do not overlap) of the lowest, {best}'s: " + (", ".join(higher) or "none") + ".")
     return table(["method", "seconds to the target", "seconds in all", "final training loss", "final val loss",
-                  "masked tokens' top-1 (%)"], body) + "\n\n" + row
+                  "val top-1 of the predicted tokens (%)"], body) + "\n\n" + row
 
 
 def render(data, figures):

@@ -17,13 +17,17 @@ PANELS = {  # part: (its plain rule, zenops, the attack): the runs each panel dr
 TARGET = 90.0  # % top-1: the seconds to it, in the table
 
 
+def in_panels(r):
+    return r["part"] in PANELS and r["aggregate"] in PANELS[r["part"]][:2] and r["attack"] in ("none",
+                                                                                               PANELS[r["part"]][2])
+
+
 def read(data):
     """{(part, rule, attack): {seed: [(epoch, seconds, top1), ...]}} of the panels' runs, or {}."""
     path = data / "ps_curves.csv"
     runs = {}
     for r in read_csv(path) if path.exists() else []:
-        if r["part"] in PANELS and r["aggregate"] in PANELS[r["part"]][:2] and r["attack"] in ("none",
-                                                                                                 PANELS[r["part"]][2]):
+        if in_panels(r):
             runs.setdefault((r["part"], r["aggregate"], r["attack"]), {}).setdefault(r["seed"], []).append(
                 (int(r["epoch"]), float(r["seconds"]), float(r["top1"])))
     return runs
@@ -54,13 +58,17 @@ def plot(runs, figures):
     save(fig, figures / "ps_curves.png")
 
 
-def section(runs):
+def section(runs, diverged):
+    """diverged: {(part, rule, attack): seeds} of the panels' runs that left no curve."""
     body = []
     for part, (plain, zenops, attack) in PANELS.items():
         for rule in (plain, zenops):
             for against in ("none", attack):
                 seeds = runs.get((part, rule, against))
-                if not seeds:
+                if not seeds:  # (every seed diverged, or the run is not measured)
+                    if (part, rule, against) in diverged:
+                        body.append([part, f"`{rule}`", against, f"diverged ({diverged[part, rule, against]} seeds)",
+                                     "", "", ""])
                     continue
                 reached = [next((s for _, s, top1 in points if top1 >= TARGET), None) for points in seeds.values()]
                 hit = [s for s in reached if s is not None]
@@ -83,4 +91,9 @@ def render(data, figures):
     if not runs:
         return {}
     plot(runs, figures)
-    return {"ps-curves": section(runs)}
+    diverged = {}
+    for r in read_csv(data / "ps.csv") if (data / "ps.csv").exists() else []:
+        if in_panels(r) and r["diverged"] == "1" and not runs.get((r["part"], r["aggregate"], r["attack"])):
+            key = (r["part"], r["aggregate"], r["attack"])
+            diverged[key] = diverged.get(key, 0) + 1
+    return {"ps-curves": section(runs, diverged)}
