@@ -26,6 +26,7 @@ from torchvision import datasets, io, transforms
 from torchvision.transforms import v2
 
 from recipes.common import RecipeError, workers
+from recipes.common.models import BERT_POSITIONS  # (the longest sequence bert_tiny embeds)
 
 try:  # TorchCodec decodes where installed: torchvision 0.29 deprecates its own image decoding for it
     from torchcodec.decoders import decode_image, decode_jpeg
@@ -466,7 +467,6 @@ SHUFFLE_BUFFER = 1000
 TOKENS = "tokens.pt"  # a split of a text: {"sequences": (N, T) token ids, "vocabulary": [token, ...]}
 MASK, IGNORED = "[MASK]", -100  # the mask token; a label nothing is scored on (CrossEntropyLoss's ignore_index)
 MASKED_FRACTION = 0.15  # BERT's: of each sequence's tokens, this share is predicted
-BERT_POSITIONS = 128  # the longest sequence bert_tiny embeds (recipes/common/models.py)
 
 
 class MaskedTokens(Dataset):

@@ -10,7 +10,7 @@ import torchvision
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from recipes.common import RecipeError, data, first_line
+from recipes.common import RecipeError, first_line
 
 
 def lenet(num_classes):
@@ -37,7 +37,7 @@ def vit_tiny(num_classes, image_size):
                                                 num_heads=4, hidden_dim=64, mlp_dim=256, num_classes=num_classes)
 
 
-BERT_POSITIONS = data.BERT_POSITIONS  # bert_tiny's longest sequence (SD-PIPE's BERT: max_position_embeddings 128)
+BERT_POSITIONS = 128  # bert_tiny's longest sequence (SD-PIPE's BERT: max_position_embeddings 128)
 
 
 class TokenEmbedding(nn.Module):
