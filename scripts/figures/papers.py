@@ -14,8 +14,9 @@ where the plain one fails, a method that is faster. Each claim below is the pape
 from scripts.figures.pipeline import render_bert, render_time
 from scripts.figures.pipeline.render_targets import pipeline_groups
 from scripts.figures.ps.render import speed_vs_ddp
-from scripts.figures.ps.table_rows import diverged, finished, naive_in_validators, ps_groups, top1_or_chance
-from scripts.figures.rendering import beyond_spread, read_csv, spread, table, with_range
+from scripts.figures.ps import table_rows
+from scripts.figures.ps.table_rows import naive_in_validators, ps_groups, top1_or_chance
+from scripts.figures.rendering import beyond_spread, read_csv, spread, table
 
 PAPERS = {  # name: (the paper, its claim as its abstract words it, where)
     "ZenoPS": ("Xie, Koyejo and Gupta, Algorithms 15(7) 2022 (xcgoner/zeno_ps)",
@@ -32,9 +33,7 @@ PAPERS = {  # name: (the paper, its claim as its abstract words it, where)
 
 
 def ps_top1(runs):
-    """'91.0 (90.0-92.0) %' over the seeds that finished, and how many diverged; or 'diverged'."""
-    done = finished(runs)
-    return with_range(spread([float(r["top1"]) for r in done]), 1) + " %" + diverged(runs) if done else "diverged"
+    return table_rows.ps_top1(runs, " %")
 
 
 def holds(groups, rule, plain, attack):

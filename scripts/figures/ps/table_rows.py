@@ -45,10 +45,10 @@ def top1_or_chance(run):
     return float(run["top1"]) if run.get("diverged", "0") != "1" else 10.0
 
 
-def ps_top1(runs):
-    """'91.0 (90.0-92.0)' over the seeds that finished, and how many diverged."""
+def ps_top1(runs, unit=""):
+    """'91.0 (90.0-92.0)' (and the unit) over the seeds that finished, and how many diverged."""
     done = finished(runs)
-    return with_range(spread([float(r["top1"]) for r in done]), 1) + diverged(runs) if done else "diverged"
+    return with_range(spread([float(r["top1"]) for r in done]), 1) + unit + diverged(runs) if done else "diverged"
 
 
 def diverged(runs):
