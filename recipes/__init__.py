@@ -85,7 +85,8 @@ RECIPES = [
     Recipe("pipeline", "pipeline stages x data-parallel replicas: allreduce, SD-PIPE's partial reduce, AD-PSGD, "
                        "HetPipe; stragglers", processes=2, evaluated_on=4, trained_with=("--stages", "2"),
            tested_under_nccl_rules=True,
-           gpu_checks=(GpuCheck("pipeline-stages-1", ("--stages", "1", "--microbatches", "2"), nccl_rules=True),)),
+           gpu_checks=(GpuCheck("pipeline-stages-1", ("--stages", "1", "--microbatches", "2", "--snapshot-every",
+                                                      "0.05"), nccl_rules=True),)),
 ]
 
 

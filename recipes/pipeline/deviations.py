@@ -124,8 +124,17 @@ DEVIATIONS = [
                 "epoch after epoch (ImageNet); BERT: each reads its own files of the corpus in turn",
          where="artifacts/pipeline/datasets/imagenet.py 91-97, 105-107; artifacts/pipeline/models/wiki.py 23-30",
          shows=("artifacts/pipeline/datasets/imagenet.py", 94, "gen.manual_seed(rank)"),
-         why="replica r sees what ddp's rank r would, so that `allreduce` trains DDP's model; the effect of the "
-             "difference is not measured"),
+         why="replica r sees what ddp's rank r would, so that `allreduce` trains DDP's model; `--replica-data "
+             "stream` reads as theirs do (seeded with --seed and the replica), and `measure.py --parts data` "
+             "measures the difference at 8 x 1 (the section on the data each replica reads)"),
+    dict(here="the time part also scores the model as it was every T seconds of training, T a quarter of "
+              "allreduce's epoch without stragglers (`--snapshot-every`: weights copied without a stop, scored at "
+              "the epoch's end), and times training alone",
+         theirs="each epoch's end is scored, with the epoch's training time (time.time() around the train run only)",
+         where="train_resnet 95-109, 134-141; artifacts/README.md 48",
+         shows=("train_resnet", 134, "val_loss, val_acc = validate(executor, val_batch_num)"),
+         why="their 100 ImageNet epochs (--epochs 100) give the time to a target at a fine grain; here 5 epochs "
+             "would give it in steps of a fifth of the run"),
     dict(here="the bert part: bert_tiny, 6 post-LN layers of width 64, a vocabulary of the 2,386 words and marks of "
               "Python's pydoc topics, sequences of 64, the masked-LM loss alone; masks drawn once per sequence",
          theirs="BERT-base: 12 layers of width 768, a vocabulary of 30,522, sequences of 128, English Wikipedia, "

@@ -16,12 +16,14 @@ The replicas' side is a --sync method (HetPipe, sync.py's hooks); the server's, 
 global weights live on the CPU, as BytePS's and SD-PIPE's servers hold them. Each push is added to them;
 a pull is answered at once, or with --staleness D once the puller is at most D waves of --wave minibatches
 ahead of the slowest replica; at an epoch's end, once every replica has pushed the whole epoch. A server
-evaluates and saves with the others at each epoch's end.
+evaluates and saves with the others at each epoch's end (and scores --snapshot-every's copies with them, holding
+none itself).
 """
 
 from torch.nn.utils import parameters_to_vector
 
 from recipes.common import metrics, pushpull
+from recipes.pipeline import snapshots
 from recipes.pipeline.sync import Sync
 
 
@@ -89,5 +91,7 @@ def run_server(args, run, weights, clients, steps_per_epoch, val_loader, tally):
                     held.add(client)
                     tally.waits += 1
         run.meter = metrics.EpochMeter(run.device)  # (a server trains on nothing itself)
-        if run.end_epoch(run.meter.summary(), val_loader):  # (with the replicas: a SIGTERM is acted on here)
+        train_stats = run.meter.summary()  # (a collective, as the replicas' at their epoch's end)
+        snapshots.score(None, run, val_loader)  # (--snapshot-every: it holds no copies, it evaluates a share)
+        if run.end_epoch(train_stats, val_loader):  # (with the replicas: a SIGTERM is acted on here)
             break

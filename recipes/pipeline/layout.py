@@ -58,7 +58,8 @@ class Layout:
 class Stage:
     """This rank's stage of its replica's pipeline: where it sits, its layers and their weights, the group of the
     replica's stages, the flushing schedule that runs it (gpipe, 1f1b; None under pipedream), and what makes it
-    straggle (stragglers.py: delays; slots, where --hetero's sleeps go under gpipe and 1f1b)."""
+    straggle (stragglers.py: delays; slots, where --hetero's sleeps go under gpipe and 1f1b), and its weights kept
+    over the epoch (snapshots.py)."""
     layout: Layout
     rank: int
     module: Any
@@ -67,6 +68,7 @@ class Stage:
     schedule: Any
     delays: Any
     slots: Any
+    snapshots: Any  # --snapshot-every: copies of the stage's weights over the epoch (snapshots.py)
 
     @property
     def index(self):
@@ -126,6 +128,12 @@ def add_args(parser):
                        help="a process sleeps X seconds with probability --hetero-prob before the forward "
                             "and the backward of each minibatch (default: 0)")
     group.add_argument("--hetero-prob", type=float, default=0.1, help="the probability of each --hetero sleep")
+    group.add_argument("--replica-data", choices=["shard", "stream"], default="shard",
+                       help="what each replica reads: ddp's rank r's shard (default), or the whole set as a "
+                            "stream shuffled by its own seed, as SD-PIPE's pipelines read it (replica_data.py)")
+    group.add_argument("--snapshot-every", type=float, metavar="T",
+                       help="also score the model as it was every T seconds of each epoch's training, at the "
+                            "epoch's end (<out>/snapshots.csv; default: at the epoch's end only)")
     group.add_argument("--slow-rank", type=int, metavar="R", help="this rank is --slow-factor times slower")
     group.add_argument("--slow-factor", type=float, default=2.0, metavar="F",
                        help="--slow-rank's steps take F times as long")
@@ -150,7 +158,8 @@ def check_args(args):
                             "--staleness": (lambda v: v is None or v >= 0, "must be 0 or more"),
                             "--hetero": (lambda v: v >= 0, "must be 0 (off) or a number of seconds"),
                             "--hetero-prob": (lambda v: 0 <= v <= 1, "is a probability in [0, 1]"),
-                            "--slow-factor": (lambda v: v >= 1, "must be at least 1")})
+                            "--slow-factor": (lambda v: v >= 1, "must be at least 1"),
+                            "--snapshot-every": (lambda v: v is None or v > 0, "must be a number of seconds")})
     model = models.build_model(args.arch, 10, args.image_size)
     units = len(weighted_units(models.sequential_layers(model, args.arch)))
     if args.stages > units:

@@ -12,8 +12,9 @@ ScheduleGPipe or Schedule1F1B runs the --microbatches M pieces of each batch thr
 replica's pipeline: a flush and one update per batch. --schedule pipedream runs asynchronous
 PipeDream as SD-PIPE does (pipedream.py): S - s minibatches in flight at stage s, an update per
 minibatch, each backward on its forward's weights (stashed). Replica r trains on ddp's rank r's shard
-and augmentations, -b images per step: a global batch of -b x R, and --lr scales to it as in every
-recipe (SD-PIPE keeps its lr whatever R; deviations.py lists each departure from the authors' code).
+(--replica-data stream: SD-PIPE's stream of the whole set) and augmentations, -b images per step: a global
+batch of -b x R, and --lr scales to it as in every recipe (SD-PIPE keeps its lr whatever R; deviations.py
+lists each departure from the authors' code).
 
 The replicas of a stage agree over a process group of their own (a DDP-wrapped stage does not
 work under the pipelining schedules), after SD-PIPE (Miao et al., PVLDB 16(9), 2023):
@@ -43,10 +44,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.nn.utils import parameters_to_vector
-from torch.utils.data import DistributedSampler
 
 from recipes.common import bookkeeping, cli, data, distributed, launch, models, runlog, schedule
-from recipes.pipeline import hetpipe, pipedream, stages, stragglers, sync
+from recipes.pipeline import hetpipe, pipedream, replica_data, snapshots, stages, stragglers, sync
 from recipes.pipeline.layout import SYNCS, Layout, Replicas, Stage, add_args, check_args, check_world
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -72,6 +72,7 @@ def update(stage, replicas, optimizer, tally, epoch, step, straggled):
     """The stage's update and the replicas' agreement, the same under every schedule and --sync method (sync.py):
     allreduce averages the gradients before the step (as DDP); the others agree on the weights after it. Counts
     whether a straggling replica held this one up where it waited (a tensor on the device, read once at the end)."""
+    stage.snapshots.before_update()  # --snapshot-every: the weights until now, if a multiple of T passed
     waited = replicas.sync.before_step(stage.params, straggled, tally)
     optimizer.step()
     tally.updates += 1  # (a new version of the weights: PipeDream's next forward copies them)
@@ -113,6 +114,7 @@ def train_one_epoch(stage, replicas, optimizer, loader, run, tally):
 def end_of_epoch(stage, replicas, run, tally):
     """Where the replicas meet: how far apart they drifted, and (preduce) the average of all replicas (adpsgd's
     stay apart: each replica scores its own weights on its share of val/, and checkpoints hold replica 0's)."""
+    stage.snapshots.close()  # (--snapshot-every: the weights since the last update, before preduce's average)
     tally.disagreement = sync.disagreement(stage.params, replicas, stage.pipe_group)
     replicas.sync.end_epoch(stage.params, run, tally)
     return run.meter.summary()
@@ -179,7 +181,7 @@ def main(args):
 
     train_set, val_set, num_classes = data.build_datasets(args)
     shard = min(replica, replicas - 1)  # replica r: the shard of ddp's rank r (hetpipe's servers: any)
-    train_sampler = DistributedSampler(train_set, num_replicas=replicas, rank=shard, seed=args.seed or 0)
+    train_sampler = replica_data.train_sampler(train_set, args, replicas, shard)
     train_loader = data.train_loader(train_set, args, train_sampler)
     val_loader = data.val_loader(val_set, args, ctx.rank, ctx.world_size)  # every rank evaluates a shard
 
@@ -218,7 +220,8 @@ def main(args):
             replica]), args.microbatches, loss_fn=criterion) if synchronous else None
         delays = stragglers.Delays(args.hetero, args.hetero_prob, args.seed, args.slow_rank, args.slow_factor)
         this_stage = Stage(layout, ctx.rank, module, params, pipe_groups[replica], flushing, delays,
-                           slots=stragglers.inject(module, delays))
+                           slots=stragglers.inject(module, delays),
+                           snapshots=snapshots.Snapshots(args.snapshot_every, [*params, *module.buffers()], device))
         its_replicas = Replicas(layout, stage, replica, replicas, stage_groups[stage], len(train_loader),
                                 pipe_control=scoring)
         its_replicas.sync = method.join(args, its_replicas, params)  # this rank's side of the --sync method
@@ -226,11 +229,13 @@ def main(args):
                                                          tally, args.batch_size)
         for epoch in run.epochs():  # from where a checkpoint stopped, to --epochs (none with --evaluate)
             train_sampler.set_epoch(epoch)
+            this_stage.snapshots.begin()  # (--snapshot-every: the epoch's clock)
             if synchronous:
                 train_stats = train_one_epoch(this_stage, its_replicas, optimizer, train_loader, run, tally)
             else:
                 train_stats = train_one_epoch_pipedream(this_stage, its_replicas, dream, optimizer, train_loader, run,
                                                         tally)
+            snapshots.score(this_stage.snapshots, run, val_loader)  # --snapshot-every: the epoch's copies
             if run.end_epoch(train_stats, val_loader):  # evaluate, log, save; True at --desired-acc
                 break
         its_replicas.sync.end_training(tally)

@@ -71,7 +71,7 @@ def measured_on(data, part):
 
 def hardware_line(data):
     """Where the CPU parts ran, from what each part's files in the data folder record (timings.csv's row where
-    they record nothing): one line when every part ran on one machine, else one row per part."""
+    they record nothing): one line, naming each machine's parts where they ran on more than one."""
     from scripts.figures import PARTS
 
     timings = {r["part"]: r for r in read_csv(data / "timings.csv")} if (data / "timings.csv").exists() else {}
@@ -86,9 +86,10 @@ def hardware_line(data):
     gpu = ", ".join(sorted(gpus)) or "none: make figures' parts ran CPU-only (the GPU rows name their GPU)"
     if len(every) == 1:
         return f"CPU {every[0]}, GPU {gpu}, torch {', '.join(sorted(torches))}."
-    return (f"The parts ran on {len(every)} machines (GPU {gpu}; torch {', '.join(sorted(torches))}), each "
-            f"part's as its data records it:\n\n" + table(["part", "CPU"], [[part, "; ".join(found)]
-                                                                             for part, found in machines.items()]))
+    return (f"The parts ran on {len(every)} machines (GPU {gpu}; torch {', '.join(sorted(torches))}), as each part's "
+            f"data records it: " + "; ".join(f"{machine}: " + ", ".join(
+                part + ("" if len(found) == 1 else " (in part)") for part, found in machines.items()
+                if machine in found) for machine in every) + ".")
 
 
 def mean_of(runs, field):

@@ -1,6 +1,7 @@
 """The pipeline recipe: stages against the unsplit model, each sync method, stragglers, bad input."""
 
 import copy
+import csv
 import json
 import math
 import re
@@ -17,7 +18,7 @@ from conftest import (ROOT, TINY, assert_one_clear_line, child_env, free_port, i
 from torch.utils.data import DistributedSampler
 
 from recipes.common import RecipeError, data, models, schedule
-from recipes.pipeline import adpsgd, pipedream, preduce, stages, stragglers
+from recipes.pipeline import adpsgd, pipedream, preduce, replica_data, snapshots, stages, stragglers
 from recipes.pipeline import train as pipeline
 from recipes.pipeline.layout import Layout, check_world
 
@@ -413,20 +414,125 @@ def test_hetpipe_pushes_every_minibatch_and_bounds_no_pull_unless_asked(tiny_dat
     assert all(not torch.allclose(trained[key], initial[key]) for key in initial)  # the pushes reached the servers
 
 
+def _score_snapshots(rank, world_size, port, results):
+    """Rank 0 updates at 0.5 s and 2.5 s and ends at 3.2 s; rank 1 updates at 1.5 s and ends at 2.1 s (T = 1 s)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    clock = [0.0]
+    snapshots.time = types.SimpleNamespace(perf_counter=lambda: clock[0])  # (the clock the test moves)
+    snapshots.distributed = types.SimpleNamespace(control_group=lambda: None)  # (the default group: gloo)
+    weight = torch.nn.Parameter(torch.zeros(2))
+    kept = snapshots.Snapshots(1.0, [weight], torch.device("cpu"))
+    for at, value in ((0.5, 1.0), (2.5, 2.0)) if rank == 0 else ((1.5, 5.0),):
+        clock[0] = at
+        kept.before_update()
+        weight.data.fill_(value)  # (the update)
+    clock[0] = 3.2 if rank == 0 else 2.1
+    kept.close()
+    weight.data.fill_(9.0 if rank == 0 else 7.0)  # (the epoch's end: preduce's average)
+    scored = []
+    run = types.SimpleNamespace(args=types.SimpleNamespace(snapshot_every=1.0), epoch=0, first_step=0,
+                                log=types.SimpleNamespace(enabled=rank == 0, out=results))
+
+    def evaluate(loader):
+        scored.append(weight[0].item())
+        run.val_stats = {"loss": weight[0].item(), "top1": 0.0, "top5": 0.0}
+
+    run.evaluate = evaluate
+    snapshots.score(kept, run, None)
+    (results / f"{rank}.json").write_text(json.dumps([scored, weight[0].item()]))
+    dist.destroy_process_group()
+
+
+def test_each_multiples_copies_are_scored_together_once_and_the_weights_put_back(tmp_path):
+    """The multiples every rank reached (2: rank 1 ended at 2.1 s), each with every rank's weights as of it (rank 0's
+    at 1 s and 2 s: those after its first update, one copy for both; rank 1's: the start's, then after its update),
+    scored together; then each rank's weights as the epoch ended them."""
+    spawn(_score_snapshots, (2, free_port(), tmp_path), 2)
+    assert [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)] == [[[1.0, 1.0], 9.0],
+                                                                                         [[0.0, 5.0], 7.0]]
+    assert [(row["epoch"], row["seconds"]) for row in snapshot_rows(tmp_path)] == [("1", "1.000"), ("1", "2.000")]
+
+
+def snapshot_rows(out):
+    with open(out / "snapshots.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_snapshots_score_the_model_within_the_epoch_and_leave_its_training_alone(tiny_data, tmp_path,
+                                                                                 allreduce_run):
+    """--snapshot-every T: the run ends with the weights of a run without it (allreduce_run's: they were put back).
+    Every process sleeps before each forward and backward, so its 3 updates are 0.08 s or more apart and T = 0.03 s
+    passes between any two: the weights after 0, 1 and 2 updates at least are scored, each once, at multiples of T
+    within the epoch's training, in order; the first about chance, above the epoch's end."""
+    out = tmp_path / "run"
+    flags = [tiny_data, *EPOCH, "--sync", "allreduce", "--schedule", "gpipe", "--snapshot-every", "0.03",
+             "--hetero", "0.04", "--hetero-prob", "1"]
+    run_recipe("pipeline", [*flags, "--out", out], nproc=4)
+    assert_same_weights(weights(out), weights(allreduce_run))
+    rows = snapshot_rows(out)
+    with open(out / "metrics.csv", newline="") as f:
+        epoch = {row["split"]: row for row in csv.DictReader(f)}
+    seconds = [float(row["seconds"]) for row in rows]
+    assert len(rows) >= 3 and {row["epoch"] for row in rows} == {"1"}, rows
+    assert all(s == pytest.approx(0.03 * round(s / 0.03)) for s in seconds), seconds
+    assert seconds == sorted(seconds) and seconds[-1] <= float(epoch["train"]["epoch_s"]), (seconds, epoch)
+    assert all(a["loss"] != b["loss"] for a, b in zip(rows, rows[1:])), rows
+    assert float(rows[0]["loss"]) == pytest.approx(math.log(3), abs=0.05), rows
+    assert float(epoch["val"]["loss"]) < float(rows[0]["loss"]) - 0.01, (rows, epoch)
+
+
+def test_hetpipes_servers_score_the_snapshots_with_the_replicas(tiny_data, tmp_path):
+    """The servers hold no copies but evaluate their share of val/ with the others, epoch by epoch."""
+    out = tmp_path / "run"
+    run_recipe("pipeline", [tiny_data, *TINY, "--epochs", "2", "-b", "4", "--stages", "1", "--microbatches", "2",
+                            "--sync", "hetpipe", "--snapshot-every", "0.001", "--out", out], nproc=3)
+    rows = snapshot_rows(out)
+    assert {row["epoch"] for row in rows} == {"1", "2"}, rows
+
+
+def test_a_stream_is_each_replicas_own_permutations_of_the_whole_set_epoch_after_epoch():
+    """--replica-data stream (SD-PIPE's): R epochs of a replica's stream read every image once, the next R another
+    permutation; replicas read differently, and not disjoint shards; an epoch's order is the same whenever it is
+    asked for (a resume)."""
+    streams = [replica_data.Stream(12, 3, replica, seed=5) for replica in range(3)]
+
+    def epoch(stream, e):
+        stream.set_epoch(e)
+        return list(stream)
+
+    first = [i for e in range(3) for i in epoch(streams[0], e)]
+    assert len(epoch(streams[0], 0)) == 4 and sorted(first) == list(range(12))
+    assert sorted(i for e in range(3, 6) for i in epoch(streams[0], e)) == list(range(12))
+    assert [i for e in range(3, 6) for i in epoch(streams[0], e)] != first
+    assert epoch(streams[1], 0) != epoch(streams[0], 0) and epoch(streams[0], 4) == epoch(streams[0], 4)
+    assert len({i for stream in streams for i in epoch(stream, 0)}) < 12  # (one epoch of all: some read twice)
+
+
+def test_the_stream_is_what_a_replica_reads(tiny_data, tmp_path, allreduce_run):
+    """The flag reaches the loader: the same run on streams ends elsewhere than on ddp's shards."""
+    out = tmp_path / "run"
+    run_recipe("pipeline", [tiny_data, *EPOCH, "--sync", "allreduce", "--schedule", "gpipe", "--replica-data",
+                            "stream", "--out", out], nproc=4)
+    ours, shards = weights(out), weights(allreduce_run)
+    assert any(not torch.allclose(ours[key], shards[key]) for key in shards)
+
+
 @pytest.mark.parametrize("sync_method, nproc, schedule", [("preduce", 4, ["--microbatches", "2"]),
                                                            ("hetpipe", 3, ["--stages", "1", "--microbatches", "2"]),
                                                            ("preduce", 4, ["--schedule", "pipedream"])])
 def test_a_run_saved_at_an_epochs_end_resumes_there(tiny_data, tmp_path, sync_method, nproc, schedule):
     """preduce and hetpipe save a SIGTERM at the epoch's end (its epoch, and step = the epoch's steps): a restart
-    trains nothing more of that epoch, and the next one from a fresh store."""
+    trains nothing more of that epoch, and the next one from a fresh store; the epoch's snapshots scored before the
+    stop are kept."""
     out = tmp_path / "run"
-    flags = [tiny_data, *TINY, "-b", "4", *schedule, "--sync", sync_method, "--out", out]
+    flags = [tiny_data, *TINY, "-b", "4", *schedule, "--sync", sync_method, "--snapshot-every", "0.001", "--out", out]
     run_recipe("pipeline", [*flags, "--epochs", "1"], nproc=nproc)
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     state["epoch"], state["step"] = 0, 6  # as a SIGTERM at the first epoch's end saves it
     torch.save(state, out / "checkpoint.pt")
     result = run_recipe("pipeline", [*flags, "--epochs", "2", "--auto-resume"], nproc=nproc)
     assert "epoch 1 train" not in result.stdout and read_summary(out)["epochs"] == 2, result.stdout[-2000:]
+    assert {row["epoch"] for row in snapshot_rows(out)} == {"1", "2"}
 
 
 # ---- PipeDream ------------------------------------------------------------------------------------------------
@@ -619,6 +725,7 @@ REFUSED = [  # (flags, the reason; with TINY on one process)
     (["--schedule", "pipedream", "--microbatches", "2"], "--schedule pipedream sends whole minibatches"),
     (["--sync", "hetpipe", "--staleness", "-1"], "--staleness must be 0 or more, got -1"),
     (["--mixup-alpha", "0.2"], "--mixup-alpha is not supported by the pipeline recipe"),
+    (["--snapshot-every", "0"], "--snapshot-every must be a number of seconds, got 0"),
 ]
 
 

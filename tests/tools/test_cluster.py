@@ -295,7 +295,7 @@ def test_the_pipeline_race_on_the_cluster_gives_hetpipes_servers_a_node(tiny_dat
     """pipeline/measure.py --parts cluster --quick: each of 2 replicas on a node, HetPipe's server on a third, the link
     sized by the principle from a replica's step alone; the race's table and its verdict against the paper."""
     from scripts.figures.cluster import links
-    from scripts.figures.pipeline import render_time
+    from scripts.figures.pipeline import render_cluster
 
     data = tmp_path / "data"
     data.mkdir()
@@ -303,7 +303,7 @@ def test_the_pipeline_race_on_the_cluster_gives_hetpipes_servers_a_node(tiny_dat
                "0", "--parts", "cluster", "--runs", str(tmp_path / "runs"), "--figures-data", str(data)]
     result = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = render_time.read_csv(data / "pipeline_cluster.csv")
+    rows = render_cluster.read_csv(data / "pipeline_cluster.csv")
     assert [(r["sync"], r["replicas"], r["nodes"]) for r in rows] == [("allreduce", "2", "2"), ("hetpipe", "2", "3")]
     r = rows[0]
     ratio = links.real_ratio(float(r["link_bits"]), 2, links.seed_gradient_bytes(), links.seed_node_step())
@@ -311,7 +311,7 @@ def test_the_pipeline_race_on_the_cluster_gives_hetpipes_servers_a_node(tiny_dat
     wire = links.wire_seconds(2, bytes_per_step, float(r["rate_bits"]))
     assert wire == pytest.approx(ratio * float(r["alone_step_s"]), rel=1e-3, abs=ratio * 5e-6)  # the principle
     assert float(r["hetero"]) == pytest.approx(float(r["alone_step_s"]) / 0.5, abs=1e-4)  # SD-PIPE's c / X
-    text = render_time.render(data)["pipeline-cluster"]
+    text = render_cluster.render(data)["pipeline-cluster"]
     assert "a node a replica and one more for HetPipe's servers" in text and "Against the paper: 2 x 1 to " in text
 
 

@@ -502,6 +502,50 @@ def test_plot_results_writes_the_pipeline_tables_and_figure(tmp_path):
             "shared by up to 4 processes; ") in text  # (RESULTS.md's headline)
 
 
+def test_the_time_part_reads_scores_within_epochs_and_the_data_part_sets_streams_beside_shards(tmp_path):
+    """A run directory's snapshots and epoch ends in seconds of training (evaluation left out); the time table's
+    first at a snapshot's time and its T; the data part's streams against the time part's shards, per method."""
+    from scripts.figures.pipeline import render_data, render_time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.csv").write_text("epoch,split,loss,top1,top5,images_per_s,data_s,epoch_s,lr\n"
+                                     "1,train,1,50,90,1,0,10,0.1\n1,val,1,80,99,1,0,3,0.1\n"
+                                     "2,train,1,60,90,1,0,10,0.1\n2,val,1,85,99,1,0,3,0.1\n")
+    (run / "snapshots.csv").write_text("epoch,seconds,loss,top1,top5\n1,5.000,1,70,99\n2,5.000,1,82,99\n")
+    assert pipeline_measure.timeline(run) == [(1, 5.0, 70.0, 1), (1, 10.0, 80.0, 0), (2, 15.0, 82.0, 1),
+                                              (2, 20.0, 85.0, 0)]
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": "", "torch": "2.14.1"}
+
+    def points(sync, seeds, name):
+        rows = [{"sync": sync, "hetero": 0.02, "schedule": "pipedream", "stages": 1, "replicas": 8, "seed": seed,
+                 "epoch": epoch, "seconds": seconds, "top1": top1, "snapshot": snapshot, **machine}
+                for seed, top1s in enumerate(seeds) for (epoch, seconds, snapshot), top1 in
+                zip([(1, 5, 1), (1, 10, 0), (2, 15, 1), (2, 20, 0)], top1s)]
+        path = tmp_path / name
+        with open(path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=pipeline_measure.TIME_FIELDS)
+            if f.tell() == 0:
+                writer.writeheader()
+            writer.writerows(rows)
+
+    points("allreduce", [(90, 94, 95, 96), (90, 93, 95, 96.2), (91, 94, 95.5, 96.1)], "pipeline_time.csv")
+    points("preduce", [(95.6, 96, 96, 96.5), (95.7, 96, 96, 96.4), (95.5, 96, 96, 96.6)], "pipeline_time.csv")
+    points("allreduce", [(90, 94, 95, 96), (90, 93, 95, 96.2), (91, 94, 95.5, 96.1)], "pipeline_data.csv")
+    points("preduce", [(90, 95.6, 96, 96.3), (91, 95.5, 96, 96.4), (90, 95.7, 96, 96.5)], "pipeline_data.csv")
+    text = render_time.render(tmp_path, tmp_path)["pipeline-time"]
+    assert ("| 8 x 1 | 95.5 | 18.3 (15.0–20.0) s; ends at 96.10 (96.00–96.20) | **first**: 5.0 (5.0–5.0) s; ends at "
+            "96.50 (96.40–96.60) |") in text  # (preduce at a snapshot: 5 s into the first epoch)
+    assert "every T seconds of training (T a quarter of allreduce's epoch without stragglers: 5 s at 8 x 1)" in text
+    assert (tmp_path / "pipeline_time.png").exists()
+    text = render_data.render(tmp_path)["pipeline-data"]
+    assert ("| 8 x 1 | `preduce` | 5.0 (5.0–5.0) s | 96.50 (96.40–96.60) | 10.0 (10.0–10.0) s | 96.40 (96.30–96.50) | "
+            "time higher, beyond the spread; final top-1 lower, within the spread |") in text
+    assert ("| 8 x 1 | `allreduce` | 18.3 (15.0–20.0) s | 96.10 (96.00–96.20) | 18.3 (15.0–20.0) s | "
+            "96.10 (96.00–96.20) | time the same; final top-1 the same |") in text
+    assert "at 8 x 1 to 95.5 %, preduce first on shards, preduce first on streams" in text
+
+
 def test_plot_results_writes_the_sharding_table_and_figure(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -550,8 +594,7 @@ def test_the_hardware_section_names_each_parts_machine_from_its_data(tmp_path):
                                                                       "torch": "2.14.1"}}))
     text = hardware_line(tmp_path)
     assert text.startswith("The parts ran on 2 machines")
-    assert "| scaling | AMD EPYC (2 cores) |" in text and "| curves | AMD EPYC (2 cores) |" in text
-    assert "| recovery | Xeon (2 cores) |" in text
+    assert "it: AMD EPYC (2 cores): scaling, curves; Xeon (2 cores): recovery." in text
 
 
 def test_the_cluster_verdict_counts_the_links_below_the_ceiling_and_names_each(tmp_path):

@@ -5,7 +5,8 @@ bubble.
     python scripts/figures/pipeline/measure.py     # figures/data/pipeline.csv, pipeline_curves.csv, pipeline_time.csv
     python scripts/figures/pipeline/measure.py --quick --seeds 0 --epochs 1   # a few rows at 16 px, for QUICK=1
     python scripts/figures/pipeline/measure.py --parts vit   # one part; the CSV keeps the others' rows
-    python scripts/figures/pipeline/measure.py --parts time  # time to a target (after the sync part: its X)
+    python scripts/figures/pipeline/measure.py --parts time  # time to a target
+    python scripts/figures/pipeline/measure.py --parts data  # the time part's 8 x 1 on SD-PIPE's streams (after it)
     python scripts/figures/pipeline/measure.py --parts bert  # the masked language model (--text data/pydoc)
 
 sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per replica (1f1b: S microbatches), EPOCHS
@@ -23,10 +24,17 @@ sync    lenet at 28 px (scripts/figures/measuring.py's ACCURACY), -b 8 per repli
 vit     as sync, with the small vision transformer (-a vit_tiny at 28 px: 8 equal blocks, the stages equal by
         construction) in lenet's place: pipedream at R x S = 2 x 2 and 2 x 4, allreduce and preduce, without
         stragglers and with them (X sized the same way, from the transformer's own c), for every seed.
-time    SD-PIPE's claim, time to a target accuracy: pipedream with stragglers (the sync part's X for the
-        layout) at R x S = 4 x 1, 8 x 1, 2 x 2 and 4 x 2, each sync method, TIME_EPOCHS epochs so that staleness
-        can show in the accuracy, for every seed: the val top-1 after each epoch and the seconds to it
-        (pipeline_time.csv). The renderer sets each layout's target near the best method's final top-1.
+time    SD-PIPE's claim, time to a target accuracy: pipedream with stragglers at R x S = 4 x 1, 8 x 1, 2 x 2,
+        4 x 2 and 2 x 4 (SD-PIPE's 4 stages), each sync method, TIME_EPOCHS epochs so that staleness can show in
+        the accuracy, for every seed: the val top-1 of the model as it was every T seconds of training
+        (--snapshot-every T: scored at each epoch's end, recipes/pipeline/snapshots.py) and after each epoch,
+        against the seconds of training (pipeline_time.csv). X is sized as in the sync part and T is SNAPSHOTS
+        to an epoch, both from the part's own allreduce run without stragglers in the layout (the first seed's,
+        TIME_EPOCHS epochs), so that X and T are this machine's. The renderer sets each layout's target near the
+        best method's final top-1.
+data    the data each replica reads: the time part's runs at R x S = 8 x 1 (DATA_LAYOUT, its X and T) with
+        --replica-data stream, SD-PIPE's (each pipeline streams the whole set shuffled by its own seed) in place
+        of ddp's disjoint shards, each sync method, for every seed (pipeline_data.csv, as pipeline_time.csv).
 bert    SD-PIPE's BERT measure, masked-LM loss against seconds: bert_tiny (recipes/common/models.py) on the
         pydoc topics (make_demo_data.py --text), cut as SD-PIPE cuts BERT, at R x S = 2 x 4 (their 4 stages) under
         PipeDream, AdamW (--lr 0.016: 1e-3 at -b 8 x 2, weight decay 0.01), a warm-up epoch, then the sync
@@ -85,15 +93,17 @@ FIELDS = ["part", "sync", "hetero", "schedule", "microbatches", "batch", "stages
           "waits", "full_syncs", "partial_syncs", "connectivity_syncs", "mean_group_size",
           "longest_unconnected_updates", "disagreement", "max_applied_staleness", "stop_checks_every", "cpu", "cores",
           "gpu", "torch"]
-BATCH = {"sync": 8, "vit": 8, "time": 8, "bert": 8, "bubble": 256}  # per replica
-PARTS = ["sync", "vit", "time", "bert", "bubble", "cluster"]
-TIME_LAYOUTS, TIME_EPOCHS = [(1, 4), (1, 8), (2, 2), (2, 4)], 5  # (stages S, replicas R); epochs of the time part
+BATCH = {"sync": 8, "vit": 8, "time": 8, "data": 8, "bert": 8, "bubble": 256}  # per replica
+PARTS = ["sync", "vit", "time", "data", "bert", "bubble", "cluster"]
+DATA_LAYOUT = (1, 8)  # (stages S, replicas R): the data part's, the most replicas, each shard an eighth
+TIME_LAYOUTS, TIME_EPOCHS = [(1, 4), (1, 8), (2, 2), (2, 4), (4, 2)], 5  # (stages S, replicas R); the time part's
+SNAPSHOTS = 4  # the time part's --snapshot-every: a quarter of allreduce's straggler-free epoch
 BERT_LAYOUT, BERT_EPOCHS = (4, 2), 8  # (stages S, replicas R): SD-PIPE's 4 stages; epochs of the bert part
 BERT = ["-a", "bert_tiny", "--optimizer", "adamw", "--lr", "0.016", "--weight-decay", "0.01"]
 VIT_LAYOUTS, VIT_SYNCS = [(2, 2), (4, 2)], ["allreduce", "preduce"]  # (stages S, replicas R): R x S = 2 x 2, 2 x 4
 VIT = ["-a", "vit_tiny"]  # (in place of ACCURACY's lenet, at its 28 px)
 CURVE_FIELDS = ["sync", "hetero", "schedule", "stages", "replicas", "seed", "epoch", "seconds", "top1"]
-TIME_FIELDS = CURVE_FIELDS + ["cpu", "cores", "gpu", "torch"]
+TIME_FIELDS = CURVE_FIELDS + ["snapshot", "cpu", "cores", "gpu", "torch"]  # (snapshot: 1 within an epoch, 0 its end)
 BERT_FIELDS = ["sync", "hetero", "stages", "replicas", "seed", "epoch", "seconds", "train_loss", "val_loss", "top1",
                "cpu", "cores", "gpu", "torch"]
 
@@ -114,8 +124,12 @@ def plan(seeds, quick=False, parts=PARTS):
     runs += [("vit", sync, stragglers, stages, replicas, "pipedream", 1, seed) for seed in seeds
              for stages, replicas in ([] if quick else VIT_LAYOUTS) for stragglers in (False, True)
              for sync in VIT_SYNCS]
-    runs += [("time", sync, True, stages, replicas, "pipedream", 1, seed) for seed in seeds
-             for stages, replicas in ([] if quick else TIME_LAYOUTS) for sync in SYNCS]
+    runs += [("time", sync, stragglers, stages, replicas, "pipedream", 1, seed) for seed in seeds
+             for stages, replicas in ([] if quick else TIME_LAYOUTS)
+             for stragglers, sync in [*([(False, "allreduce")] if seed == seeds[0] else []),
+                                      *((True, sync) for sync in SYNCS)]]
+    runs += [("data", sync, True, *DATA_LAYOUT, "pipedream", 1, seed) for seed in ([] if quick else seeds)
+             for sync in SYNCS]
     runs += [("bert", sync, stragglers, *BERT_LAYOUT, "pipedream", 1, seed) for seed in ([] if quick else seeds)
              for stragglers, sync in [(False, "allreduce"), *((True, sync) for sync in SYNCS)]]
     runs += [("bubble", "allreduce", False, 2, 1, schedule, m, seeds[0]) for m in microbatches
@@ -123,22 +137,44 @@ def plan(seeds, quick=False, parts=PARTS):
     return [run for run in runs if run[0] in parts]
 
 
-def flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args):
-    """The processes and flags of one run (hetero: X in seconds, 0 without stragglers)."""
+def flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args, snapshot_every=None):
+    """The processes and flags of one run (hetero: X in seconds, 0 without stragglers; snapshot_every: T)."""
     model = [*(measuring.QUICK_ACCURACY if args.quick else measuring.ACCURACY), *(VIT if part == "vit" else []),
              *(BERT if part == "bert" else [])]
-    epochs = {"sync": args.epochs, "vit": args.epochs, "time": TIME_EPOCHS, "bert": BERT_EPOCHS}.get(part, 1)
+    epochs = {"sync": args.epochs, "vit": args.epochs, "time": TIME_EPOCHS, "data": TIME_EPOCHS,
+              "bert": BERT_EPOCHS}.get(part, 1)
     flags = [args.text if part == "bert" else args.data, *model, "--epochs", str(epochs), "--seed", str(seed),
              "-p", "1000", "--dist-timeout", "120",
              "--stages", str(stages), "--microbatches", str(microbatches), "--schedule", schedule, "--sync", sync,
              "--hetero", f"{hetero:g}", "--hetero-prob", str(HETERO_PROB), "--wave", str(WAVE),
-             "-b", str(BATCH[part]), "--warmup-epochs", str(int(part == "bert"))]
+             "-b", str(BATCH[part]), "--warmup-epochs", str(int(part == "bert")),
+             *(["--snapshot-every", f"{snapshot_every:g}"] if snapshot_every else []),
+             *(["--replica-data", "stream"] if part == "data" else [])]
     return stages * (replicas + (sync == "hetpipe")), flags
 
 
 def curve(out):
     """(epoch, seconds so far, val top-1) of each epoch of a run directory: training and evaluation, summed."""
     return [(epoch, seconds, top1) for epoch, seconds, _, _, top1 in loss_curve(out)]
+
+
+def timeline(out):
+    """(epoch, seconds of training so far, val top-1, 1 for a snapshot and 0 for an epoch's end) of a run directory
+    trained with --snapshot-every: each epoch's snapshots (snapshots.csv), then its end; evaluation not counted."""
+    with open(Path(out) / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(Path(out) / "snapshots.csv", newline="") as f:
+        snapshots = list(csv.DictReader(f))
+    points, before = [], 0.0  # (the training seconds of the epochs before)
+    for row in rows:
+        epoch = int(row["epoch"])
+        if row["split"] == "train":
+            points += [(epoch, round(before + float(s["seconds"]), 3), round(float(s["top1"]), 2), 1)
+                       for s in snapshots if int(s["epoch"]) == epoch]
+            before += float(row["epoch_s"])
+        if row["split"] == "val":
+            points.append((epoch, round(before, 3), round(float(row["top1"]), 2), 0))
+    return points
 
 
 def loss_curve(out):
@@ -219,14 +255,23 @@ def kept(args, name):
     return [r for r in rows if r["part"] not in args.parts]
 
 
-CURVES_OF = {"pipeline_curves.csv": "sync", "pipeline_time.csv": "time", "pipeline_bert.csv": "bert"}  # (each
-# file's part)
+CURVES_OF = {"pipeline_curves.csv": "sync", "pipeline_time.csv": "time", "pipeline_data.csv": "data",
+             "pipeline_bert.csv": "bert"}  # (each file's part)
 
 
-def sync_part_sleeps(rows):
-    """X of each layout, as the sync part slept it: {(stages, replicas, schedule): X}."""
-    return {(int(r["stages"]), int(r["replicas"]), r["schedule"]): float(r["hetero"]) for r in rows
-            if r["part"] == "sync" and float(r["hetero"]) > 0}
+def time_part_sizes(rows):
+    """{(stages, replicas, schedule): (X, T)} as the time part's runs in pipeline.csv slept and were scored."""
+    def key(r):
+        return int(r["stages"]), int(r["replicas"]), r["schedule"]
+    sleeps = {key(r): float(r["hetero"]) for r in rows if r["part"] == "time" and float(r["hetero"]) > 0}
+    epochs = {key(r): float(r["train_s"]) / int(r["epochs"]) for r in rows
+              if r["part"] == "time" and r["sync"] == "allreduce" and float(r["hetero"]) == 0}
+    return {k: (x, snapshot_every(epochs[k])) for k, x in sleeps.items() if k in epochs}
+
+
+def snapshot_every(epoch_s):
+    """T: SNAPSHOTS to an epoch of allreduce without stragglers."""
+    return round(epoch_s / SNAPSHOTS, 3)
 
 
 def main():
@@ -248,25 +293,29 @@ def main():
                  f"{args.text}` first")
     machine, rows, curves = measuring.hardware(), kept(args, "pipeline.csv"), kept(args, "pipeline_curves.csv")
     times, berts = kept(args, "pipeline_time.csv"), kept(args, "pipeline_bert.csv")
-    sleep = {}  # (part, stages, replicas, schedule): X
+    streams = kept(args, "pipeline_data.csv")
+    sleep, every = {}, {}  # (part, stages, replicas, schedule): X, and T (the time and data parts)
     for part, sync, stragglers, stages, replicas, schedule, microbatches, seed in plan(args.seeds, args.quick,
                                                                                        args.parts):
         name = f"{part}-{sync}-{'stragglers' if stragglers else 'none'}-{stages}x{replicas}-{schedule}-m{microbatches}"
         out = Path(args.runs) / f"{name}-seed{seed}"
         layout = (part, stages, replicas, schedule)
-        if part == "time" and layout not in sleep:  # the sync part's X, measured before
-            sleep.update({("time", *key): x for key, x in sync_part_sleeps(rows).items()})
+        if part == "data" and layout not in sleep:  # the time part's X and T, measured before
+            for key, (x, t) in time_part_sizes(rows).items():
+                sleep[("data", *key)], every[("data", *key)] = x, t
         if stragglers and layout not in sleep:
-            sys.exit(f"error: no X for {name}: measure the sync part first (--parts sync)")
+            sys.exit(f"error: no X for {name}: measure the {'time' if part == 'data' else part} part first")
         hetero = sleep[layout] if stragglers else 0.0
-        processes, flags = flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args)
+        processes, flags = flags_of(part, sync, hetero, stages, replicas, schedule, microbatches, seed, args,
+                                    every.get(layout) if stragglers else None)
         summary = measuring.train("pipeline", processes, flags, out, threads=1, forked=True)
         points = curve(out)
         reached = [seconds for _, seconds, top1 in points if top1 >= TARGET]
         train_s = measuring.train_seconds(out)
         updates = sum(summary["updates_per_replica"])
-        if part in ("sync", "vit", "bert") and sync == "allreduce" and not stragglers and layout not in sleep:
+        if part in ("sync", "vit", "time", "bert") and sync == "allreduce" and not stragglers and layout not in sleep:
             sleep[layout] = straggler_sleep(train_s * replicas / updates)
+            every[layout] = snapshot_every(train_s / summary["epochs"])
         rows.append({"part": part, "sync": sync, "hetero": hetero, "schedule": schedule, "microbatches": microbatches,
                      "batch": BATCH[part], "stages": stages, "replicas": summary["replicas"],
                      "processes": processes, "seed": seed, "epochs": summary["epochs"],
@@ -275,10 +324,11 @@ def main():
                      "train_s": round(train_s, 2), "seconds_to_target": reached[0] if reached else "",
                      "target": TARGET, **{key: round(summary[key], 6) for key in FIELDS[18:26]},
                      "stop_checks_every": summary["stop_checks_every"] or "", **machine})
-        if part == "time":
-            times += [{"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages, "replicas": replicas,
-                       "seed": seed, "epoch": epoch, "seconds": seconds, "top1": top1, **machine}
-                      for epoch, seconds, top1 in points]
+        if part in ("time", "data") and stragglers:
+            (times if part == "time" else streams).extend(
+                {"sync": sync, "hetero": hetero, "schedule": schedule, "stages": stages, "replicas": replicas,
+                 "seed": seed, "epoch": epoch, "seconds": seconds, "top1": top1, "snapshot": snapshot, **machine}
+                for epoch, seconds, top1, snapshot in timeline(out))
         if part == "bert":
             berts += [{"sync": sync, "hetero": hetero, "stages": stages, "replicas": replicas, "seed": seed,
                        "epoch": epoch, "seconds": seconds, "train_loss": train_loss, "val_loss": val_loss, "top1": top1,
@@ -292,6 +342,7 @@ def main():
         measuring.write_csv(Path(args.figures_data) / "pipeline.csv", FIELDS, rows)
         measuring.write_csv(Path(args.figures_data) / "pipeline_curves.csv", CURVE_FIELDS, curves)
         measuring.write_csv(Path(args.figures_data) / "pipeline_time.csv", TIME_FIELDS, times)
+        measuring.write_csv(Path(args.figures_data) / "pipeline_data.csv", TIME_FIELDS, streams)
         measuring.write_csv(Path(args.figures_data) / "pipeline_bert.csv", BERT_FIELDS, berts)
     if "cluster" in args.parts:
         cluster.measure(args, flags_of, curve, SYNCS, C_OVER_X)

@@ -4,13 +4,14 @@ stragglers cost (scripts/figures/pipeline/render_targets.py), and the bubble (sc
     reads    figures/data/pipeline.csv, pipeline_curves.csv
     draws    figures/pipeline.png
     writes   sections pipeline-sync, pipeline-model, pipeline-targets, pipeline-vit, pipeline-bubble,
-             pipeline-time and pipeline-cluster (render_time.py, from pipeline_time.csv and pipeline_cluster*.csv),
-             pipeline-bert (render_bert.py), and pipeline-deviations (recipes/pipeline/deviations.py)
+             pipeline-time (render_time.py: pipeline_time.csv, figures/pipeline_time.png), pipeline-cluster
+             (render_cluster.py), pipeline-data (render_data.py), pipeline-bert (render_bert.py), and
+             pipeline-deviations (recipes/pipeline/deviations.py)
 """
 
 from recipes.pipeline.deviations import AUTHORS_COMMIT, DEVIATIONS, FILES
 from recipes.pipeline.sync import STOP_CHECKS_EVERY
-from scripts.figures.pipeline import measure as pipeline_measure, render_bert, render_time
+from scripts.figures.pipeline import measure as pipeline_measure, render_bert, render_cluster, render_data, render_time
 from scripts.figures.rendering import mean_of, plt, read_csv, save, spread, table, targets_held, with_range
 from scripts.figures.pipeline.render_targets import (LAYOUTS, of, pipeline_groups, pipeline_model_rows,
                                               pipeline_targets, ratios)
@@ -171,7 +172,8 @@ def render(data, figures, missing):
         missing.append("pipeline.csv (scripts/figures/pipeline/measure.py)")
         return {"pipeline-deviations": deviations()}
     plot_pipeline(rows, figures)
-    return {**pipeline_tables(rows), **render_time.render(data), **render_bert.render(data, figures),
+    return {**pipeline_tables(rows), **render_time.render(data, figures), **render_cluster.render(data),
+            **render_data.render(data), **render_bert.render(data, figures),
             "pipeline-deviations": deviations()}
 
 

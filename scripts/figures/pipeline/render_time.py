@@ -2,17 +2,22 @@
 reach a top-1 near the best method's final one, and the final top-1, under PipeDream with stragglers.
 
     reads    figures/data/pipeline_time.csv (scripts/figures/pipeline/measure.py --parts time)
+    draws    figures/pipeline_time.png
     writes   section pipeline-time; first_to_target() for the headline
 
 Each layout's target is the best method's mean final top-1 less BELOW_BEST points, rounded down to a half
-point: near where training ends, so that a method that gets there early but ends lower is seen to. The
-top-1 is measured after each epoch, so a time is that of the first epoch's end at or above the target
-(training and evaluation, summed).
+point: near where training ends, so that a method that gets there early but ends lower is seen to. A time is
+that of the first score at or above the target: of the model as it was every T seconds of training (rows with
+snapshot 1, scored at each epoch's end: recipes/pipeline/snapshots.py) or at an epoch's end, in seconds of
+training; in files without snapshots (measured before them), of the first epoch's end, training and evaluation
+summed.
 """
 
 import math
 
-from scripts.figures.rendering import beyond_spread, read_csv, spread, table, with_range
+import matplotlib.pyplot as plt
+
+from scripts.figures.rendering import beyond_spread, read_csv, save, spread, table, with_range
 
 BELOW_BEST = 1.0  # points under the best method's mean final top-1: the layout's target
 SENSITIVITY = (0.5, 1.0, 2.0)  # the targets at which each layout's first method is also named
@@ -27,6 +32,17 @@ def read(data, name="pipeline_time.csv"):
         runs = layouts.setdefault((int(r["replicas"]), int(r["stages"])), {}).setdefault(r["sync"], {})
         runs.setdefault(r["seed"], []).append((int(r["epoch"]), float(r["seconds"]), float(r["top1"])))
     return layouts
+
+
+def snapshot_every(data, name="pipeline_time.csv"):
+    """{(replicas, stages): T}, the seconds between the snapshots of each layout (the first one's time); {} when the
+    runs were scored at each epoch's end only."""
+    every = {}
+    for r in read_csv(data / name) if (data / name).exists() else []:
+        if r.get("snapshot") == "1" and r["epoch"] == "1":
+            key = (int(r["replicas"]), int(r["stages"]))
+            every[key] = min(every.get(key, math.inf), float(r["seconds"]))
+    return every
 
 
 def finals(runs):
@@ -93,8 +109,19 @@ def sensitivity_line(layouts):
             f" ({steady} of {len(said)} layouts the same at all three).")
 
 
-def time_table(layouts, regime="each layout's X the sync part's"):
-    """One row a layout: its target, then each method's seconds to it and its final top-1, the first marked."""
+def resolution(every):
+    """What a time is: the snapshots' (every: snapshot_every()) or the epochs' ends."""
+    if not every:
+        return "a time is the first epoch's end at or above it (training and evaluation)"
+    return ("a time is the first score at or above it, of the model as it was every T seconds of training (T a "
+            "quarter of allreduce's epoch without stragglers: " +
+            ", ".join(f"{t:g} s at {r} x {s}" for (r, s), t in sorted(every.items(), key=lambda i: i[0][::-1])) +
+            ") or at an epoch's end, in seconds of training (the scoring is not counted)")
+
+
+def time_table(layouts, regime="X sized from each layout's allreduce run without them", every=None):
+    """One row a layout: its target, then each method's seconds to it and its final top-1, the first marked (every:
+    snapshot_every(), the seconds between the scores within an epoch)."""
     body, syncs = [], [s for s in ORDER if any(s in methods for methods in layouts.values())]
     for layout, methods, target, leader in by_layout(layouts):
         cells = []
@@ -117,8 +144,8 @@ def time_table(layouts, regime="each layout's X the sync part's"):
             f"\n\nTime to a target, SD-PIPE's own measure: PipeDream with stragglers ({regime}), lenet on the "
             f"digits, "
             f"{epochs} epochs, {seeds} seeds: the mean, in brackets the lowest and highest. The target is the best "
-            f"method's mean final top-1 less {BELOW_BEST:g} point, rounded down to a half point; a time is the "
-            f"first epoch's end at or above it (training and evaluation). First: every seed reached it, in the "
+            f"method's mean final top-1 less {BELOW_BEST:g} point, rounded down to a half point; "
+            f"{resolution(every)}. First: every seed reached it, in the "
             f"least time on average. {spread_line(layouts)} {sensitivity_line(layouts)}")
 
 
@@ -145,50 +172,24 @@ def first_to_target(data, name="pipeline_time.csv"):
     return "time to a top-1 near the best final one: " + "; ".join(parts)
 
 
-def cluster_section(data):
-    """The race on the virtual cluster (scripts/figures/pipeline/cluster.py): the time table, each method's
-    updates/s, and, layout by layout, whether partial reduce is first as SD-PIPE finds, beside loopback's."""
-    layouts, runs = read(data, "pipeline_cluster_time.csv"), read_csv(data / "pipeline_cluster.csv")
-    r = runs[0]
-    settings = {(int(x["replicas"]), int(x["stages"])): x for x in runs}  # (each layout's link and X)
-    regime = (f"on the virtual cluster: a node a replica and one more for HetPipe's servers, one process a node, "
-              f"links sized after {r['link']} at R nodes ("
-              + ", ".join(f"{float(x['rate_bits']) / 1e6:.1f} Mbit/s at {x['replicas']}"
-                          for x in settings.values())
-              + " here), X a replica's step alone / 0.5 (" + ", ".join(f"{float(x['hetero']):g} s at {x['replicas']}"
-                                                                     for x in settings.values()) + ")")
-    syncs = [s for s in ORDER if any(x["sync"] == s for x in runs)]
-    grouped = {}
-    for x in runs:
-        grouped.setdefault(((int(x["replicas"]), int(x["stages"])), x["sync"]), []).append(float(x["updates_per_s"]))
-    updates = {key: spread(values) for key, values in grouped.items()}  # ((R, S), sync): updates/s over the seeds
-    body = [[f"{replicas} x {stages}", *(with_range(updates[(replicas, stages), s], 1)
-                                         if ((replicas, stages), s) in updates else "" for s in syncs)]
-            for replicas, stages in settings]
-    local = {layout: leader for layout, _, _, leader in by_layout(read(data))}
-    said = []
-    for layout, methods, target, leader in by_layout(layouts):
-        there = f"; on loopback {local[layout]} first" if local.get(layout) else ""
-        verdict = ("agrees with SD-PIPE (partial reduce first)" if leader == "preduce" else
-                   f"does not agree with SD-PIPE: {leader or 'no method in every seed'} first")
-        others = {f"{below:g}": first(methods, target_of(methods, below)) for below in (0.5, 1.5)}
-        robust = "; with the target at the best less " + " or ".join(
-            f"{below} points, {other or 'no method in every seed'} first" for below, other in others.items())
-        said.append(f"{layout} to {target:.1f} %: {verdict}{there}{robust}")
-    hetpipe = {layout: u["mean"] for (layout, sync), u in updates.items() if sync == "hetpipe"}
-    why = ""
-    if len(hetpipe) > 1:
-        few, many = min(hetpipe), max(hetpipe)
-        why = (f" HetPipe's updates/s at R = {many[0]} are {hetpipe[many] / hetpipe[few]:.2f}x those at R = "
-               f"{few[0]}: its servers' one link carries the pushes and pulls of every replica.")
-    return (time_table(layouts, regime) + "\n\nUpdates/s (all replicas'), the same runs:\n\n" +
-            table(["R x S", *(f"`{s}`" for s in syncs)], body) + "\n\nAgainst the paper: " + "; ".join(said) + "."
-            + why)
+def plot(layouts, figures):
+    """Top-1 against seconds of training, a panel a layout, a line a seed, the layout's target dashed."""
+    fig, axes = plt.subplots(1, len(layouts), figsize=(4 * len(layouts), 4), squeeze=False)
+    for axis, (layout, methods, target, _) in zip(axes[0], by_layout(layouts)):
+        for sync in [s for s in ORDER if s in methods]:
+            for n, points in enumerate(methods[sync].values()):
+                axis.plot([p[1] for p in points], [p[2] for p in points], color=f"C{ORDER.index(sync)}", alpha=0.7,
+                          linewidth=1, label=sync if n == 0 else None)
+        axis.axhline(target, color="gray", linestyle="--", linewidth=1)
+        axis.set(ylim=(target - 6, 100), xlabel="seconds of training", ylabel="val top-1 (%)",
+                 title=f"R x S = {layout}")
+        axis.grid(alpha=0.3), axis.legend(fontsize=7)
+    save(fig, figures / "pipeline_time.png")
 
 
-def render(data):
+def render(data, figures):
     layouts = read(data)
-    sections = {"pipeline-time": time_table(layouts)} if layouts else {}
-    if (data / "pipeline_cluster_time.csv").exists() and (data / "pipeline_cluster.csv").exists():
-        sections["pipeline-cluster"] = cluster_section(data)
-    return sections
+    if not layouts:
+        return {}
+    plot(layouts, figures)
+    return {"pipeline-time": time_table(layouts, every=snapshot_every(data))}
