@@ -335,10 +335,11 @@ def test_bench_pipeline_plans_each_sync_layout_and_schedule_with_and_without_str
             if run[2]:
                 assert order.index(("sync", "allreduce", False, *run[3:])) < order.index(run)
     assert {run[6] for run in sync if run[5] == "1f1b"} == {2, 4}  # 1f1b: S microbatches
-    time = [run for run in runs if run[0] == "time"]  # (pipedream with stragglers, at the sync part's X: after it)
-    assert sorted(time) == sorted(("time", s, True, stages, replicas, "pipedream", 1, seed) for seed in (0, 1, 2)
-                                  for stages, replicas in ((1, 4), (1, 8), (2, 2), (2, 4))
-                                  for s in pipeline_measure.SYNCS)
+    time = [run for run in runs if run[0] == "time"]  # (pipedream with stragglers; X from its own allreduce first)
+    layouts = ((1, 4), (1, 8), (2, 2), (2, 4), (4, 2))
+    assert sorted(time) == sorted([("time", s, True, stages, replicas, "pipedream", 1, seed) for seed in (0, 1, 2)
+                                   for stages, replicas in layouts for s in pipeline_measure.SYNCS] +
+                                  [("time", "allreduce", False, *layout, "pipedream", 1, 0) for layout in layouts])
     assert runs.index(time[0]) > runs.index(sync[-1])
     bubble = [(schedule, m) for part, _, _, _, _, schedule, m, _ in runs if part == "bubble"]
     assert ("gpipe", 1) in bubble and ("1f1b", 1) not in bubble and len(bubble) == 5 + 4  # 1f1b needs M >= S
