@@ -5,16 +5,8 @@ disjoint shards (measure.py --parts data), beside the time part's own runs of th
     writes   section pipeline-data
 """
 
-from scripts.figures.pipeline.render_time import ORDER, first, finals, read, seconds_to, snapshot_every, target_of
-from scripts.figures.rendering import beyond_spread, spread, table, with_range
-
-
-def time_cell(runs, target):
-    reached, seeds = seconds_to(runs, target)
-    if not reached:
-        return f"not reached (0 of {seeds} seeds)", None
-    return with_range(spread(reached), 1) + " s" + ("" if len(reached) == seeds else
-                                                     f" ({len(reached)} of {seeds} seeds)"), spread(reached)
+from scripts.figures.pipeline.render_time import ORDER, finals, first, read, snapshot_every, target_of, time_cell
+from scripts.figures.rendering import beyond_spread, table, with_range
 
 
 def compared(shard, stream, label):

@@ -60,6 +60,15 @@ def seconds_to(runs, target):
     return [s for s in reached if s is not None], len(reached)
 
 
+def time_cell(runs, target):
+    """A table's cell of the seconds to the target, and their spread (None where no seed reached it)."""
+    reached, seeds = seconds_to(runs, target)
+    if not reached:
+        return f"not reached (0 of {seeds} seeds)", None
+    return with_range(spread(reached), 1) + " s" + ("" if len(reached) == seeds else
+                                                     f" ({len(reached)} of {seeds} seeds)"), spread(reached)
+
+
 def first(methods, target):
     """The method that reaches the target first: every seed there, the lowest mean time; None if none does."""
     times = {sync: seconds_to(runs, target) for sync, runs in methods.items()}
@@ -124,17 +133,8 @@ def time_table(layouts, regime="X sized from each layout's allreduce run without
     snapshot_every(), the seconds between the scores within an epoch)."""
     body, syncs = [], [s for s in ORDER if any(s in methods for methods in layouts.values())]
     for layout, methods, target, leader in by_layout(layouts):
-        cells = []
-        for sync in syncs:
-            if sync not in methods:
-                cells.append("")
-                continue
-            reached, seeds = seconds_to(methods[sync], target)
-            time = (with_range(spread(reached), 1) + " s" + ("" if len(reached) == seeds else
-                                                             f" ({len(reached)} of {seeds} seeds)")
-                    if reached else f"not reached (0 of {seeds} seeds)")
-            cells.append(("**first**: " if sync == leader else "") + f"{time}; ends at "
-                         f"{with_range(finals(methods[sync]))}")
+        cells = [("**first**: " if sync == leader else "") + f"{time_cell(methods[sync], target)[0]}; ends at "
+                 f"{with_range(finals(methods[sync]))}" if sync in methods else "" for sync in syncs]
         body.append([layout, f"{target:.1f}", *cells])
     epochs = max(points[-1][0] for methods in layouts.values() for runs in methods.values()
                  for points in runs.values())
