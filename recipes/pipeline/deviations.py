@@ -119,16 +119,19 @@ DEVIATIONS = [
              "epoch, then decays along a cosine as the other parts do"),
     dict(here="replica r reads ddp's rank r's shard of train/ (DistributedSampler: the shards are disjoint), "
               "reshuffled each epoch; under `preduce` a replica that ends its shard before the epoch's updates "
-              "are taken reads it again (`shard_again`), so a lasting straggler's shard is read less",
+              "are taken reads it again (`shard_again`), so a lasting straggler's shard is read less; on a stream "
+              "it reads on, and its next epoch starts where its share of the stream starts",
          theirs="each pipeline streams the whole training set, shuffled by a generator seeded with its rank, "
-                "epoch after epoch (ImageNet); BERT: each reads its own files of the corpus in turn",
-         where="artifacts/pipeline/datasets/imagenet.py 91-97, 105-107; artifacts/pipeline/models/wiki.py 23-30",
+                "epoch after epoch, each reading on from where it is (ImageNet); BERT: each reads its own files of "
+                "the corpus in turn",
+         where="artifacts/pipeline/datasets/imagenet.py 91-97, 105-111; artifacts/pipeline/models/wiki.py 23-30",
          shows=("artifacts/pipeline/datasets/imagenet.py", 94, "gen.manual_seed(rank)"),
          why="replica r sees what ddp's rank r would, so that `allreduce` trains DDP's model; `--replica-data "
              "stream` reads as theirs do (seeded with --seed and the replica), and `measure.py --parts data` "
              "measures the difference at 8 x 1 (the section on the data each replica reads)"),
     dict(here="the time part also scores the model as it was every T seconds of training, T a quarter of "
-              "allreduce's epoch without stragglers (`--snapshot-every`: weights copied without a stop, scored at "
+              "allreduce's epoch without stragglers (on the virtual cluster, of a replica's epoch computing alone) "
+              "(`--snapshot-every`: weights copied without a stop, scored at "
               "the epoch's end), and times training alone",
          theirs="each epoch's end is scored, with the epoch's training time (time.time() around the train run only)",
          where="train_resnet 95-109, 134-141; artifacts/README.md 48",

@@ -1,6 +1,7 @@
 """The virtual cluster (scripts/cluster/): a recipe on emulated nodes, the links at their rate, and nothing left
 behind however a run ends. The tests that build namespaces need root and iproute2 and skip, saying so, without."""
 
+import math
 import os
 import shutil
 import signal
@@ -311,8 +312,15 @@ def test_the_pipeline_race_on_the_cluster_gives_hetpipes_servers_a_node(tiny_dat
     wire = links.wire_seconds(2, bytes_per_step, float(r["rate_bits"]))
     assert wire == pytest.approx(ratio * float(r["alone_step_s"]), rel=1e-3, abs=ratio * 5e-6)  # the principle
     assert float(r["hetero"]) == pytest.approx(float(r["alone_step_s"]) / 0.5, abs=1e-4)  # SD-PIPE's c / X
+    images = sum(1 for path in (tiny_data / "train").rglob("*") if path.is_file())
+    epoch_alone = float(r["alone_step_s"]) * math.ceil(images / 2 / 8)  # (a replica's minibatches of an epoch, -b 8)
+    assert float(r["snapshot_every"]) == pytest.approx(epoch_alone / 4, abs=2e-3)  # T: a quarter of it
+    scores = render_cluster.read_csv(data / "pipeline_cluster_time.csv")
+    within = [float(x["seconds"]) for x in scores if x["snapshot"] == "1" and x["sync"] == "allreduce"]
+    assert within and within == sorted(within) and within[0] == pytest.approx(float(r["snapshot_every"]), rel=1e-3)
     text = render_cluster.render(data)["pipeline-cluster"]
     assert "a node a replica and one more for HetPipe's servers" in text and "Against the paper: 2 x 1 to " in text
+    assert "a quarter of a replica's epoch computing alone" in text and "measured before scores" not in text
 
 
 @needs_namespaces

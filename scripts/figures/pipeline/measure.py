@@ -44,9 +44,9 @@ bert    SD-PIPE's BERT measure, masked-LM loss against seconds: bert_tiny (recip
         and validation loss after each epoch and the seconds to it (pipeline_bert.csv).
 bubble  one replica of 2 stages, -b 256, --microbatches 1, 2, 4, 8, 16 under gpipe and 1f1b (which needs M >= S),
         one epoch of seed 0: images/s beside the model's bubble (S - 1) / (M + S - 1).
-cluster the time part's race at R x S = 4 x 1 and 8 x 1 on the virtual cluster, a node a replica and one for
-        HetPipe's servers, over links sized after a real cluster's (scripts/figures/pipeline/cluster.py; it
-        needs root; --quick: 2 x 1).
+cluster the time part's race at R x S = 4 x 1 and 8 x 1 (scored every T as it is) on the virtual cluster, a
+        node a replica and one for HetPipe's servers, over links sized after a real cluster's
+        (scripts/figures/pipeline/cluster.py; it needs root; --quick: 2 x 1).
 
 The model of what stragglers cost (expected_step): a replica's minibatch takes c without stragglers (measured:
 the same method's run without them), and sleeps X for each of its 2 S slots (a forward and a backward at each
@@ -270,8 +270,9 @@ def time_part_sizes(rows):
 
 
 def snapshot_every(epoch_s):
-    """T: SNAPSHOTS to an epoch of allreduce without stragglers."""
-    return round(epoch_s / SNAPSHOTS, 3)
+    """T: SNAPSHOTS to an epoch (allreduce's without stragglers; cluster.py's, a replica's alone), in milliseconds
+    at least one."""
+    return max(round(epoch_s / SNAPSHOTS, 3), 0.001)
 
 
 def main():
@@ -345,7 +346,7 @@ def main():
         measuring.write_csv(Path(args.figures_data) / "pipeline_data.csv", TIME_FIELDS, streams)
         measuring.write_csv(Path(args.figures_data) / "pipeline_bert.csv", BERT_FIELDS, berts)
     if "cluster" in args.parts:
-        cluster.measure(args, flags_of, curve, SYNCS, C_OVER_X)
+        cluster.measure(args, flags_of, timeline, snapshot_every, SYNCS, C_OVER_X)
     measuring.record_part(args.figures_data, "pipeline", started, adding=set(args.parts) != set(PARTS))
 
 

@@ -50,7 +50,8 @@ def cluster_section(data):
               "these from epochs' ends, training and evaluation summed (this part was measured before scores "
               "within epochs)."
               if snapshot_every(data) and not every else "")
-    return (time_table(layouts, regime, every) + "\n\nUpdates/s (all replicas'), the same runs:\n\n" +
+    sized = "a replica's epoch computing alone, its step alone x its minibatches"
+    return (time_table(layouts, regime, every, sized) + "\n\nUpdates/s (all replicas'), the same runs:\n\n" +
             table(["R x S", *(f"`{s}`" for s in syncs)], body) + "\n\nAgainst the paper: " + "; ".join(said) + "."
             + why + unlike)
 

@@ -22,6 +22,7 @@ from scripts.figures.rendering import beyond_spread, read_csv, save, spread, tab
 BELOW_BEST = 1.0  # points under the best method's mean final top-1: the layout's target
 SENSITIVITY = (0.5, 1.0, 2.0)  # the targets at which each layout's first method is also named
 ORDER = ["allreduce", "preduce", "adpsgd", "hetpipe"]
+SIZED = "allreduce's epoch without stragglers"  # what T is a quarter of (measure.py's snapshot_every)
 
 
 def read(data, name="pipeline_time.csv"):
@@ -118,17 +119,17 @@ def sensitivity_line(layouts):
             f" ({steady} of {len(said)} layouts the same at all three).")
 
 
-def resolution(every):
-    """What a time is: the snapshots' (every: snapshot_every()) or the epochs' ends."""
+def resolution(every, sized=SIZED):
+    """What a time is: the snapshots' (every: snapshot_every(); sized: what T is a quarter of) or the epochs' ends."""
     if not every:
         return "a time is the first epoch's end at or above it (training and evaluation)"
     return ("a time is the first score at or above it, of the model as it was every T seconds of training (T a "
-            "quarter of allreduce's epoch without stragglers: " +
+            f"quarter of {sized}: " +
             ", ".join(f"{t:g} s at {r} x {s}" for (r, s), t in sorted(every.items(), key=lambda i: i[0][::-1])) +
             ") or at an epoch's end, in seconds of training (the scoring is not counted)")
 
 
-def time_table(layouts, regime="X sized from each layout's allreduce run without them", every=None):
+def time_table(layouts, regime="X sized from each layout's allreduce run without them", every=None, sized=SIZED):
     """One row a layout: its target, then each method's seconds to it and its final top-1, the first marked (every:
     snapshot_every(), the seconds between the scores within an epoch)."""
     body, syncs = [], [s for s in ORDER if any(s in methods for methods in layouts.values())]
@@ -145,7 +146,7 @@ def time_table(layouts, regime="X sized from each layout's allreduce run without
             f"digits, "
             f"{epochs} epochs, {seeds} seeds: the mean, in brackets the lowest and highest. The target is the best "
             f"method's mean final top-1 less {BELOW_BEST:g} point, rounded down to a half point; "
-            f"{resolution(every)}. First: every seed reached it, in the "
+            f"{resolution(every, sized)}. First: every seed reached it, in the "
             f"least time on average. {spread_line(layouts)} {sensitivity_line(layouts)}")
 
 
