@@ -66,7 +66,6 @@ The processes are forked as scripts/figures/measuring.py's run_forked forks them
 """
 
 import argparse
-import csv
 import itertools
 import math
 import sys
@@ -161,10 +160,7 @@ def curve(out):
 def timeline(out):
     """(epoch, seconds of training so far, val top-1, 1 for a snapshot and 0 for an epoch's end) of a run directory
     trained with --snapshot-every: each epoch's snapshots (snapshots.csv), then its end; evaluation not counted."""
-    with open(Path(out) / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    with open(Path(out) / "snapshots.csv", newline="") as f:
-        snapshots = list(csv.DictReader(f))
+    rows, snapshots = measuring.read_csv(Path(out) / "metrics.csv"), measuring.read_csv(Path(out) / "snapshots.csv")
     points, before = [], 0.0  # (the training seconds of the epochs before)
     for row in rows:
         epoch = int(row["epoch"])
@@ -180,8 +176,7 @@ def timeline(out):
 def loss_curve(out):
     """(epoch, seconds so far, training loss, val loss, val top-1) of each epoch of a run directory (training and
     evaluation, summed)."""
-    with open(Path(out) / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = measuring.read_csv(Path(out) / "metrics.csv")
     points, seconds, train_loss = [], 0.0, None
     for row in rows:
         seconds += float(row["epoch_s"])
@@ -248,8 +243,7 @@ def kept(args, name):
     path = Path(args.figures_data) / name
     if not path.exists() or set(args.parts) == set(PARTS):
         return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = measuring.read_csv(path)
     if name in CURVES_OF:
         return [] if CURVES_OF[name] in args.parts else rows
     return [r for r in rows if r["part"] not in args.parts]
